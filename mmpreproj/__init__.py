@@ -1,0 +1,41 @@
+"""mmpreproj: position-agnostic pre-projection and content skip for transformer attention.
+
+    model = mmpreproj.inject(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
+    print(mmpreproj.trainable_report(model))
+    mmpreproj.save_adapter(model, "run/adapter"); mmpreproj.unload(model)
+"""
+
+from . import hosts
+from .adapter import (
+    adapter_disabled,
+    adapter_state_dict,
+    inject,
+    injected_modules,
+    is_injected,
+    load_adapter,
+    save_adapter,
+    unload,
+)
+from .config import PreProjConfig
+from .modules import ContentSkip, PreProjAttention, PreProjection
+from .report import TrainableReport, trainable_report
+from .version import __version__
+
+__all__ = [
+    "ContentSkip",
+    "PreProjAttention",
+    "PreProjConfig",
+    "PreProjection",
+    "TrainableReport",
+    "__version__",
+    "adapter_disabled",
+    "adapter_state_dict",
+    "hosts",
+    "inject",
+    "injected_modules",
+    "is_injected",
+    "load_adapter",
+    "save_adapter",
+    "trainable_report",
+    "unload",
+]

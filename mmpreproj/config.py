@@ -1,0 +1,106 @@
+"""`PreProjConfig`: what to inject and how, validated up front and saved as JSON beside an adapter."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from .version import __version__
+
+__all__ = ["PreProjConfig"]
+
+
+@dataclass
+class PreProjConfig:
+    """Configuration of the injected modules.
+
+    Args:
+        preproj: add the pre-projection `x~ = x^ + W_down·act(W_up·x^)` before Q/K/V.
+        skip: add the content skip `W_skip·x~` beside the attention output.
+        expansion: pre-projection inner width as a multiple of d (paper: 1.25).
+        activation: pre-projection activation, one of "silu", "gelu", "relu".
+        init: pre-projection init, "paper" (N(0, 0.01) both) or "identity" (`W_down` = 0).
+        skip_init_std: std of the `W_skip` init (paper: 1e-4; 0 = exact zero).
+        layers: block indices to inject into (None = every block; negative indices count from the end).
+        freeze_base: freeze every parameter of the host so only injected weights train.
+    """
+
+    preproj: bool = True
+    skip: bool = True
+    expansion: float = 1.25
+    activation: str = "silu"
+    init: str = "paper"
+    skip_init_std: float = 1e-4
+    layers: list[int] | None = None
+    freeze_base: bool = True
+    library_version: str = field(default=__version__, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (self.preproj or self.skip):
+            raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"PreProjConfig.activation={self.activation!r}; allowed values: {sorted(ACTIVATIONS)}"
+            )
+        if self.init not in PREPROJ_INITS:
+            raise ValueError(f"PreProjConfig.init={self.init!r}; allowed values: {list(PREPROJ_INITS)}")
+        if not self.expansion > 0:
+            raise ValueError(f"PreProjConfig.expansion must be > 0, got {self.expansion}")
+        if self.skip_init_std < 0:
+            raise ValueError(f"PreProjConfig.skip_init_std must be >= 0, got {self.skip_init_std}")
+        if self.layers is not None:
+            if isinstance(self.layers, int) or not all(isinstance(i, int) for i in self.layers):
+                raise ValueError(f"PreProjConfig.layers must be None or a list of ints, got {self.layers!r}")
+            if len(set(self.layers)) != len(self.layers):
+                raise ValueError(f"PreProjConfig.layers has duplicates: {self.layers}")
+            self.layers = list(self.layers)
+
+    def resolve_layers(self, num_blocks: int) -> list[int]:
+        """The sorted, non-negative block indices this config selects in a host of `num_blocks` blocks."""
+        if self.layers is None:
+            return list(range(num_blocks))
+        out = []
+        for i in self.layers:
+            j = i + num_blocks if i < 0 else i
+            if not 0 <= j < num_blocks:
+                raise ValueError(
+                    f"PreProjConfig.layers contains {i}, but the model has {num_blocks} blocks "
+                    f"(allowed: -{num_blocks}..{num_blocks - 1})"
+                )
+            out.append(j)
+        if len(set(out)) != len(out):
+            raise ValueError(f"PreProjConfig.layers selects a block twice: {self.layers}")
+        return sorted(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["library_version"] = __version__
+        return d
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:
+        """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            warnings.warn(
+                f"PreProjConfig: ignoring unknown keys {unknown} "
+                f"(saved by mmpreproj {d.get('library_version', '?')}, this is {__version__})",
+                stacklevel=2,
+            )
+        return cls(**{k: v for k, v in d.items() if k in known and k != "library_version"})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> PreProjConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

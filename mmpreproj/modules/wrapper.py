@@ -1,0 +1,119 @@
+"""`PreProjAttention`: wraps a host's attention module with the pre-projection and the content skip.
+
+The wrapper replaces the block's attention attribute. It receives the normed input `x^` exactly as the
+host's attention would, feeds `x~ = PreProj(x^)` to the original attention, and adds `W_skip · x~` to
+the attention output. Whatever the block does with the attention output (dropout, LayerScale,
+drop-path, the residual add) therefore applies to `attn_out + W_skip · x~` as a whole, and the MLP
+never sees `x~` in a parallel-residual block. Nothing is stashed between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .preproj import PreProjection
+from .skip import ContentSkip
+
+__all__ = ["AttentionCall", "PreProjAttention"]
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """How a host block calls its attention module.
+
+    Args:
+        inputs: the (position, keyword) of each argument that carries the normed input `x^`
+            (one for self-attention; query/key/value for `nn.MultiheadAttention`).
+        output_index: index of the output tensor in a tuple result, or None when attention returns a tensor.
+    """
+
+    inputs: tuple[tuple[int, str], ...] = ((0, "hidden_states"),)
+    output_index: int | None = 0
+
+
+class PreProjAttention(nn.Module):
+    """The host's attention, fed `x~` and joined by the content skip.
+
+    Args:
+        base_layer: the original attention module (kept as is; `get_base_layer()` returns it).
+        call: how the host calls attention (`AttentionCall`).
+        preproj: the pre-projection, or None for a skip-only ablation (then `x~ = x^`).
+        skip: the content skip, or None for pre-projection only.
+        block_index: index of the host block this wrapper sits in.
+    """
+
+    def __init__(
+        self,
+        base_layer: nn.Module,
+        call: AttentionCall,
+        preproj: PreProjection | None,
+        skip: ContentSkip | None,
+        block_index: int,
+    ) -> None:
+        super().__init__()
+        if preproj is None and skip is None:
+            raise ValueError("PreProjAttention needs a preproj, a skip, or both")
+        self.base_layer = base_layer
+        self.call = call
+        self.preproj = preproj
+        self.skip = skip
+        self.block_index = block_index
+        self.adapter_enabled = True
+
+    def get_base_layer(self) -> nn.Module:
+        return self.base_layer
+
+    def __getattr__(self, name: str) -> Any:
+        # Host code may read attributes of its attention module (layer_idx, config, ...).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "base_layer":
+                raise
+            return getattr(self.base_layer, name)
+
+    def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None]:
+        """Replace every `x^` argument by `x~`; return the new args and the first `x~` (for the skip)."""
+        args = list(args)
+        done: dict[int, torch.Tensor] = {}  # id(x^) -> x~, so q = k = v is pre-projected once
+        first = None
+        for pos, key in self.call.inputs:
+            if pos < len(args):
+                container, slot = args, pos
+            elif key in kwargs:
+                container, slot = kwargs, key
+            else:
+                continue
+            x = container[slot]
+            if x is None:
+                continue
+            if id(x) not in done:
+                done[id(x)] = self.preproj(x) if self.preproj is not None else x
+            container[slot] = done[id(x)]
+            first = done[id(x)] if first is None else first
+        return tuple(args), kwargs, first
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.adapter_enabled:
+            return self.base_layer(*args, **kwargs)
+        args, kwargs, x_tilde = self._swap_inputs(args, kwargs)
+        if x_tilde is None:
+            raise RuntimeError(
+                f"PreProjAttention (block {self.block_index}) found no attention input among "
+                f"{self.call.inputs}; the host table entry does not match how this block calls attention"
+            )
+        out = self.base_layer(*args, **kwargs)
+        if self.skip is None:
+            return out
+        skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
+        if self.call.output_index is None:
+            return out + skip
+        i = self.call.output_index
+        return (*out[:i], out[i] + skip, *out[i + 1 :])
+
+    def extra_repr(self) -> str:
+        return f"block_index={self.block_index}, adapter_enabled={self.adapter_enabled}"

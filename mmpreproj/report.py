@@ -1,0 +1,51 @@
+"""`trainable_report`: how many parameters were injected and how many will train."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .modules import PreProjAttention
+
+__all__ = ["TrainableReport", "trainable_report"]
+
+
+@dataclass(frozen=True)
+class TrainableReport:
+    """Parameter counts of a (possibly injected) model."""
+
+    preproj: int
+    skip: int
+    trainable: int
+    total: int
+
+    @property
+    def injected(self) -> int:
+        return self.preproj + self.skip
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"trainable params: {self.trainable:,} || all params: {self.total:,} || "
+            f"trainable%: {self.percent:.4f} || injected: pre-projection {self.preproj:,} + skip {self.skip:,}"
+        )
+
+
+def trainable_report(model: nn.Module) -> TrainableReport:
+    """Count injected (pre-projection, skip), trainable and total parameters (shared weights once)."""
+    preproj = skip = 0
+    for w in model.modules():
+        if isinstance(w, PreProjAttention):
+            preproj += sum(p.numel() for p in w.preproj.parameters()) if w.preproj is not None else 0
+            skip += sum(p.numel() for p in w.skip.parameters()) if w.skip is not None else 0
+    params = list(model.parameters())  # nn.Module.parameters() already yields a shared weight once
+    return TrainableReport(
+        preproj=preproj,
+        skip=skip,
+        trainable=sum(p.numel() for p in params if p.requires_grad),
+        total=sum(p.numel() for p in params),
+    )

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny host models built in code, never downloaded."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def tiny_neox(parallel: bool = True, seed: int = 0, **overrides):
+    """A 2-block GPT-NeoX with Pythia's layout (partial rotary), random weights, eval mode."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    kw = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        rotary_pct=0.25,
+        max_position_embeddings=128,
+        use_parallel_residual=parallel,
+        tie_word_embeddings=False,
+    )
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(**kw)).eval()
+    return model
+
+
+@pytest.fixture(params=[True, False], ids=["parallel", "sequential"])
+def neox(request):
+    return tiny_neox(parallel=request.param)
+
+
+@pytest.fixture
+def tokens():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 128, (2, 9), generator=g)

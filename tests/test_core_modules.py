@@ -1,0 +1,88 @@
+"""PreProjection / ContentSkip / PreProjConfig on their own."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmpreproj import ContentSkip, PreProjConfig, PreProjection
+
+
+def test_preprojection_formula_and_shapes():
+    torch.manual_seed(0)
+    m = PreProjection(16)
+    assert m.inner_dim == 20 and m.up.weight.shape == (20, 16) and m.down.weight.shape == (16, 20)
+    assert m.up.bias is None and m.down.bias is None
+    x = torch.randn(3, 5, 16)
+    expected = x + F.silu(x @ m.up.weight.T) @ m.down.weight.T
+    torch.testing.assert_close(m(x), expected, atol=1e-6, rtol=0)
+
+
+def test_paper_init_statistics():
+    torch.manual_seed(0)
+    m = PreProjection(768)
+    for w in (m.up.weight, m.down.weight):
+        assert abs(w.std().item() - 0.01) < 5e-4 and abs(w.mean().item()) < 5e-4
+    s = ContentSkip(768)
+    assert abs(s.weight.std().item() - 1e-4) < 5e-6
+
+
+def test_identity_init_is_exact_identity_and_still_trainable():
+    m = PreProjection(8, init="identity")
+    x = torch.randn(4, 8)
+    assert torch.equal(m(x), x)
+    m(x).sum().backward()
+    assert m.down.weight.grad is not None and m.down.weight.grad.abs().sum() > 0
+
+
+def test_zero_skip_is_exact_zero():
+    s = ContentSkip(8, init_std=0)
+    assert torch.equal(s(torch.randn(2, 8)), torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"activation": "tanh"}, "activation"), ({"init": "xavier"}, "init")],
+)
+def test_bad_choices_name_the_field_and_allowed_values(kwargs, field):
+    with pytest.raises(ValueError, match=field) as e:
+        PreProjection(8, **kwargs)
+    assert "allowed values" in str(e.value)
+
+
+def test_weights_stay_fp32_and_output_keeps_input_dtype():
+    m = PreProjection(8)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    assert m(x).dtype == torch.bfloat16 and m.up.weight.dtype == torch.float32
+    assert ContentSkip(8)(x).dtype == torch.bfloat16
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="at least one"):
+        PreProjConfig(preproj=False, skip=False)
+    with pytest.raises(ValueError, match="activation"):
+        PreProjConfig(activation="tanh")
+    with pytest.raises(ValueError, match="init"):
+        PreProjConfig(init="zeros")
+    with pytest.raises(ValueError, match="layers"):
+        PreProjConfig(layers=3)
+    with pytest.raises(ValueError, match="layers"):
+        PreProjConfig(layers=[0, 5]).resolve_layers(4)
+    assert PreProjConfig(layers=[-1, 0]).resolve_layers(4) == [0, 3]
+
+
+def test_config_json_round_trip_and_tolerant_load(tmp_path):
+    cfg = PreProjConfig(skip=False, expansion=2.0, layers=[1, 2], init="identity")
+    cfg.to_json(tmp_path / "c.json")
+    assert PreProjConfig.from_json(tmp_path / "c.json") == cfg
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert "library_version" in data
+    data["future_option"] = 1
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert PreProjConfig.from_dict(data) == cfg
+    assert any("future_option" in str(x.message) for x in w)
