@@ -1,0 +1,39 @@
+"""Shared helpers for the bench scripts: side-by-side timing and FLOP counting."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["interleaved_medians", "count_flops", "machine"]
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, float]:
+    """Median wall time (s) of each function, run round-robin so drift on a noisy machine hits all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Total FLOPs torch's flop counter attributes to matmul-like ops during `fn()`."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def machine() -> str:
+    import platform
+
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
