@@ -1,0 +1,59 @@
+"""mmpreproj's own Block: causal KV cache, padding masks, and injection as a host like any other."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import mmpreproj
+from mmpreproj.modules import Block, KVCache
+from mmpreproj.rope import RoPE1D, RoPE2D, grid_positions
+
+
+def _stack(rope_factory, causal=True, depth=2, dim=32, heads=4, seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleList(Block(dim, heads, rope=rope_factory(), causal=causal) for _ in range(depth)).eval()
+
+
+def _run(blocks, x, pos, caches=None, attn_mask=None):
+    for i, blk in enumerate(blocks):
+        x = blk(x, pos=pos, attn_mask=attn_mask, cache=None if caches is None else caches[i])
+    return x
+
+
+def test_incremental_decoding_equals_full_forward():
+    blocks = _stack(lambda: RoPE1D(8))
+    mmpreproj.inject(blocks, mmpreproj.PreProjConfig(skip_init_std=0.05))
+    x = torch.randn(2, 7, 32)
+    pos = torch.arange(7)
+    full = _run(blocks, x, pos)
+    caches = [KVCache() for _ in blocks]
+    steps = [_run(blocks, x[:, :3], pos[:3], caches)]
+    for t in range(3, 7):
+        steps.append(_run(blocks, x[:, t : t + 1], pos[t : t + 1], caches))
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    assert all(len(c) == 7 and c.k.shape == (2, 4, 7, 8) for c in caches)
+
+
+def test_key_padding_mask_ignores_padded_keys():
+    blocks = _stack(lambda: RoPE1D(8), causal=False)
+    x = torch.randn(1, 5, 32)
+    keep = torch.tensor([[True, True, True, False, False]])
+    noisy = x.clone()
+    noisy[:, 3:] = torch.randn(1, 2, 32) * 10
+    out_a = _run(blocks, x, torch.arange(5), attn_mask=keep)
+    out_b = _run(blocks, noisy, torch.arange(5), attn_mask=keep)
+    torch.testing.assert_close(out_a[:, :3], out_b[:, :3], atol=1e-6, rtol=0)
+
+
+def test_same_block_class_any_modality_and_injection_identity():
+    # the block is the same class for text (1D) and patches (2D); inject treats both alike
+    grid = grid_positions(3, 5)  # (15, 2)
+    for rope, pos in ((RoPE1D(8), torch.arange(15)), (RoPE2D(8), grid)):
+        torch.manual_seed(0)
+        blk = Block(32, 4, rope=rope).eval()
+        x = torch.randn(2, 15, 32)
+        ref = blk(x, pos=pos)
+        mmpreproj.inject(blk, mmpreproj.PreProjConfig(init="identity", skip_init_std=0))
+        torch.testing.assert_close(blk(x, pos=pos), ref, atol=1e-6, rtol=0)
+        assert mmpreproj.trainable_report(blk).injected == 2 * 32 * 40 + 32 * 32
