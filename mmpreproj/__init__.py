@@ -14,6 +14,7 @@ from .adapter import (
     is_injected,
     load_adapter,
     save_adapter,
+    set_fused,
     unload,
 )
 from .config import PreProjConfig
@@ -36,6 +37,7 @@ __all__ = [
     "is_injected",
     "load_adapter",
     "save_adapter",
+    "set_fused",
     "trainable_report",
     "unload",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "is_injected",
     "load_adapter",
     "save_adapter",
+    "set_fused",
     "unload",
 ]
 
@@ -119,9 +120,33 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | None) -> _Plan:
             else None
         )
         skip = ContentSkip(dim, config.skip_init_std, device=device) if config.skip else None
-        placements.append((block, PreProjAttention(attn, spec.call, preproj, skip, block_index=i)))
+        fused = spec.fused_forward if config.fuse_qkv_skip else None
+        if config.fuse_qkv_skip and fused is None:
+            raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
+                             f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
+        placements.append((block, PreProjAttention(attn, spec.call, preproj, skip, block_index=i, fused_forward=fused)))
     state = InjectionState(config, spec.name, layers, len(blocks), dim)
     return _Plan(spec, state, placements)
+
+
+def _hosts_with_fused() -> list[HostSpec]:
+    from .hosts import HOSTS
+
+    return [s for s in HOSTS.values() if s.fused_forward is not None]
+
+
+def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
+    """Switch the one-matmul Q/K/V + skip fast path on or off for an injected model."""
+    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
+    if state is None:
+        raise RuntimeError("set_fused: this model has no mmpreproj modules (call mmpreproj.inject first)")
+    fused = get_host(state.host).fused_forward
+    if enabled and fused is None:
+        raise ValueError(f"host {state.host!r} has no fused path; hosts with one: {[s.name for s in _hosts_with_fused()]}")
+    for w in injected_modules(model):
+        w.fused_forward = fused if enabled else None
+    state.config.fuse_qkv_skip = enabled
+    return model
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:

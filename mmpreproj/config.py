@@ -28,6 +28,8 @@ class PreProjConfig:
         skip_init_std: std of the `W_skip` init (paper: 1e-4; 0 = exact zero).
         layers: block indices to inject into (None = every block; negative indices count from the end).
         freeze_base: freeze every parameter of the host so only injected weights train.
+        fuse_qkv_skip: compute Q/K/V and the skip in one matmul where the host has a fast path
+            (GPT-NeoX, native blocks); same outputs up to float rounding.
     """
 
     preproj: bool = True
@@ -38,6 +40,7 @@ class PreProjConfig:
     skip_init_std: float = 1e-4
     layers: list[int] | None = None
     freeze_base: bool = True
+    fuse_qkv_skip: bool = False
     library_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..fused.gpt_neox import neox_fused_forward
 from ..modules.wrapper import AttentionCall
 from .registry import HostSpec, register_host
 
@@ -35,5 +36,6 @@ GPT_NEOX = register_host(
         hidden_size=lambda model, block: model.config.hidden_size,
         call=AttentionCall(inputs=((0, "hidden_states"),), output_index=0),
         input_embeddings=lambda model: model.get_input_embeddings(),
+        fused_forward=neox_fused_forward,
     )
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..fused.native import native_fused_forward
 from ..modules.block import Block
 from ..modules.wrapper import AttentionCall
 from .registry import HostSpec, register_host
@@ -25,5 +26,6 @@ NATIVE = register_host(
         hidden_size=lambda model, block: block.attn.qkv.in_features,
         call=AttentionCall(inputs=((0, "x"),), output_index=None),
         input_embeddings=lambda model: None,
+        fused_forward=native_fused_forward,
     )
 )

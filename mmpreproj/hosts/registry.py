@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -31,6 +32,8 @@ class HostSpec:
         call: how the block calls that attention module.
         input_embeddings: the module whose output starts the residual stream (used so gradient
             checkpointing still yields gradients when the whole base is frozen), or None.
+        fused_forward: optional fast path `f(wrapper, x~, *args, **kwargs)` that computes Q/K/V and the
+            content skip in one matmul (see `mmpreproj.fused`); None if the host has none.
     """
 
     name: str
@@ -41,6 +44,7 @@ class HostSpec:
     hidden_size: Callable[[nn.Module, nn.Module], int]
     call: AttentionCall = field(default_factory=AttentionCall)
     input_embeddings: Callable[[nn.Module], nn.Module | None] = lambda model: None
+    fused_forward: Callable[..., Any] | None = None
 
 
 HOSTS: dict[str, HostSpec] = {}

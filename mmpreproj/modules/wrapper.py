@@ -9,6 +9,7 @@ never sees `x~` in a parallel-residual block. Nothing is stashed between calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,8 @@ class PreProjAttention(nn.Module):
         preproj: the pre-projection, or None for a skip-only ablation (then `x~ = x^`).
         skip: the content skip, or None for pre-projection only.
         block_index: index of the host block this wrapper sits in.
+        fused_forward: the host's fast path computing Q/K/V and the skip in one matmul
+            (`mmpreproj.fused`), used when given and the skip is present; None = the plain path.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class PreProjAttention(nn.Module):
         preproj: PreProjection | None,
         skip: ContentSkip | None,
         block_index: int,
+        fused_forward: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__()
         if preproj is None and skip is None:
@@ -63,6 +67,8 @@ class PreProjAttention(nn.Module):
         self.skip = skip
         self.block_index = block_index
         self.adapter_enabled = True
+        self.fused_forward = fused_forward
+        self.fused_weights = _fused_cache()
 
     def get_base_layer(self) -> nn.Module:
         return self.base_layer
@@ -106,6 +112,11 @@ class PreProjAttention(nn.Module):
                 f"PreProjAttention (block {self.block_index}) found no attention input among "
                 f"{self.call.inputs}; the host table entry does not match how this block calls attention"
             )
+        if self.fused_forward is not None and self.skip is not None:
+            first_pos, first_key = self.call.inputs[0]
+            if first_pos >= len(args) and first_key in kwargs:  # the fast path takes x~ positionally
+                args = (kwargs.pop(first_key), *args)
+            return self.fused_forward(self, *args, **kwargs)
         out = self.base_layer(*args, **kwargs)
         if self.skip is None:
             return out
@@ -116,4 +127,13 @@ class PreProjAttention(nn.Module):
         return (*out[:i], out[i] + skip, *out[i + 1 :])
 
     def extra_repr(self) -> str:
-        return f"block_index={self.block_index}, adapter_enabled={self.adapter_enabled}"
+        return (
+            f"block_index={self.block_index}, adapter_enabled={self.adapter_enabled}, "
+            f"fused={self.fused_forward is not None}"
+        )
+
+
+def _fused_cache():
+    from ..fused.qkv_skip import QKVSkipWeights
+
+    return QKVSkipWeights()
