@@ -52,7 +52,7 @@ class InjectionState:
     host: str
     layers: list[int]
     num_blocks: int
-    hidden_size: int
+    hidden_size: int | list[int]  # one width, or one per injected block when they differ (e.g. CLIP towers)
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
 
@@ -103,12 +103,9 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | None) -> _Plan:
     if not blocks:
         raise ValueError(f"host {spec.name!r}: the model has no attention blocks")
     layers = config.resolve_layers(len(blocks))
-    sizes = {spec.hidden_size(model, blocks[i]) for i in layers}
-    if len(sizes) != 1:
-        raise ValueError(f"host {spec.name!r}: selected blocks have different widths {sorted(sizes)}")
-    dim = sizes.pop()
+    widths = [spec.hidden_size(model, blocks[i]) for i in layers]
     placements = []
-    for i in layers:
+    for i, dim in zip(layers, widths):
         block = blocks[i]
         attn = getattr(block, spec.attention, None)
         if not isinstance(attn, nn.Module):
@@ -125,7 +122,8 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | None) -> _Plan:
             raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
                              f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
         placements.append((block, PreProjAttention(attn, spec.call, preproj, skip, block_index=i, fused_forward=fused)))
-    state = InjectionState(config, spec.name, layers, len(blocks), dim)
+    width: int | list[int] = widths[0] if len(set(widths)) == 1 else widths
+    state = InjectionState(config, spec.name, layers, len(blocks), width)
     return _Plan(spec, state, placements)
 
 

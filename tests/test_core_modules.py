@@ -86,3 +86,23 @@ def test_config_json_round_trip_and_tolerant_load(tmp_path):
         warnings.simplefilter("always")
         assert PreProjConfig.from_dict(data) == cfg
     assert any("future_option" in str(x.message) for x in w)
+
+
+def test_wrapper_forwards_plain_attribute_writes_to_the_wrapped_module():
+    from torch import nn
+
+    from mmpreproj.modules import AttentionCall, PreProjAttention
+
+    class Attn(nn.Linear):
+        def __init__(self):
+            super().__init__(8, 8)
+            self.fused_attn = True
+
+    base = Attn()
+    w = PreProjAttention(base, AttentionCall(((0, "x"),), None), PreProjection(8), ContentSkip(8), 0)
+    w.fused_attn = False  # as timm users toggle block.attn.fused_attn
+    assert base.fused_attn is False and "fused_attn" not in w.__dict__
+    w.adapter_enabled = False  # the wrapper's own attributes stay on the wrapper
+    assert w.adapter_enabled is False and not hasattr(base, "adapter_enabled")
+    x = torch.randn(2, 8)
+    assert torch.equal(w(x), base(x))

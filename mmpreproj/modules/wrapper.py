@@ -82,6 +82,20 @@ class PreProjAttention(nn.Module):
                 raise
             return getattr(self.base_layer, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A plain attribute the wrapped module already has (timm's `fused_attn`, ...) is set there, so
+        # host code and users that toggle it on `block.attn` keep working after injection.
+        base = self.__dict__.get("_modules", {}).get("base_layer")
+        if (
+            base is not None
+            and name not in self.__dict__
+            and not isinstance(value, (nn.Module, torch.Tensor))
+            and name in base.__dict__
+        ):
+            setattr(base, name, value)
+            return
+        super().__setattr__(name, value)
+
     def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None]:
         """Replace every `x^` argument by `x~`; return the new args and the first `x~` (for the skip)."""
         args = list(args)
@@ -121,7 +135,7 @@ class PreProjAttention(nn.Module):
         if self.skip is None:
             return out
         skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
-        if self.call.output_index is None:
+        if self.call.output_index is None or isinstance(out, torch.Tensor):
             return out + skip
         i = self.call.output_index
         return (*out[:i], out[i] + skip, *out[i + 1 :])

@@ -1,0 +1,165 @@
+"""`evaluate`: the one entry point the CLI calls, for either protocol."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from ..data import (
+    DataUnavailableError,
+    arc_easy_examples,
+    hellaswag_examples,
+    lambada_examples,
+    wikitext_articles,
+    wikitext_detokenize,
+    wikitext_lines,
+)
+from .document_ppl import document_perplexity
+from .lambada import lambada_accuracy
+from .line_ppl import line_perplexity
+from .lm_eval_bridge import LM_EVAL_LOCAL_TASKS, LmEvalUnavailableError, run_lm_eval
+from .multiple_choice import arc_easy_accuracy, hellaswag_accuracy
+
+__all__ = ["DATA_SOURCES", "LM_EVAL_TASK_NAMES", "PAPER_LIMITS", "PROTOCOLS", "TASKS", "evaluate"]
+
+log = logging.getLogger(__name__)
+
+TASKS = ("ppl", "lambada", "hellaswag", "arc_easy", "doc_ppl")
+PROTOCOLS = ("paper", "lm-eval")
+DATA_SOURCES = ("local", "hub")
+# The paper's sample counts (REFERENCE.md section 3), used when `limit` is None under protocol="paper".
+PAPER_LIMITS: dict[str, int | None] = {
+    "ppl": 300,
+    "lambada": 500,
+    "hellaswag": 500,
+    "arc_easy": 500,
+    "doc_ppl": None,
+}
+# Our task name -> lm-eval's. "doc_ppl" is ours under both protocols (lm-eval's wikitext is "ppl" there).
+LM_EVAL_TASK_NAMES = {
+    "ppl": "wikitext",
+    "lambada": "lambada_openai",
+    "hellaswag": "hellaswag",
+    "arc_easy": "arc_easy",
+}
+
+
+def _check_choice(kind: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}; expected one of {', '.join(allowed)}")
+
+
+def _paper_task(
+    model: nn.Module, tokenizer, task: str, n: int | None, source: str, *, ppl_split: str, **opts: Any
+) -> dict[str, Any]:
+    """One task of the paper's protocol on its first `n` examples (`opts`: max_length, batch_size, progress)."""
+    if task == "ppl":
+        return line_perplexity(model, tokenizer, wikitext_lines(ppl_split, source)[:n], **opts)
+    if task == "lambada":
+        return lambada_accuracy(model, tokenizer, lambada_examples(n, source), **opts)
+    if task == "hellaswag":
+        return hellaswag_accuracy(model, tokenizer, hellaswag_examples(n, source), **opts)
+    return arc_easy_accuracy(model, tokenizer, arc_easy_examples(n, source), **opts)
+
+
+def evaluate(
+    model: nn.Module,
+    tokenizer,
+    tasks: Sequence[str] = ("ppl", "lambada", "hellaswag", "arc_easy"),
+    protocol: str = "paper",
+    limit: int | None = None,
+    data_source: str = "local",
+    batch_size: int = 8,
+    *,
+    ppl_split: str = "validation",
+    max_length: int = 512,
+    doc_max_length: int | None = None,
+    skip_unavailable: bool = True,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Evaluate `model` on `tasks` and return `{task: {metric: value}}`.
+
+    Tasks: "ppl", "lambada", "hellaswag", "arc_easy", and "doc_ppl" (token-weighted WikiText-103 test
+    perplexity over whole articles with rolling windows, `document_perplexity`; the same under both protocols).
+
+    - `protocol="paper"`: the paper's own evaluators (REFERENCE.md section 3): line-level PPL on the first
+      300 `ppl_split` rows, LAMBADA / HellaSwag / ARC-Easy on the first 500, sequences cut at `max_length`.
+      `limit` (if given) replaces every one of those counts.
+    - `protocol="lm-eval"`: lm-evaluation-harness (`wikitext`, `lambada_openai`, `hellaswag`, `arc_easy`),
+      zero-shot, on all examples or the first `limit`.
+
+    `doc_max_length` is the window of "doc_ppl" and lm-eval's `max_length` (default: the model's
+    `config.max_position_embeddings`, else 2048). `batch_size` sequences go through the model at once.
+
+    `data_source="local"` reads the data shipped in assets/ (ARC-Easy has none), "hub" downloads it. A task
+    whose data cannot be reached gets `{"unavailable": <one-line reason>}` (also logged) when
+    `skip_unavailable`, else its `DataUnavailableError` / `LmEvalUnavailableError` is raised.
+    Unknown task, protocol or data source names raise `ValueError` naming the allowed values.
+    """
+    tasks = list(tasks)
+    for task in tasks:
+        _check_choice("task", task, TASKS)
+    _check_choice("protocol", protocol, PROTOCOLS)
+    _check_choice("data source", data_source, DATA_SOURCES)
+    results: dict[str, dict[str, Any]] = {}
+
+    def unavailable(task: str, err: Exception) -> None:
+        if not skip_unavailable:
+            raise err
+        log.warning("%s: %s", task, err)
+        results[task] = {"unavailable": str(err)}
+
+    opts = {"batch_size": batch_size, "progress": progress}
+    harness = [t for t in tasks if protocol == "lm-eval" and t in LM_EVAL_TASK_NAMES]
+    for task in tasks:
+        if task in harness:
+            continue
+        try:
+            if task == "doc_ppl":
+                documents = wikitext_articles("test", data_source)[:limit]
+                results[task] = document_perplexity(
+                    model,
+                    tokenizer,
+                    documents,
+                    max_length=doc_max_length,
+                    detokenize=wikitext_detokenize,
+                    **opts,
+                )
+            else:
+                n = limit if limit is not None else PAPER_LIMITS[task]
+                results[task] = _paper_task(
+                    model, tokenizer, task, n, data_source, ppl_split=ppl_split, max_length=max_length, **opts
+                )
+        except DataUnavailableError as err:
+            unavailable(task, err)
+    if harness:
+        if data_source == "local":
+            for task in [t for t in harness if LM_EVAL_TASK_NAMES[t] not in LM_EVAL_LOCAL_TASKS]:
+                harness.remove(task)
+                unavailable(
+                    task,
+                    LmEvalUnavailableError(
+                        f"lm-eval task {LM_EVAL_TASK_NAMES[task]!r} has no local "
+                        "data; use --data-source hub with network access"
+                    ),
+                )
+        try:
+            if harness:
+                names = [LM_EVAL_TASK_NAMES[t] for t in harness]
+                out = run_lm_eval(
+                    model,
+                    tokenizer,
+                    names,
+                    limit=limit,
+                    batch_size=batch_size,
+                    max_length=doc_max_length,
+                    data_source=data_source,
+                )
+                results.update({t: out[LM_EVAL_TASK_NAMES[t]] for t in harness})
+        except LmEvalUnavailableError as err:
+            for task in harness:
+                unavailable(task, err)
+    return {t: results[t] for t in tasks}

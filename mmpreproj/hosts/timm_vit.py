@@ -1,0 +1,105 @@
+"""timm ViT-family hosts: `VisionTransformer` (and its subclasses: DeiT, hybrids, register/class-token-free
+variants) and `Eva` (EVA, EVA02 and other Eva-built models with their own 2D RoPE).
+
+Both use pre-norm blocks whose attention receives `norm1(x)`; the pre-projection sits between `norm1`
+and attention, and the skip joins the attention output, i.e. inside the residual branch:
+
+    timm Block:  x = x + drop_path1(ls1(attn(x~) + W_skip·x~)) ;  x = x + drop_path2(ls2(mlp(norm2(x))))
+    EvaBlock:    x = x + drop_path1(gamma_1 * (attn(x~, rope=rope) + W_skip·x~)) ;  (MLP branch as above)
+
+with `x~ = PreProj(norm1(x))`. So LayerScale (`ls1` / `gamma_1`) scales the skip and drop-path drops it
+together with the attention output; the MLP never sees `x~`. Eva's RoPE is applied inside its attention
+to the Q/K projected from `x~` (it is passed as the `rope=` keyword and left untouched). Blocks are called
+as `attn(x, attn_mask=..., is_causal=...)` (plus `rope=...` for Eva): `x` is the only positional input and
+the attention returns a tensor.
+
+Rejected with a clear error (the model is left untouched): blocks whose attention is not fed by `norm1`
+or that have no separate attention module, i.e. `ResPostBlock` and `EvaBlockPostNorm` (post-norm: attention
+sees the raw residual stream), `ParallelScalingBlock` / `DiffParallelScalingBlock` (one fused qkv+mlp
+projection) and `ParallelThingsBlock` (parallel attentions under `attns[i].attn`).
+
+A `timm.create_model(..., features_only=True)` wrapper (`FeatureGetterNet`) around either model matches the
+same row. Nothing here imports timm: a model can only be a timm model if timm is already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch import nn
+
+from ..modules.wrapper import AttentionCall
+from .registry import HostSpec, register_host
+
+__all__ = ["TIMM_EVA", "TIMM_VIT"]
+
+# attn(x, attn_mask=..., is_causal=...[, rope=...]) -> tensor (B, N, d)
+_CALL = AttentionCall(inputs=((0, "x"),), output_index=None)
+
+
+def _timm_class(module: str, name: str) -> type | None:
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The backbone inside a `features_only=True` wrapper, else the model itself."""
+    getter = _timm_class("timm.models._features", "FeatureGetterNet")
+    return model.model if getter is not None and isinstance(model, getter) else model
+
+
+def _is_instance(model: nn.Module, module: str, name: str) -> bool:
+    cls = _timm_class(module, name)
+    return cls is not None and isinstance(_unwrap(model), cls)
+
+
+def _checked_blocks(model: nn.Module, host: str, supported: str, module: str, hint: str) -> list[nn.Module]:
+    """The model's blocks, each verified to be a `supported` block (ValueError naming the first that is not)."""
+    cls = _timm_class(module, supported)
+    blocks = list(_unwrap(model).blocks)
+    for i, block in enumerate(blocks):
+        if not isinstance(block, cls):
+            raise ValueError(
+                f"host {host!r}: block {i} is a {type(block).__name__}; only timm {supported} (pre-norm, "
+                f"`attn(norm1(x))`) is supported. {hint}"
+            )
+    return blocks
+
+
+_VIT_HINT = (
+    "ResPostBlock feeds attention the un-normed residual stream, ParallelScalingBlock fuses qkv and mlp "
+    "into one projection, ParallelThingsBlock keeps its attentions under `attns[i].attn`."
+)
+
+TIMM_VIT = register_host(
+    HostSpec(
+        name="timm_vit",
+        description="timm VisionTransformer and subclasses (DeiT, hybrid, registers) with pre-norm Blocks",
+        matches=lambda model: _is_instance(model, "timm.models.vision_transformer", "VisionTransformer"),
+        blocks=lambda model: _checked_blocks(
+            model, "timm_vit", "Block", "timm.models.vision_transformer", _VIT_HINT
+        ),
+        attention="attn",
+        hidden_size=lambda model, block: _unwrap(model).embed_dim,
+        call=_CALL,
+        input_embeddings=lambda model: _unwrap(model).patch_embed,
+    )
+)
+
+TIMM_EVA = register_host(
+    HostSpec(
+        name="timm_eva",
+        description="timm Eva / EVA02 (attention with its own RoPE) with pre-norm EvaBlocks",
+        matches=lambda model: _is_instance(model, "timm.models.eva", "Eva"),
+        blocks=lambda model: _checked_blocks(
+            model,
+            "timm_eva",
+            "EvaBlock",
+            "timm.models.eva",
+            "EvaBlockPostNorm (use_post_norm=True) feeds attention the un-normed residual stream.",
+        ),
+        attention="attn",
+        hidden_size=lambda model, block: _unwrap(model).embed_dim,
+        call=_CALL,
+        input_embeddings=lambda model: _unwrap(model).patch_embed,
+    )
+)

@@ -1,0 +1,213 @@
+"""`HostContract`: the guarantees every host row keeps, run over a matrix of tiny models (peft-style).
+
+A test module defines a `case` fixture yielding `HostCase`s and a `class TestContract(HostContract)`;
+host-specific checks (LayerScale, drop-path, feature paths) live beside it in that module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch import nn
+
+import mmpreproj
+from mmpreproj import PreProjAttention, PreProjConfig
+from mmpreproj.hosts import find_host
+
+IDENTITY = PreProjConfig(init="identity", skip_init_std=0)
+
+
+@dataclass
+class HostCase:
+    """A tiny host model family.
+
+    Args:
+        id: test id.
+        host: the table row it must match.
+        build: `build(width=..., depth=...)` -> a model with fixed random weights (seeded), eval mode.
+        inputs: `inputs()` -> the positional inputs of a forward call.
+        forward: `forward(model, inputs)` -> the output(s) to compare (default: `model(*inputs)`).
+        default: the width/depth `build` uses by default.
+    """
+
+    id: str
+    host: str
+    build: Callable[..., nn.Module]
+    inputs: Callable[[], tuple]
+    forward: Callable[[nn.Module, tuple], object] = lambda model, inputs: model(*inputs)
+    default: dict = field(default_factory=lambda: {"width": 64, "depth": 2})
+
+
+def flat(out: object) -> torch.Tensor:
+    """Every floating tensor in a (nested) output, flattened and concatenated."""
+    if isinstance(out, torch.Tensor):
+        return out.reshape(-1) if out.is_floating_point() else out.new_zeros(0).float()
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        parts = [flat(o) for o in out]
+        parts = [p for p in parts if p.numel()]
+        return torch.cat(parts) if parts else torch.zeros(0)
+    return torch.zeros(0)
+
+
+def run(case: HostCase, model: nn.Module, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The case's outputs, flattened; floating inputs cast to `dtype` if given."""
+    inputs = tuple(x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in case.inputs())
+    return flat(case.forward(model, inputs))
+
+
+def snapshot(model: nn.Module) -> dict:
+    """Everything a failed call must leave as it was."""
+    return {
+        "modules": [(n, id(m)) for n, m in model.named_modules()],
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "injected": mmpreproj.is_injected(model),
+        "mmpreproj_state": id(getattr(model, "mmpreproj_state", None)),
+    }
+
+
+def assert_same_snapshot(a: dict, b: dict) -> None:
+    assert a["modules"] == b["modules"]
+    assert a["requires_grad"] == b["requires_grad"]
+    assert (a["injected"], a["mmpreproj_state"]) == (b["injected"], b["mmpreproj_state"])
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        assert torch.equal(a["state"][k], b["state"][k]), k
+
+
+def injected_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if ".preproj." in n or ".skip." in n}
+
+
+def base_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    injected = injected_params(model)
+    return {n: p for n, p in model.named_parameters() if n not in injected}
+
+
+def loss_of(case: HostCase, model: nn.Module) -> torch.Tensor:
+    return run(case, model).square().mean()
+
+
+class HostContract:
+    """The guarantees of `inject` / `unload` / `save_adapter` / `load_adapter`, for any host row."""
+
+    def test_row_matches(self, case):
+        assert find_host(case.build()).name == case.host
+
+    @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+    def test_identity_init_matches_untouched_model(self, case, dtype):
+        # fp32 gets atol 1e-5: freezing the base alone moves nn.MultiheadAttention's fp32 outputs by ~1e-6
+        # (its fast path and F.linear on its transposed input depend on requires_grad flags).
+        model = case.build().to(dtype)
+        ref = run(case, model, dtype)
+        mmpreproj.inject(model, IDENTITY)
+        assert mmpreproj.injected_modules(model), "nothing was injected"
+        atol = 1e-6 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(run(case, model, dtype), ref, atol=atol, rtol=0)
+
+    def test_paper_init_is_close_but_not_equal(self, case):
+        model = case.build()
+        ref = run(case, model)
+        mmpreproj.inject(model, PreProjConfig())
+        out = run(case, model)
+        assert not torch.equal(out, ref)
+        assert (out - ref).abs().max() < 0.1 * ref.abs().max()
+
+    def test_parameter_counts(self, case):
+        model = case.build()
+        d, depth = case.default["width"], len(find_host(model).blocks(model))
+        mmpreproj.inject(model)
+        report = mmpreproj.trainable_report(model)
+        assert report.preproj == depth * 2 * d * int(1.25 * d)
+        assert report.skip == depth * d * d
+        assert report.trainable == report.injected
+
+    def test_only_injected_params_train(self, case):
+        model = case.build()
+        ref = run(case, model)
+        mmpreproj.inject(model, PreProjConfig(skip_init_std=0.01))
+        before = {n: p.detach().clone() for n, p in base_params(model).items()}
+        adapter_before = {n: p.detach().clone() for n, p in injected_params(model).items()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)  # every param offered
+        model.train()
+        for _ in range(3):
+            opt.zero_grad()
+            loss_of(case, model).backward()
+            for n, p in injected_params(model).items():
+                assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
+            opt.step()
+        model.eval()
+        for n, p in base_params(model).items():
+            assert p.grad is None, f"frozen {n} got a gradient"
+            assert torch.equal(p, before[n]), f"frozen {n} changed"
+        for n, p in injected_params(model).items():
+            assert not torch.equal(p, adapter_before[n]), f"injected {n} did not train"
+        assert not torch.allclose(run(case, model), ref, atol=1e-4)  # the check above can fail
+
+    def test_save_load_round_trip(self, case, tmp_path):
+        model = case.build()
+        mmpreproj.inject(model)
+        with torch.no_grad():
+            for p in injected_params(model).values():
+                p.normal_(std=0.05)
+        out = run(case, model)
+        mmpreproj.save_adapter(model, tmp_path)
+        torch.manual_seed(1234)  # a different RNG state: nothing may depend on it
+        fresh = case.build()
+        torch.manual_seed(4321)
+        mmpreproj.load_adapter(fresh, tmp_path)
+        assert torch.equal(run(case, fresh), out)
+        assert mmpreproj.adapter_state_dict(fresh).keys() == mmpreproj.adapter_state_dict(model).keys()
+
+    def test_unload_restores_original_modules(self, case):
+        model = case.build()
+        spec = find_host(model)
+        originals = [getattr(b, spec.attention) for b in spec.blocks(model)]
+        ref = run(case, model)
+        flags = [p.requires_grad for p in model.parameters()]
+        mmpreproj.inject(model)
+        assert all(isinstance(getattr(b, spec.attention), PreProjAttention) for b in spec.blocks(model))
+        mmpreproj.unload(model)
+        assert [getattr(b, spec.attention) for b in spec.blocks(model)] == originals
+        assert all(
+            a is b for a, b in zip((getattr(b, spec.attention) for b in spec.blocks(model)), originals)
+        )
+        assert not mmpreproj.is_injected(model)
+        assert [p.requires_grad for p in model.parameters()] == flags
+        assert torch.equal(run(case, model), ref)
+
+    def test_inject_twice_leaves_model_untouched(self, case):
+        model = mmpreproj.inject(case.build())
+        before = snapshot(model)
+        with pytest.raises(RuntimeError, match="already"):
+            mmpreproj.inject(model)
+        assert_same_snapshot(snapshot(model), before)
+
+    @pytest.mark.parametrize("change", ["width", "depth"])
+    def test_adapter_for_other_shape_is_rejected(self, case, change, tmp_path):
+        mmpreproj.save_adapter(mmpreproj.inject(case.build()), tmp_path)
+        other = case.build(**{change: case.default[change] + (32 if change == "width" else 1)})
+        before = snapshot(other)
+        with pytest.raises(ValueError, match="hidden_size" if change == "width" else "num_blocks"):
+            mmpreproj.load_adapter(other, tmp_path)
+        assert_same_snapshot(snapshot(other), before)
+
+    def test_gradient_checkpointing(self, case):
+        def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+            model = case.build()
+            model.set_grad_checkpointing(checkpointing)
+            mmpreproj.inject(model).train()
+            loss_of(case, model).backward()
+            assert all(p.grad is None for p in base_params(model).values())
+            return {n: p.grad for n, p in injected_params(model).items()}
+
+        plain, ckpt = grads(False), grads(True)
+        assert plain.keys() == ckpt.keys()
+        for n, g in ckpt.items():
+            assert g is not None and g.abs().sum() > 0, f"no gradient for {n} under checkpointing"
+            torch.testing.assert_close(g, plain[n], atol=1e-6, rtol=1e-5)
