@@ -5,7 +5,7 @@
     mmpreproj.save_adapter(model, "run/adapter"); mmpreproj.unload(model)
 """
 
-from . import hosts
+from . import hosts, rope
 from .adapter import (
     adapter_disabled,
     adapter_state_dict,
@@ -20,22 +20,31 @@ from .adapter import (
 from .config import PreProjConfig
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .report import TrainableReport, trainable_report
+from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
 from .version import __version__
 
 __all__ = [
     "ContentSkip",
+    "MultimodalRoPE",
     "PreProjAttention",
     "PreProjConfig",
     "PreProjection",
+    "RoPE1D",
+    "RoPE2D",
+    "RoPE3D",
+    "RotaryEncoder",
     "TrainableReport",
     "__version__",
     "adapter_disabled",
     "adapter_state_dict",
+    "grid_positions",
     "hosts",
     "inject",
     "injected_modules",
     "is_injected",
     "load_adapter",
+    "multimodal_positions",
+    "rope",
     "save_adapter",
     "set_fused",
     "trainable_report",
