@@ -1,0 +1,206 @@
+"""The `mmpreproj` command: train, eval, analyze, reproduce, demo (also `python -m mmpreproj`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser"]
+
+TRAIN_FLAGS = {  # CLI flag -> TrainConfig field, for the optional overrides of a preset
+    "model": str, "data": str, "data_config": str, "num_lines": int, "max_len": int, "steps": int,
+    "warmup_steps": int, "lr": float, "batch_size": int, "grad_accum": int, "seed": int, "device": str,
+    "save_every": int, "precision": str, "model_dtype": str, "lora_r": int, "lora_alpha": int,
+}
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from .train.config import METHODS, MODEL_DTYPES, PRECISIONS
+    from .train.presets import PRESETS
+
+    p.add_argument("--method", choices=METHODS, default="preproj_skip", help="what trains (default: %(default)s)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="mini",
+                   help="hyperparameters to start from; other flags override them (default: %(default)s)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/<preset>-<method>)")
+    for flag, typ in TRAIN_FLAGS.items():
+        kw: dict[str, Any] = {"type": typ, "default": None}
+        if flag == "precision":
+            kw["choices"] = PRECISIONS
+        if flag == "model_dtype":
+            kw["choices"] = MODEL_DTYPES
+        helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)"}
+        p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
+    p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
+    p.add_argument("--paper-bf16-weights", action="store_true", default=None,
+                   help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> None:
+    from .eval import DATA_SOURCES, PROTOCOLS, TASKS
+
+    if single_model:
+        p.add_argument("--model", default="assets/mini-pythia", help="hub id or local folder (default: %(default)s)")
+        p.add_argument("--adapter", default=None, help="a run folder or adapter folder to load on top of the model")
+        p.add_argument("--tasks", default="ppl,lambada,hellaswag,arc_easy",
+                       help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)")
+        p.add_argument("--json", default=None, help="write the results here")
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--ppl-split", choices=("validation", "test"), default="validation")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="paper", help="(default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="examples per task (default: the protocol's own)")
+    p.add_argument("--data-source", choices=DATA_SOURCES, default="local",
+                   help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="mmpreproj",
+        description="Position-agnostic pre-projection + content skip (arXiv 2604.10791): train, evaluate, analyse.",
+    )
+    ap.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="frozen-probe training of one method -> a run folder")
+    _add_train_args(p)
+
+    p = sub.add_parser("eval", help="evaluate a model (optionally with an adapter) on the paper's or lm-eval's tasks")
+    _add_eval_args(p)
+
+    p = sub.add_parser("analyze", help="per-layer W_skip norms (JSON + PNG) and skip/attention routing ratios")
+    p.add_argument("runs", nargs="+", help="run folders written by `mmpreproj train`")
+    p.add_argument("--out", default=None, help="where to write skip_norms.json/png (default: first run folder)")
+    p.add_argument("--texts", type=int, default=32, help="evaluation rows for the routing ratio (0 = skip it)")
+    p.add_argument("--data-source", choices=("local", "hub"), default="local")
+
+    for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
+                           ("demo", "the offline main job: `reproduce --preset mini`")):
+        p = sub.add_parser(name, help=helptext)
+        from .train.config import METHODS
+        from .train.presets import PRESETS
+
+        if name == "reproduce":
+            p.add_argument("--preset", choices=sorted(PRESETS), required=True)
+        p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
+        p.add_argument("--methods", default=None,
+                       help=f"comma-separated subset of {', '.join(METHODS)} (default: preproj,preproj_skip,lora,preproj_lora)")
+        _add_eval_args(p, single_model=False)
+        p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
+    return ap
+
+
+def _train(args: argparse.Namespace) -> str:
+    from .train import get_preset, train
+
+    overrides = {k: getattr(args, k) for k in (*TRAIN_FLAGS, "packing", "paper_bf16_weights", "gradient_checkpointing",
+                                               "resume", "overwrite") if getattr(args, k, None) is not None}
+    out = args.out or f"runs/{args.preset}-{args.method}"
+    cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
+    result = train(cfg)
+    m = result.metrics
+    return f"trained {cfg.method} on {cfg.model}: {m.get('steps')} steps, final loss {m.get('final_loss'):.4f} -> {out}"
+
+
+def _eval(args: argparse.Namespace) -> str:
+    from .eval import evaluate
+    from .train import load_model_and_tokenizer, load_run_adapter
+    from .train.config import TrainConfig
+
+    model, tok = load_model_and_tokenizer(TrainConfig(model=args.model, device="auto"))
+    if args.adapter:
+        model = load_run_adapter(model, args.adapter)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    res = evaluate(model, tok, tasks, protocol=args.protocol, limit=args.limit, data_source=args.data_source,
+                   batch_size=args.batch_size, ppl_split=args.ppl_split, progress=not args.no_progress)
+    text = json.dumps(res, indent=2)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    parts = [f"{t}: " + ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float)) for t, r in res.items()]
+    return "; ".join(p for p in parts)
+
+
+def _analyze(args: argparse.Namespace) -> str:
+    from .analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
+    from .reproduce import _ratio_batches, _ratio_texts
+    from .train import load_model_and_tokenizer, load_run_adapter, run_adapter_dir
+    from .train.config import TrainConfig
+
+    out = Path(args.out or args.runs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    for run in args.runs:
+        norms = skip_norms_from_adapter(run_adapter_dir(run))
+        if not norms:
+            raise ValueError(f"{run}: this adapter has no content skip (method without 'skip')")
+        entry: dict[str, Any] = {"skip_norms": norms}
+        if args.texts:
+            cfg = TrainConfig.from_json(Path(run) / "train_config.json").replace(device="auto")
+            model, tok = load_model_and_tokenizer(cfg)
+            model = load_run_adapter(model, run)
+            texts = _ratio_texts(args.data_source, "test", args.texts)
+            device = next(model.parameters()).device
+            entry["routing_ratios"] = routing_ratios(model, _ratio_batches(tok, texts, cfg.max_len, device))
+        report[run] = entry
+    (out / "skip_norms.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_skip_norms({Path(r).name: list(e["skip_norms"].values()) for r, e in report.items()}, out / "skip_norms.png")
+    if args.texts:
+        plot_skip_norms({Path(r).name: list(e["routing_ratios"].values()) for r, e in report.items()},
+                        out / "routing_ratios.png", title="||W_skip x~|| / ||attn_out|| per layer", ylabel="ratio")
+    return f"wrote {out / 'skip_norms.json'} and {out / 'skip_norms.png'}"
+
+
+def _reproduce(args: argparse.Namespace, preset: str) -> str:
+    from .reproduce import reproduce
+
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+    out = args.out or f"runs/{preset}"
+    kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress}
+    if methods:
+        kwargs["methods"] = methods
+    if args.limit is not None:
+        kwargs["eval_settings"] = {"limit": args.limit}
+    if args.steps is not None:
+        kwargs["train_overrides"] = {"steps": args.steps, "warmup_steps": min(args.steps, max(1, args.steps // 10))}
+    rows = reproduce(preset, out, **kwargs)
+    print((Path(out) / "table.md").read_text())
+    return f"{len(rows)} rows -> {out}/table.md, results.json, skip_norms.png"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        if args.command == "train":
+            summary = _train(args)
+        elif args.command == "eval":
+            summary = _eval(args)
+        elif args.command == "analyze":
+            summary = _analyze(args)
+        else:
+            summary = _reproduce(args, "mini" if args.command == "demo" else args.preset)
+    except KeyboardInterrupt:
+        print("mmpreproj: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user; -v shows the traceback
+        if args.verbose:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"mmpreproj {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    print(f"mmpreproj {args.command}: {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
