@@ -92,9 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--preset", choices=sorted(PRESETS), required=True)
         p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
         p.add_argument("--methods", default=None,
-                       help=f"comma-separated subset of {', '.join(METHODS)} (default: preproj,preproj_skip,lora,preproj_lora)")
+                       help=f"comma-separated subset of {', '.join(METHODS)} (default: all of them)")
         _add_eval_args(p, single_model=False)
         p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
+        p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
+        p.add_argument("--data", default=None, help="override the preset's training data (hub id or local file)")
     return ap
 
 
@@ -170,8 +172,11 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
         kwargs["methods"] = methods
     if args.limit is not None:
         kwargs["eval_settings"] = {"limit": args.limit}
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k) is not None}
     if args.steps is not None:
-        kwargs["train_overrides"] = {"steps": args.steps, "warmup_steps": min(args.steps, max(1, args.steps // 10))}
+        overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
+    if overrides:
+        kwargs["train_overrides"] = overrides
     rows = reproduce(preset, out, **kwargs)
     print((Path(out) / "table.md").read_text())
     return f"{len(rows)} rows -> {out}/table.md, results.json, skip_norms.png"

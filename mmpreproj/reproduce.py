@@ -29,7 +29,7 @@ from .train.config import METHODS
 __all__ = ["reproduce", "format_table", "DEMO_EVAL"]
 
 # What the offline demo evaluates: train on WikiText valid lines, so PPL is measured on test rows.
-DEMO_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag"), "ppl_split": "test", "limit": 500}
+DEMO_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag"), "ppl_split": "test", "limit": None}
 PAPER_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag", "arc_easy"), "ppl_split": "validation", "limit": None}
 
 
@@ -68,7 +68,7 @@ def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.
 def reproduce(
     preset: str,
     out: str | Path,
-    methods: Sequence[str] = ("preproj", "preproj_skip", "lora", "preproj_lora"),
+    methods: Sequence[str] = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora"),
     *,
     eval_settings: dict[str, Any] | None = None,
     data_source: str = "local",

@@ -1,0 +1,78 @@
+"""The `mmpreproj` command end to end on a tiny model saved in a temp folder (offline, seconds)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmpreproj.cli import build_parser, main
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from mmpreproj.data import asset_path
+
+    path = tmp_path_factory.mktemp("tiny-neox")
+    tok = AutoTokenizer.from_pretrained(str(asset_path("mini-pythia")))
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, rotary_pct=0.25, max_position_embeddings=256)
+    GPTNeoXForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_every_subcommand_has_help(capsys):
+    for cmd in ("train", "eval", "analyze", "reproduce", "demo"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        assert "usage: mmpreproj " + cmd in capsys.readouterr().out
+
+
+def test_python_dash_m_works():
+    r = subprocess.run([sys.executable, "-m", "mmpreproj", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "reproduce" in r.stdout
+
+
+def test_bad_input_is_one_line_and_nonzero(capsys, tmp_path):
+    code = main(["eval", "--model", str(tmp_path / "nope"), "--tasks", "ppl", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("mmpreproj eval: error:")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--method", "dora"])
+
+
+def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    common = ["--model", str(tiny_model_dir), "--steps", "3", "--warmup-steps", "1", "--num-lines", "16",
+              "--max-len", "32", "--batch-size", "4", "--no-progress"]
+    assert main(["train", "--method", "preproj_skip", "--out", str(run), *common]) == 0
+    assert (run / "adapter" / "adapter_model.safetensors").is_file() and (run / "metrics.json").is_file()
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 3
+    out_json = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(run), "--tasks", "ppl,lambada,hellaswag",
+                 "--limit", "12", "--json", str(out_json), "--no-progress"]) == 0
+    res = json.loads(out_json.read_text())
+    assert 0.0 <= res["lambada"]["acc"] <= 1.0 and res["ppl"]["ppl"] > 1.0
+    assert main(["analyze", str(run), "--texts", "2"]) == 0
+    norms = json.loads((run / "skip_norms.json").read_text())[str(run)]
+    assert len(norms["skip_norms"]) == 2 and len(norms["routing_ratios"]) == 2
+    assert (run / "skip_norms.png").read_bytes()[:4] == b"\x89PNG"
+    assert "mmpreproj analyze: wrote" in capsys.readouterr().out
+
+
+def test_reproduce_writes_table(tiny_model_dir, tmp_path):
+    out = tmp_path / "rep"
+    assert main(["reproduce", "--preset", "mini", "--model", str(tiny_model_dir), "--methods", "skip,lora",
+                 "--steps", "2", "--limit", "12", "--out", str(out), "--no-progress"]) == 0
+    table = (out / "table.md").read_text()
+    assert table.count("| mini |") == 3 and "baseline" in table and "lora" in table
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["baseline", "skip", "lora"] and (out / "skip_norms.png").is_file()
