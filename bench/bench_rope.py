@@ -11,6 +11,7 @@ cos/sin tables are built once outside the timed region; mmpreproj's timed call i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -87,7 +88,9 @@ def case_1d(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    results = []
     torch.manual_seed(0)
     rows = [
         ("RoPE2D vs timm apply_rot_embed_cat", 197, lambda q, k: case_2d(q, k)),
@@ -105,7 +108,11 @@ def main() -> None:
         torch.testing.assert_close(ours()[0], peer()[0], atol=1e-5, rtol=0)  # same numbers, or no timing
         t_ours, t_peer = median_ms([ours, peer], args.runs)
         print(f"| {name:<58} | {n:>5} | {t_ours:>12.2f} | {t_peer:>8.2f} | {t_ours / t_peer:>5.2f} |")
+        results.append({"case": name, "N": n, "ours_ms": t_ours, "peer_ms": t_peer, "ratio": t_ours / t_peer})
     print("ratio = mmpreproj / peer (below 1: mmpreproj is faster)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""GPU measurements (run by bench/gpu.sh): bf16 frozen-probe training tokens/s and model FLOP utilisation
+for the Pythia-160M and 410M shapes, and inference overhead of the injected model. Random weights.
+
+    python bench/gpu_probe.py [--steps 10] [--peak-tflops 989] [--json out.json]
+
+MFU = (FLOPs of one training step, counted by torch's flop counter: forward, backward to activations and to
+the trainable weights) x steps/s / peak dense bf16 FLOP/s (989 TFLOP/s for H100/H200 SXM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+import mmpreproj
+from mmpreproj.train.methods import apply_method
+
+SHAPES = {  # shape -> (config, micro-batch as in the paper)
+    "160m": (dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072), 4),
+    "410m": (dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096), 2),
+}
+
+
+def cuda_ms(fn, steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def train_case(base, method: str, ids: torch.Tensor, steps: int, peak: float) -> dict:
+    model = apply_method(copy.deepcopy(base), method).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with FlopCounterMode(display=False) as fc:
+        step()
+    ms = cuda_ms(step, steps)
+    tokens = ids.numel()
+    return {"method": method, "tokens_per_s": tokens / (ms / 1e3), "step_ms": ms,
+            "mfu": fc.get_total_flops() / (ms / 1e3) / peak, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def infer_case(base, ids: torch.Tensor, steps: int) -> dict:
+    inj = mmpreproj.inject(copy.deepcopy(base))
+    fused = mmpreproj.set_fused(copy.deepcopy(inj), True)
+    out = {}
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for name, m in (("base", base), ("injected", inj), ("fused", fused)):
+            out[name] = cuda_ms(lambda m=m: m(ids), steps)
+    return {"base_ms": out["base"], "injected_ratio": out["injected"] / out["base"], "fused_ratio": out["fused"] / out["base"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    assert torch.cuda.is_available(), "bench/gpu_probe.py needs a CUDA GPU"
+    torch.manual_seed(0)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    for shape, (dims, micro) in SHAPES.items():
+        base = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **dims)).cuda().eval()
+        ids = torch.randint(0, 50304, (micro, 512), device="cuda")
+        rows = [train_case(base, m, ids, a.steps, a.peak_tflops * 1e12) for m in ("preproj_skip", "lora")]
+        inf = infer_case(base, torch.randint(0, 50304, (8, 512), device="cuda"), a.steps)
+        res["shapes"][shape] = {"train": rows, "inference": inf}
+        for r in rows:
+            print(f"{shape} {r['method']:<13} {r['tokens_per_s']:>9.0f} tok/s  MFU {100 * r['mfu']:.1f}%  "
+                  f"peak {r['peak_mem_gb']:.1f} GB", flush=True)
+        print(f"{shape} inference (bf16, 8x512): injected/base {inf['injected_ratio']:.3f}, "
+              f"fused/base {inf['fused_ratio']:.3f}", flush=True)
+        del base
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
