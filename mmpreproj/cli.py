@@ -105,6 +105,10 @@ def _train(args: argparse.Namespace) -> str:
 
     overrides = {k: getattr(args, k) for k in (*TRAIN_FLAGS, "packing", "paper_bf16_weights", "gradient_checkpointing",
                                                "resume", "overwrite") if getattr(args, k, None) is not None}
+    if "steps" in overrides and "warmup_steps" not in overrides:  # keep warmup within a shortened run
+        from .train.presets import PRESETS
+
+        overrides["warmup_steps"] = min(PRESETS[args.preset]["warmup_steps"], overrides["steps"])
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)

@@ -1,0 +1,82 @@
+"""Saving a trained method's weights into `out/adapter/`, and putting them back onto a fresh base model.
+
+- preproj / skip / preproj_skip: `mmpreproj.save_adapter` -> adapter/{adapter_model.safetensors, adapter_config.json}
+- lora: peft `save_pretrained` -> adapter/ (peft's own format, loadable with `PeftModel.from_pretrained`)
+- preproj_lora: the mmpreproj adapter in adapter/ and the peft adapter in adapter/lora/
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from .. import adapter as _adapter
+from .config import METHODS
+from .methods import METHOD_SPECS
+from .runlog import CONFIG_NAME
+
+__all__ = ["ADAPTER_DIR", "LORA_SUBDIR", "load_run_adapter", "run_adapter_dir", "save_run_adapter"]
+
+ADAPTER_DIR = "adapter"
+LORA_SUBDIR = "lora"
+
+
+def save_run_adapter(model: nn.Module, method: str, path: str | Path) -> Path:
+    """Write the trainable weights of `model` (trained with `method`) to the folder `path`."""
+    spec = METHOD_SPECS[method]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if spec.preproj or spec.skip:
+        _adapter.save_adapter(model, path)
+    if spec.lora:
+        model.save_pretrained(str(path / LORA_SUBDIR if (spec.preproj or spec.skip) else path))
+    return path
+
+
+def run_adapter_dir(path: str | Path) -> Path:
+    """The adapter folder of a run folder (`path/adapter`), or `path` itself when it is an adapter folder."""
+    path = Path(path)
+    return path / ADAPTER_DIR if (path / ADAPTER_DIR).is_dir() else path
+
+
+def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = None) -> nn.Module:
+    """Add the weights saved by `save_run_adapter` to a base `model`; `path` is a run folder or its adapter/.
+
+    `method` defaults to the one in the run folder's `train_config.json`. Returns the model to use (a
+    `PeftModel` for LoRA methods); the base stays frozen.
+    """
+    path = Path(path)
+    if (path / ADAPTER_DIR).is_dir():  # a run folder
+        if method is None and (path / CONFIG_NAME).is_file():
+            method = json.loads((path / CONFIG_NAME).read_text()).get("method")
+        path = path / ADAPTER_DIR
+    if method is None:
+        method = _method_of(path)
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}; allowed values: {list(METHODS)}")
+    spec = METHOD_SPECS[method]
+    if spec.preproj or spec.skip:
+        model = _adapter.load_adapter(model, path)
+    if spec.lora:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(path / LORA_SUBDIR if (spec.preproj or spec.skip) else path))
+    return model
+
+
+def _method_of(path: Path) -> str:
+    """Guess the method of an adapter folder: peft's adapter_config has `peft_type`, ours has `config`."""
+    cfg_file = path / _adapter.ADAPTER_CONFIG_NAME
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"no adapter in {path} (missing {cfg_file.name})")
+    desc = json.loads(cfg_file.read_text())
+    if "peft_type" in desc:
+        return "lora"
+    cfg = desc.get("config", {})
+    if (path / LORA_SUBDIR).is_dir():
+        return "preproj_lora"
+    return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[
+        (bool(cfg.get("preproj")), bool(cfg.get("skip")))
+    ]

@@ -1,0 +1,113 @@
+"""Resumable training state in one file, written atomically (temp file in the same folder + `os.replace`).
+
+`checkpoint.pt` holds the trainable weights (by parameter name), the optimizer and scheduler states, the
+RNG states of every rank (torch CPU/CUDA, python `random`, numpy), the data position and counters, and the
+config. It is loaded with `torch.load(weights_only=True)`: numpy's RNG keys are stored as a tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..version import __version__
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "CHECKPOINT_FORMAT",
+    "capture_rng",
+    "load_checkpoint",
+    "load_trainable_state",
+    "restore_rng",
+    "save_checkpoint",
+    "trainable_state",
+]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+
+
+def capture_rng() -> dict[str, Any]:
+    """The RNG states of this process: torch CPU (and CUDA), python `random`, numpy."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what `capture_rng` returned."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: tensor} of the trainable parameters, detached, on CPU."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy saved trainable weights into `model`; names, shapes and dtypes must match exactly."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not match the model's trainable parameters: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]} (different method or model?)"
+        )
+    for n, p in params.items():
+        if state[n].shape != p.shape or state[n].dtype != p.dtype:
+            raise ValueError(
+                f"checkpoint tensor {n} is {tuple(state[n].shape)} {state[n].dtype}, the model has "
+                f"{tuple(p.shape)} {p.dtype}"
+            )
+        p.copy_(state[n])
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """`torch.save(state)` to `path` atomically: a crash leaves the previous checkpoint intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save({"format": CHECKPOINT_FORMAT, "library_version": __version__, **state}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint` (CPU tensors; one-line errors for corrupt files)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"corrupt checkpoint {path}: {type(err).__name__}: {str(err)[:200]}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a mmpreproj training checkpoint (format {CHECKPOINT_FORMAT})")
+    return state

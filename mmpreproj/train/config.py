@@ -1,0 +1,193 @@
+"""`TrainConfig`: every knob of a frozen-probe run, validated up front and saved as JSON in the run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..version import __version__
+
+__all__ = ["METHODS", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
+
+METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")
+PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
+MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
+SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
+
+# Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
+RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"TrainConfig.{name}={value!r}; allowed values: {list(allowed)}")
+
+
+def _check(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"TrainConfig.{name}={value!r}; must be {rule}")
+
+
+@dataclass
+class TrainConfig:
+    """A frozen-probe training run (defaults = the paper's Pythia-160M protocol; see `presets.py`).
+
+    Args:
+        method: what trains: "preproj", "skip", "preproj_skip", "lora" or "preproj_lora".
+        model: hub id or local folder for `AutoModelForCausalLM` / `AutoTokenizer`.
+        data: hub dataset id (read with `datasets`) or a local text file (one example per line).
+        data_config, data_split, text_field: hub dataset config, split and text column.
+        num_lines, min_chars: keep the first `num_lines` lines whose stripped text is longer than `min_chars`.
+        max_len: tokens per example (truncate, right-pad with eos); block length when `packing`.
+        packing: join the kept lines with eos into full `max_len` blocks instead of one padded line each.
+        trim_padding: cut each batch to its longest line (same loss as full padding, less compute).
+        steps, warmup_steps, lr, min_lr_ratio, schedule: optimizer steps and the LR schedule
+            (linear warmup from 0, then cosine to `lr * min_lr_ratio`, or constant).
+        batch_size, grad_accum: micro-batch per process and micro-batches per optimizer step.
+        weight_decay, adam_betas, adam_eps, max_grad_norm: AdamW and clipping (None/0 = no clipping).
+        precision: "bf16" (autocast) or "fp32".
+        model_dtype: dtype the frozen base is loaded in ("float32" or "bfloat16").
+        paper_bf16_weights: cast the trainable weights to bf16 (the paper's setting; updates round away).
+        gradient_checkpointing, reentrant_checkpointing: activation checkpointing and its variant.
+        lora_r, lora_alpha: override the LoRA rank/alpha (None = the paper's rule for the method).
+        seed: seeds torch, python `random` and numpy, the injected-weight init and the data order.
+        device: "auto" (cuda:LOCAL_RANK if available, else cpu), "cpu", "cuda", "cuda:1", ...
+        out: run folder (adapter/, train_config.json, metrics.json, log.jsonl, checkpoint.pt).
+        save_every: write `checkpoint.pt` every N optimizer steps and at the end (0 = never).
+        resume: continue from `out/checkpoint.pt` (starts from step 0 when there is none).
+        overwrite: allow starting a fresh run in a folder that already holds one.
+        stop_at: stop after this optimizer step (checkpoint written), as a preempted job would.
+        progress: show a tqdm bar (rank 0 only).
+        preset: name of the preset this config came from (informational).
+    """
+
+    method: str = "preproj_skip"
+    model: str = "EleutherAI/pythia-160m"
+    data: str = "wikitext"
+    data_config: str | None = "wikitext-103-raw-v1"
+    data_split: str = "train"
+    text_field: str = "text"
+    num_lines: int = 2000
+    min_chars: int = 50
+    max_len: int = 512
+    packing: bool = False
+    trim_padding: bool = True
+    steps: int = 500
+    warmup_steps: int = 50
+    lr: float = 1e-5
+    min_lr_ratio: float = 0.0
+    schedule: str = "cosine"
+    batch_size: int = 4
+    grad_accum: int = 4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    precision: str = "bf16"
+    model_dtype: str = "float32"
+    paper_bf16_weights: bool = False
+    gradient_checkpointing: bool = True
+    reentrant_checkpointing: bool = False
+    lora_r: int | None = None
+    lora_alpha: int | None = None
+    seed: int = 42
+    device: str = "auto"
+    out: str = "runs/train"
+    save_every: int = 100
+    resume: bool = False
+    overwrite: bool = False
+    stop_at: int | None = None
+    progress: bool = True
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        _choice("method", self.method, METHODS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("model_dtype", self.model_dtype, MODEL_DTYPES)
+        _choice("schedule", self.schedule, SCHEDULES)
+        for name in ("num_lines", "steps", "batch_size", "grad_accum"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name, value, "a positive int")
+        _check(isinstance(self.max_len, int) and self.max_len >= 2, "max_len", self.max_len, "an int >= 2")
+        _check(self.min_chars >= 0, "min_chars", self.min_chars, ">= 0")
+        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps", self.warmup_steps, f"in [0, steps={self.steps}]")
+        _check(self.lr > 0, "lr", self.lr, "> 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        self.adam_betas = tuple(self.adam_betas)
+        _check(
+            len(self.adam_betas) == 2 and all(0.0 <= b < 1.0 for b in self.adam_betas),
+            "adam_betas", self.adam_betas, "two floats in [0, 1)",
+        )
+        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
+        _check(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0")
+        _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
+        _check(
+            self.stop_at is None or 1 <= self.stop_at <= self.steps, "stop_at", self.stop_at, f"None or in [1, {self.steps}]"
+        )
+        for name in ("lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and value > 0), name, value, "None or a positive int")
+            if value is not None and "lora" not in self.method:
+                raise ValueError(
+                    f"TrainConfig.{name}={value!r} only applies to methods 'lora' and 'preproj_lora', "
+                    f"not method={self.method!r}"
+                )
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise ValueError(
+                    f"TrainConfig.device={self.device!r}; allowed values: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'"
+                ) from None
+        if not self.data:
+            raise ValueError("TrainConfig.data is empty; pass a hub dataset id or a local text file")
+
+    @property
+    def effective_batch(self) -> int:
+        """Examples per optimizer step on one process (multiply by the world size for data parallel)."""
+        return self.batch_size * self.grad_accum
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        d["library_version"] = __version__
+        return d
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known - {"library_version"})
+        if unknown:
+            warnings.warn(
+                f"TrainConfig: ignoring unknown keys {unknown} "
+                f"(saved by mmpreproj {d.get('library_version', '?')}, this is {__version__})",
+                stacklevel=2,
+            )
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def differences(self, other: TrainConfig, *, ignore: frozenset[str] = RESUME_FREE_FIELDS) -> dict[str, tuple]:
+        """Fields (other than `ignore`) whose values differ: {name: (self value, other value)}."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in ignore | {"library_version"} and a[k] != b[k]}

@@ -1,0 +1,165 @@
+"""The five frozen-probe methods of the paper, applied to a host model, and their trainable-parameter counts.
+
+| method        | what trains                                                      | 160M    | 410M    |
+|---------------|------------------------------------------------------------------|---------|---------|
+| preproj       | pre-projection (mmpreproj.inject, skip=False)                    | 17.7M   | 62.9M   |
+| skip          | content skip only (preproj=False)                                | 7.1M    | 25.2M   |
+| preproj_skip  | pre-projection + content skip                                    | 24.8M   | 88.1M   |
+| lora          | peft LoRA on query_key_value + dense, r = int(P / (L*2*d*2))     | 26.5M   | 94.4M   |
+| preproj_lora  | pre-projection + LoRA r=64, alpha=128 on the same modules        | 21.2M   | 72.4M   |
+
+P = 2*d*int(1.25d)*L is the pre-projection's parameter count, so r = 480 (d=768, L=12) and 640 (d=1024, L=24);
+LoRA uses alpha = 2r and dropout 0 (peft, as the paper).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import adapter as _adapter
+from ..config import PreProjConfig
+from .config import METHODS
+
+__all__ = [
+    "LORA_TARGETS",
+    "MethodSpec",
+    "METHOD_SPECS",
+    "apply_method",
+    "count_trainable",
+    "expected_trainable",
+    "meta_model",
+    "method_param_table",
+    "paper_lora_rank",
+    "preproj_params",
+    "resolve_lora",
+]
+
+LORA_TARGETS = ("query_key_value", "dense")  # attention only: `dense` is GPT-NeoX's attention output projection
+PREPROJ_LORA_RANK = 64  # with alpha 2r = 128, as the paper
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method adds: pre-projection, content skip, LoRA (with the rank rule "paper" or a fixed rank)."""
+
+    name: str
+    preproj: bool
+    skip: bool
+    lora: bool
+    lora_rank: str | int | None = None  # "paper" = r from the parameter-matching formula
+
+
+METHOD_SPECS: dict[str, MethodSpec] = {
+    "preproj": MethodSpec("preproj", preproj=True, skip=False, lora=False),
+    "skip": MethodSpec("skip", preproj=False, skip=True, lora=False),
+    "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
+    "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
+    "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
+}
+assert tuple(METHOD_SPECS) == METHODS
+
+
+def _spec(method: str) -> MethodSpec:
+    if method not in METHOD_SPECS:
+        raise ValueError(f"method={method!r}; allowed values: {list(METHODS)}")
+    return METHOD_SPECS[method]
+
+
+def preproj_params(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
+    """Pre-projection parameters over all layers: 2 * d * int(expansion * d) * L."""
+    return 2 * hidden_size * int(expansion * hidden_size) * num_layers
+
+
+def paper_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
+    """The paper's LoRA rank: int(preproj_params / (L * 2 * d * 2)) -> 480 at d=768, 640 at d=1024."""
+    return int(preproj_params(hidden_size, num_layers, expansion) / (num_layers * 2 * hidden_size * 2))
+
+
+def resolve_lora(
+    method: str, hidden_size: int, num_layers: int, r: int | None = None, alpha: int | None = None
+) -> tuple[int, int]:
+    """(rank, alpha) a LoRA method uses: the overrides, else the paper's (r by the rule or 64, alpha = 2r)."""
+    spec = _spec(method)
+    if not spec.lora:
+        raise ValueError(f"method {method!r} has no LoRA")
+    if r is None:
+        r = paper_lora_rank(hidden_size, num_layers) if spec.lora_rank == "paper" else int(spec.lora_rank)
+    return r, 2 * r if alpha is None else alpha
+
+
+def _host_shape(model: nn.Module) -> tuple[int, int]:
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "hidden_size") or not hasattr(cfg, "num_hidden_layers"):
+        raise ValueError(f"{type(model).__name__} has no config.hidden_size / num_hidden_layers (LoRA rank rule)")
+    return int(cfg.hidden_size), int(cfg.num_hidden_layers)
+
+
+def apply_method(
+    model: nn.Module,
+    method: str,
+    *,
+    lora_r: int | None = None,
+    lora_alpha: int | None = None,
+) -> nn.Module:
+    """Freeze `model` and add what `method` trains; returns the model to train (a `PeftModel` for LoRA methods).
+
+    For "preproj_lora" the pre-projection is injected first, then peft wraps the model; peft freezes every
+    non-LoRA parameter, so the injected weights are made trainable again afterwards.
+    """
+    spec = _spec(method)
+    if spec.preproj or spec.skip:
+        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True))
+    if not spec.lora:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError(f"method {method!r} needs peft: pip install 'mmpreproj[lora]'") from None
+    r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha)
+    lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS), bias="none")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
+        peft_model = get_peft_model(model, lora)
+    for w in _adapter.injected_modules(peft_model):
+        for part in (w.preproj, w.skip):
+            if part is not None:
+                part.requires_grad_(True)
+    return peft_model
+
+
+def count_trainable(model: nn.Module) -> int:
+    """Number of parameters with requires_grad (a shared weight counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def expected_trainable(method: str, hidden_size: int, num_layers: int, *, lora_r: int | None = None) -> int:
+    """The count `apply_method` gives on a GPT-NeoX of width d and L blocks, from the formulas alone.
+
+    Pre-projection 2*d*int(1.25d) per block, skip d*d, LoRA r*(d + 3d) on query_key_value plus r*(d + d) on dense.
+    """
+    spec = _spec(method)
+    d, layers = hidden_size, num_layers
+    n = preproj_params(d, layers) if spec.preproj else 0
+    n += d * d * layers if spec.skip else 0
+    if spec.lora:
+        r, _ = resolve_lora(method, d, layers, lora_r)
+        n += r * 6 * d * layers
+    return n
+
+
+def meta_model(config: Any) -> nn.Module:
+    """A `AutoModelForCausalLM` built from `config` on the meta device (no memory, no download)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def method_param_table(config: Any, methods: tuple[str, ...] = METHODS) -> dict[str, int]:
+    """{method: trainable parameters} measured by applying each method to a meta-device model of `config`."""
+    return {m: count_trainable(apply_method(meta_model(config), m)) for m in methods}

@@ -1,0 +1,88 @@
+"""Loading the host model and tokenizer (hub id or local folder), and switching on activation checkpointing."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ModelUnavailableError
+from .sources import resolve_path
+
+__all__ = ["enable_checkpointing", "load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_device"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _source(name: str) -> str:
+    local = resolve_path(name)
+    return str(local) if local is not None else name
+
+
+def _fail(what: str, name: str, err: Exception) -> ModelUnavailableError:
+    why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return ModelUnavailableError(
+        f"cannot load {what} {name!r} (no network, or not a local folder?): {why}; pass a local path with --model PATH"
+    )
+
+
+def load_tokenizer(name: str) -> Any:
+    """`AutoTokenizer.from_pretrained(name)` with pad = eos when it has no pad token (as the paper)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(_source(name))
+    except (OSError, ValueError) as err:
+        raise _fail("tokenizer", name, err) from None
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name: str, dtype: str = "float32") -> nn.Module:
+    """`AutoModelForCausalLM.from_pretrained(name)` in `dtype` ("float32" or "bfloat16"), on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}; allowed values: {sorted(_DTYPES)}")
+    try:
+        return AutoModelForCausalLM.from_pretrained(_source(name), dtype=_DTYPES[dtype])
+    except (OSError, ValueError) as err:
+        raise _fail("model", name, err) from None
+
+
+def load_model_and_tokenizer(config: Any) -> tuple[nn.Module, Any]:
+    """The model (in `config.model_dtype`, on `config.device`, eval mode) and tokenizer named by a `TrainConfig`."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    model = load_model(config.model, config.model_dtype).to(resolve_device(config.device, local_rank))
+    return model.eval(), load_tokenizer(config.model)
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """"auto" -> cuda:LOCAL_RANK when CUDA is available, else cpu; anything else is used as given."""
+    if device == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(device)
+
+
+def enable_checkpointing(model: nn.Module, reentrant: bool = False) -> None:
+    """Switch on activation checkpointing of the host (`transformers` models, or a peft model around one).
+
+    With the whole base frozen, reentrant checkpointing would give the injected weights no gradient unless
+    the block inputs require grad; `mmpreproj.inject` registers an input-embedding hook that ensures this.
+    """
+    host = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(host, "activation_checkpointing_enable"):  # transformers >= 5.x
+        host.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(host, "gradient_checkpointing_enable"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            host.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"{type(host).__name__} does not support activation checkpointing")
+    if reentrant and not hasattr(host, "_require_grads_hook") and hasattr(host, "enable_input_require_grads"):
+        host.enable_input_require_grads()  # LoRA-only runs have no mmpreproj hook; older transformers skip this

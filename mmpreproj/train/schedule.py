@@ -1,0 +1,37 @@
+"""The learning-rate schedule: linear warmup from 0, then cosine decay (or constant).
+
+Same factor as `transformers.get_cosine_schedule_with_warmup` (the paper's Trainer), which the first step
+takes at lr 0, with an optional floor `min_ratio`:
+
+    f(s) = s / W                                                 s < W
+    f(s) = m + (1 - m) * 0.5 * (1 + cos(pi * (s - W) / (T - W)))  s >= W   (cosine; 1 for constant)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+__all__ = ["lr_factor", "make_scheduler"]
+
+
+def lr_factor(step: int, *, warmup: int, total: int, kind: str = "cosine", min_ratio: float = 0.0) -> float:
+    """Multiplier of the base LR for the optimizer step with 0-based index `step`."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    if kind != "cosine":
+        raise ValueError(f"schedule={kind!r}; allowed values: ['cosine', 'constant']")
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, *, warmup: int, total: int, kind: str = "cosine", min_ratio: float = 0.0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A `LambdaLR` applying `lr_factor`; its state_dict is plain numbers (checkpointable)."""
+    factor = functools.partial(lr_factor, warmup=warmup, total=total, kind=kind, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,91 @@
+"""Where training text comes from: a local text file (plain or .gz), or a hub dataset streamed with `datasets`."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import DataUnavailableError
+
+__all__ = ["read_lines", "resolve_path"]
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def resolve_path(path: str | os.PathLike[str]) -> Path | None:
+    """An existing file or folder: `path` as given, else relative to the repository root; None otherwise."""
+    p = Path(path).expanduser()
+    if p.exists():
+        return p
+    if not p.is_absolute() and (_REPO / p).exists():
+        return _REPO / p
+    return None
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or (os.sep in source and Path(source).suffix != "")
+
+
+def read_lines(
+    source: str, config: str | None = None, *, split: str = "train", text_field: str = "text"
+) -> Iterator[str]:
+    """Lines of a local text file (kept as stored, newline included; `.gz` read transparently), or the text
+    rows of a hub split.
+
+    A hub dataset is streamed, so only the rows actually consumed are downloaded. Offline, or when the
+    id does not exist, a one-line `DataUnavailableError` says to pass a local file instead.
+    """
+    local = resolve_path(source)
+    if local is not None:
+        if not local.is_file():
+            raise DataUnavailableError(f"data path {source!r} is not a file; pass a text file, one example per line")
+        opener = gzip.open if local.suffix == ".gz" else open
+        with opener(local, "rt", encoding="utf-8-sig") as f:
+            yield from f
+        return
+    if _looks_like_path(source):
+        raise DataUnavailableError(f"data file not found: {source}")
+    yield from _hub_rows(source, config, split, text_field)
+
+
+def _hub_rows(name: str, config: str | None, split: str, text_field: str) -> Iterator[str]:
+    label = f"{name} ({config}, split {split})" if config else f"{name} (split {split})"
+    hint = "pass a local file with --data PATH"
+    if not _hub_offline() and not _hub_reachable():
+        raise DataUnavailableError(f"cannot download {label} (no network?); {hint}")
+    try:
+        import datasets
+
+        rows = iter(datasets.load_dataset(name, config, split=split, streaming=True))
+        first = next(rows, None)
+    except ImportError:
+        raise DataUnavailableError(f"cannot read {label}: the `datasets` package is not installed; {hint}") from None
+    except Exception as err:  # offline, datasets raises ConnectionError, FileNotFoundError, ValueError, ...
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise DataUnavailableError(f"cannot download {label} (no network?): {why}; {hint}") from None
+    if first is None:
+        return
+    if text_field not in first:
+        raise DataUnavailableError(f"{label} has no column {text_field!r}; columns: {sorted(first)}")
+    yield first[text_field]
+    for row in rows:
+        yield row[text_field]
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get(k, "").strip().lower() for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(f in {"1", "true", "yes", "on"} for f in flags)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe of the Hub, so a machine without network fails at once instead of retrying."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False

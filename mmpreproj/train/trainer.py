@@ -1,0 +1,340 @@
+"""`train()`: the frozen-probe loop. Load, apply the method, then AdamW over the trainable weights only.
+
+    result = train(get_preset("pythia-160m", method="preproj_skip", out="runs/160m-skip"))
+
+One optimizer step = `grad_accum` micro-batches of `batch_size` lines on every rank. The loss is the mean
+over all label tokens of the step (all micro-batches, all ranks), so accumulation and data parallelism
+give the same update as one big batch. A NaN/inf loss or gradient norm stops the run before the optimizer
+step (`NonFiniteLossError`), leaving the last checkpoint as it was. Resuming restores weights, optimizer,
+scheduler, RNG states and the data position, so the resumed run ends bit-identical to an uninterrupted one
+(on CPU; same world size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..version import __version__
+from .adapters import ADAPTER_DIR, save_run_adapter
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    capture_rng,
+    load_checkpoint,
+    load_trainable_state,
+    restore_rng,
+    save_checkpoint,
+    trainable_state,
+)
+from .config import TrainConfig
+from .data import IGNORE_INDEX, LMExamples, build_examples
+from .distributed import (
+    DistContext,
+    all_gather_objects,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    shutdown,
+    wrap_ddp,
+)
+from .errors import NonFiniteLossError
+from .methods import apply_method, count_trainable
+from .models import enable_checkpointing, load_model, load_tokenizer
+from .order import ShardedOrder
+from .precision import autocast, cast_trainable_
+from .runlog import CONFIG_NAME, LOG_NAME, METRICS_NAME, StepLog, write_json
+from .schedule import make_scheduler
+
+__all__ = ["RunResult", "seed_everything", "train"]
+
+log = logging.getLogger("mmpreproj.train")
+_RUN_FILES = (CHECKPOINT_NAME, LOG_NAME, METRICS_NAME, CONFIG_NAME, ADAPTER_DIR)
+
+
+@dataclass
+class RunResult:
+    """What `train()` did. `model` is the trained model in eval mode (unwrapped from DDP; a PeftModel for LoRA)."""
+
+    out: Path
+    method: str
+    status: str  # "completed" or "stopped" (stop_at)
+    steps: int  # optimizer steps done in total (including those before a resume)
+    final_loss: float
+    metrics: dict[str, Any]
+    model: nn.Module = field(repr=False)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (all devices), python `random` and numpy."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def train(
+    config: TrainConfig,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    *,
+    examples: LMExamples | None = None,
+) -> RunResult:
+    """Train `config.method` on a frozen base; writes the run folder `config.out` (rank 0 only).
+
+    Args:
+        config: the run.
+        model: a base causal LM (not yet injected), used as given and moved to the device; loaded from
+            `config.model` in `config.model_dtype` when None.
+        tokenizer: tokenizes the training lines; loaded from `config.model` when None and needed.
+        examples: pre-tokenized data (skips reading `config.data`), e.g. `LMExamples.random(...)` in tests.
+
+    Under `torchrun` (WORLD_SIZE > 1) every process calls `train` with the same config.
+    """
+    ctx = init_distributed(config.device)
+    try:
+        return _train(config, ctx, model, tokenizer, examples)
+    finally:
+        shutdown(ctx)
+
+
+def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> dict[str, Any] | None:
+    """Check the run folder and return the checkpoint to resume from (None = fresh start)."""
+    ckpt = out / CHECKPOINT_NAME
+    state = None
+    if cfg.resume and ckpt.is_file():
+        state = load_checkpoint(ckpt)
+        saved = TrainConfig.from_dict(state["config"])
+        diff = saved.differences(cfg)
+        if diff:
+            shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(diff.items()))
+            raise ValueError(f"cannot resume {ckpt}: the config changed ({shown}); use the same settings")
+        if state["world_size"] != ctx.world_size:
+            raise ValueError(
+                f"cannot resume {ckpt}: it was written with world_size={state['world_size']}, this run has {ctx.world_size}"
+            )
+    elif cfg.resume:
+        log.info("resume: no checkpoint in %s, starting from step 0", out)
+    elif not cfg.overwrite and any((out / name).exists() for name in _RUN_FILES):
+        raise FileExistsError(
+            f"{out} already holds a run; pass resume=True (--resume) to continue it, overwrite=True (--overwrite) to start over, "
+            "or choose another folder"
+        )
+    barrier(ctx)  # every rank has decided before rank 0 clears anything
+    if state is None and ctx.is_main:
+        for name in _RUN_FILES:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    return state
+
+
+def _label_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())  # labels are shifted by one
+
+
+def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # logits: (B, L, V), labels: (B, L) -> summed next-token loss in fp32
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+
+
+@dataclass
+class _Run:
+    """Everything the loop mutates: the model (and its DDP wrapper), optimizer, scheduler, counters."""
+
+    cfg: TrainConfig
+    ctx: DistContext
+    model: nn.Module
+    ddp: nn.Module
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    checkpoint: str | None = None  # the last good checkpoint
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.out)
+
+
+def _setup(
+    cfg: TrainConfig, ctx: DistContext, model: nn.Module | None, tokenizer: Any, examples: LMExamples | None
+) -> tuple[_Run, LMExamples, dict[str, Any] | None]:
+    """Prepare the folder, load, apply the method, build the optimizer; restore a checkpoint if resuming."""
+    resume = _prepare_out(cfg, Path(cfg.out), ctx)
+    seed_everything(cfg.seed)
+    if model is None:
+        model = load_model(cfg.model, cfg.model_dtype)
+    if examples is None:
+        examples = build_examples(cfg, tokenizer if tokenizer is not None else load_tokenizer(cfg.model))
+    model = apply_method(model.to(ctx.device), cfg.method, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha)
+    if cfg.paper_bf16_weights:
+        cast_trainable_(model, torch.bfloat16)
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model, cfg.reentrant_checkpointing)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    scheduler = make_scheduler(
+        optimizer, warmup=cfg.warmup_steps, total=cfg.steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio
+    )
+    run = _Run(cfg, ctx, model, model, params, optimizer, scheduler)
+    if resume is not None:
+        load_trainable_state(model, resume["trainable"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        run.step, run.tokens, run.elapsed = resume["step"], resume["tokens"], resume["elapsed_s"]
+        run.checkpoint = str(run.out / CHECKPOINT_NAME)
+    run.ddp = wrap_ddp(model, ctx)
+    return run, examples, resume
+
+
+def _save(run: _Run) -> None:
+    """Write `checkpoint.pt` (rank 0) with every rank's RNG state; all ranks must call it."""
+    rng = all_gather_objects(capture_rng(), run.ctx)
+    if run.ctx.is_main:
+        save_checkpoint(
+            run.out / CHECKPOINT_NAME,
+            {
+                "step": run.step,
+                "data_position": run.step * run.cfg.grad_accum,  # micro-batches consumed per rank
+                "tokens": run.tokens,
+                "elapsed_s": run.elapsed,
+                "world_size": run.ctx.world_size,
+                "config": run.cfg.to_dict(),
+                "trainable": trainable_state(run.model),
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "rng": rng,
+            },
+        )
+    barrier(run.ctx)
+    run.checkpoint = str(run.out / CHECKPOINT_NAME)
+
+
+def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
+    """Accumulate the gradients of one optimizer step; returns (mean loss per label token, real tokens), global."""
+    ctx, cfg = run.ctx, run.cfg
+    counts = torch.tensor(
+        [sum(_label_tokens(b) for b in batches), sum(int(b["attention_mask"].sum()) for b in batches)],
+        dtype=torch.float64,
+        device=ctx.device,
+    )
+    n_labels, n_tokens = (int(c) for c in all_reduce_sum(counts, ctx).tolist())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    for i, batch in enumerate(batches):
+        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        last = i == len(batches) - 1
+        with run.ddp.no_sync() if ctx.enabled and not last else contextlib.nullcontext():
+            with autocast(cfg.precision, ctx.device):
+                out = run.ddp(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+            s = _loss_sum(out.logits, batch["labels"])
+            (s * ctx.world_size / max(n_labels, 1)).backward()  # DDP averages over ranks: sum / all label tokens
+        loss_sum += s.detach().double()
+    return all_reduce_sum(loss_sum, ctx).item() / max(n_labels, 1), n_tokens
+
+
+def _check_finite(run: _Run, what: str, value: float) -> None:
+    if not math.isfinite(value):
+        if run.ctx.is_main:
+            write_json(run.out / METRICS_NAME, {"method": run.cfg.method, "status": "nonfinite", "step": run.step + 1, what: value})
+        raise NonFiniteLossError(run.step + 1, what, value, run.checkpoint)
+
+
+def _train(
+    cfg: TrainConfig, ctx: DistContext, model: nn.Module | None, tokenizer: Any, examples: LMExamples | None
+) -> RunResult:
+    run, examples, resume = _setup(cfg, ctx, model, tokenizer, examples)
+    steplog = StepLog(run.out / LOG_NAME, enabled=ctx.is_main)
+    if resume is not None:
+        restore_rng(resume["rng"][ctx.rank])  # last, after everything that draws random numbers
+        steplog.truncate_after(run.step)
+    if ctx.is_main:
+        write_json(run.out / CONFIG_NAME, cfg.to_dict())
+    start, end = run.step, cfg.stop_at or cfg.steps
+    order = ShardedOrder(len(examples), cfg.seed, ctx.rank, ctx.world_size)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.is_main), desc=f"train {cfg.method}")
+    max_norm = cfg.max_grad_norm or math.inf
+    while run.step < end:
+        t0 = time.perf_counter()
+        first = run.step * cfg.grad_accum  # micro-batch position in this rank's data stream
+        batches = [examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding) for i in range(cfg.grad_accum)]
+        loss, n_tokens = _forward_backward(run, batches)
+        _check_finite(run, "loss", loss)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
+        _check_finite(run, "gradient norm", grad_norm)
+        lr = run.optimizer.param_groups[0]["lr"]
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        run.step, run.tokens, run.elapsed = run.step + 1, run.tokens + n_tokens, run.elapsed + dt
+        steplog.write(
+            {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": run.tokens,
+             "tokens_per_s": n_tokens / dt, "elapsed_s": run.elapsed}
+        )
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+        if cfg.save_every and (run.step % cfg.save_every == 0 or run.step == end):
+            _save(run)
+    bar.close()
+    status = "completed" if run.step >= cfg.steps else "stopped"
+    metrics = _metrics(cfg, ctx, run.model, steplog.records, status, run.step, start, run.tokens, run.elapsed)
+    if ctx.is_main:
+        save_run_adapter(run.model, cfg.method, run.out / ADAPTER_DIR)
+        write_json(run.out / METRICS_NAME, metrics)
+    barrier(ctx)
+    final = metrics["final_loss"] if metrics["final_loss"] is not None else math.nan
+    return RunResult(run.out, cfg.method, status, run.step, final, metrics, run.model.eval())
+
+
+def _metrics(
+    cfg: TrainConfig,
+    ctx: DistContext,
+    model: nn.Module,
+    records: list[dict[str, Any]],
+    status: str,
+    steps: int,
+    start: int,
+    tokens: int,
+    elapsed: float,
+) -> dict[str, Any]:
+    losses = [r["loss"] for r in records]
+    return {
+        "method": cfg.method,
+        "status": status,
+        "steps": steps,
+        "resumed_from": start or None,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "final_loss_mean10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "tokens": tokens,
+        "train_seconds": elapsed,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
+        "trainable_params": count_trainable(model),
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "trainable_dtypes": sorted({str(p.dtype) for p in model.parameters() if p.requires_grad}),
+        "world_size": ctx.world_size,
+        "examples_per_step": cfg.effective_batch * ctx.world_size,
+        "library_version": __version__,
+    }

@@ -1,0 +1,96 @@
+"""The five methods: trainable-parameter counts equal the paper's Table 1/2 on meta-device Pythia shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_neox
+from transformers import GPTNeoXConfig
+
+import mmpreproj
+from mmpreproj.train import METHODS, apply_method, count_trainable, expected_trainable, method_param_table
+from mmpreproj.train.methods import paper_lora_rank, preproj_params
+
+PYTHIA = {
+    "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+# Table 1 / Table 2 of the paper, in millions (rounded to 0.1M there).
+PAPER_M = {
+    "160m": {"preproj": 17.7, "skip": 7.1, "preproj_skip": 24.8, "lora": 26.5, "preproj_lora": 21.2},
+    "410m": {"preproj": 62.9, "skip": 25.2, "preproj_skip": 88.1, "lora": 94.4, "preproj_lora": 72.4},
+}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    out = {}
+    for size, shape in PYTHIA.items():
+        cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **shape)
+        out[size] = method_param_table(cfg)
+    return out
+
+
+@pytest.mark.parametrize("size", ["160m", "410m"])
+def test_counts_on_meta_models_match_the_paper(tables, size):
+    d, layers = PYTHIA[size]["hidden_size"], PYTHIA[size]["num_hidden_layers"]
+    counts = tables[size]
+    for method in METHODS:
+        assert counts[method] == expected_trainable(method, d, layers), method
+        assert round(counts[method] / 1e6, 1) == PAPER_M[size][method], (method, counts[method])
+
+
+def test_exact_figures_and_lora_ranks(tables):
+    assert tables["160m"]["preproj"] == preproj_params(768, 12) == 2 * 768 * 960 * 12 == 17_694_720
+    assert tables["160m"]["skip"] == 768 * 768 * 12 == 7_077_888
+    assert paper_lora_rank(768, 12) == 480 and paper_lora_rank(1024, 24) == 640
+    assert tables["160m"]["lora"] == 480 * 6 * 768 * 12 == 26_542_080
+    assert tables["410m"]["lora"] == 640 * 6 * 1024 * 24 == 94_371_840
+    assert tables["410m"]["preproj_lora"] == 62_914_560 + 64 * 6 * 1024 * 24 == 72_351_744
+
+
+def _names(model, pattern: str) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad and pattern in n}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_only_the_methods_weights_train(method):
+    model = apply_method(tiny_neox(), method)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    kinds = {k for k in ("preproj", "skip", "lora_") if any(k in n for n in trainable)}
+    want = {"preproj_lora": {"preproj", "lora_"}, "lora": {"lora_"}, "preproj_skip": {"preproj", "skip"}}
+    assert kinds == want.get(method, {method})
+    assert trainable == _names(model, ".preproj.") | _names(model, ".skip.") | _names(model, "lora_")
+    assert count_trainable(model) == expected_trainable(method, 32, 2)
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in trainable)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_preproj_lora_reenables_the_injected_weights_peft_froze():
+    from peft import LoraConfig, get_peft_model
+
+    plain = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(preproj=True, skip=False))
+    wrapped = get_peft_model(plain, LoraConfig(r=4, target_modules=["query_key_value", "dense"]))
+    assert not _names(wrapped, ".preproj.")  # what peft alone does: the injected weights are frozen
+    model = apply_method(tiny_neox(), "preproj_lora")
+    assert len(_names(model, ".preproj.")) == 2 * 2 and len(_names(model, "lora_")) == 2 * 2 * 2
+    assert len(mmpreproj.injected_modules(model)) == 2  # the wrappers are reachable through the PeftModel
+    lora = model.peft_config["default"]
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (64, 128, 0.0)
+    assert set(lora.target_modules) == {"query_key_value", "dense"}
+
+
+def test_lora_overrides_and_unknown_method():
+    model = apply_method(tiny_neox(), "lora", lora_r=3)
+    assert (model.peft_config["default"].r, model.peft_config["default"].lora_alpha) == (3, 6)
+    with pytest.raises(ValueError, match="method='ia3'; allowed values"):
+        apply_method(tiny_neox(), "ia3")
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("method", METHODS)
+def test_trainable_weights_are_fp32_on_a_bf16_base(method):
+    model = apply_method(tiny_neox().to(torch.bfloat16), method)
+    dtypes = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+    assert dtypes and set(dtypes.values()) == {torch.float32}, dtypes
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
