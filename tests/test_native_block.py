@@ -57,3 +57,13 @@ def test_same_block_class_any_modality_and_injection_identity():
         mmpreproj.inject(blk, mmpreproj.PreProjConfig(init="identity", skip_init_std=0))
         torch.testing.assert_close(blk(x, pos=pos), ref, atol=1e-6, rtol=0)
         assert mmpreproj.trainable_report(blk).injected == 2 * 32 * 40 + 32 * 32
+
+
+def test_fully_padded_query_rows_stay_finite():
+    blocks = _stack(lambda: RoPE1D(8), causal=True)
+    x = torch.randn(1, 4, 32)
+    keep = torch.tensor([[False, False, True, True]])  # left padding: query 0 sees no real key
+    out = _run(blocks, x, torch.arange(4), attn_mask=keep)
+    assert torch.isfinite(out).all()
+    ref = _run(blocks, x[:, 2:], torch.arange(2, 4))  # real rows equal the unpadded sequence's
+    torch.testing.assert_close(out[:, 2:], ref, atol=1e-5, rtol=0)

@@ -16,10 +16,12 @@ def plot_skip_norms(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for name, values in series.items():
         ax.plot(range(len(values)), values, marker="o", label=name)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -104,6 +104,10 @@ class SelfAttention(nn.Module):
             if keep.ndim == 2:  # (B, Nk) key padding
                 keep = keep[:, None, None, :]
             mask = keep if mask is None else mask & keep
+            # A padded query may see no key at all (softmax over nothing = NaN on older torch): let every
+            # query attend to itself; padded outputs are ignored downstream, real rows are unchanged.
+            own = torch.arange(nk, device=device)[None, :] == (torch.arange(n, device=device)[:, None] + past)
+            mask = mask | own[None, None]
         return mask
 
 

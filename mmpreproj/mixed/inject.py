@@ -1,0 +1,16 @@
+"""Put the pre-projection + content skip into the decoder only (one per block, shared by every modality)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..adapter import inject
+from ..config import PreProjConfig
+
+__all__ = ["inject_decoder"]
+
+
+def inject_decoder(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
+    """`mmpreproj.inject` on `model.decoder.host`, so a native vision tower's blocks are left alone."""
+    inject(model.decoder.host, config)
+    return model
