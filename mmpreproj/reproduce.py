@@ -38,10 +38,11 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], preset: str) -> str:
-    """A markdown table in the paper's Table 2 layout; paper figures in brackets for paper presets."""
+    """A markdown table in the paper's Table 2 layout (plus LAMBADA target perplexity, lm-eval's);
+    paper figures in brackets for paper presets."""
     paper = PAPER_TABLE2.get(preset, {})
-    head = "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL | LAMBADA ppl |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         cells = [_cell(row.get(f"{task}.{metric}"), ".1f" if metric == "ppl" else ".3f") for task, metric in TABLE_METRICS]
         params = f"{row['params'] / 1e6:.1f}M" if row["params"] else "-"
@@ -49,6 +50,7 @@ def format_table(rows: list[dict[str, Any]], preset: str) -> str:
         if ref:
             cells = [f"{c} ({_cell(p, '.1f' if i == 3 else '.3f')})" for i, (c, p) in enumerate(zip(cells, ref[1:]))]
             params += f" ({ref[0] or '-'})"
+        cells.append(_cell(row.get("lambada.ppl"), ".1f"))
         lines.append(f"| {preset} | {row['method']} | {params} | " + " | ".join(cells) + " |")
     if paper:
         lines.append("\nIn brackets: the paper's Table 2 (500-sample evaluations, line-level PPL).")

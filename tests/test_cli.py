@@ -76,3 +76,13 @@ def test_reproduce_writes_table(tiny_model_dir, tmp_path):
     assert table.count("| mini |") == 3 and "baseline" in table and "lora" in table
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["baseline", "skip", "lora"] and (out / "skip_norms.png").is_file()
+
+
+def test_table_puts_paper_figures_beside_ours():
+    from mmpreproj.reproduce import format_table
+
+    rows = [{"method": "preproj_skip", "params": 24_772_608, "lambada.acc": 0.2, "ppl.ppl": 50.0, "lambada.ppl": 9.5}]
+    line = format_table(rows, "pythia-160m").splitlines()[2]
+    assert line == ("| pythia-160m | preproj_skip | 24.8M (24.8M) | 0.200 (0.180) | n/a (0.338) | n/a (0.348) "
+                    "| 50.0 (47.9) | 9.5 |")
+    assert "(" not in format_table(rows, "mini").splitlines()[2]

@@ -116,17 +116,20 @@ def test_lambada_by_hand(model, tok, lambada_case, batch_size):
     examples, forced = lambada_case
     forced_model = ForcedNext(model, forced)
     got = lambada_accuracy(forced_model, tok, examples, batch_size=batch_size, progress=False)
-    verdicts = []
+    verdicts, target_ll = [], []
     for ex in examples[:3]:
         ctx = tok(ex["context"])["input_ids"]
         tgt = tok(ex["target"], add_special_tokens=False)["input_ids"]
         steps = token_logprobs(forced_model, ctx + tgt)[len(ctx) - 1 :]  # one per target token
         verdicts.append([argmax == t for (_, argmax), t in zip(steps, tgt)])
+        target_ll.append(sum(lp for lp, _ in steps))
     assert verdicts[0] == [True] * len(verdicts[0])
     assert verdicts[1][0] is True and not all(verdicts[1])  # right first token, wrong word
     expected = sum(all(v) for v in verdicts)
     assert expected == 1
+    ppl = got.pop("ppl")
     assert got == {"acc": expected / 3, "correct": expected, "total": 3, "skipped": 1}
+    assert abs(ppl - math.exp(-sum(target_ll) / 3)) < 1e-4 * ppl  # lm-eval's lambada perplexity
 
 
 def test_lambada_without_forcing_scores_zero(model, tok, lambada_case):

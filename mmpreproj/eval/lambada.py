@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,9 @@ def lambada_accuracy(
     can merge differently at the boundary; the paper, and we, do not use it.) Examples whose context and
     target together exceed `max_length` tokens, or that have no context/target, are skipped and not counted.
 
-    Returns `{"acc", "correct", "total", "skipped"}` with acc = correct / total.
+    Returns `{"acc", "ppl", "correct", "total", "skipped"}` with acc = correct / total and ppl =
+    exp(-mean over examples of the summed log-likelihood of the target), lm-eval's `lambada_openai`
+    perplexity (informative where a small model's accuracy is 0).
     """
     requests = []
     skipped = 0
@@ -45,4 +48,6 @@ def lambada_accuracy(
     scores = score_continuations(model, requests, batch_size, progress=progress, desc="lambada")
     correct = sum(s.greedy for s in scores)
     total = len(scores)
-    return {"acc": correct / total if total else 0.0, "correct": correct, "total": total, "skipped": skipped}
+    ppl = math.exp(-sum(s.logprob for s in scores) / total) if total else float("nan")
+    return {"acc": correct / total if total else 0.0, "ppl": ppl, "correct": correct, "total": total,
+            "skipped": skipped}
