@@ -236,14 +236,19 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the injected weights, keyed `blocks.{i}.preproj.up.weight` etc. by host block index."""
+    """Only the injected weights, keyed `blocks.{i}.preproj.up.weight` etc. by host block index.
+
+    Weights sharded by FSDP2 (DTensors) are gathered into full tensors: a collective, so on a sharded
+    model every rank must call this.
+    """
     out = {}
     for w in injected_modules(model):
         for part in ("preproj", "skip"):
             module = getattr(w, part)
             if module is not None:
                 for k, v in module.state_dict().items():
-                    out[f"blocks.{w.block_index}.{part}.{k}"] = v
+                    full = v.full_tensor() if hasattr(v, "full_tensor") else v  # FSDP2 DTensor -> full tensor
+                    out[f"blocks.{w.block_index}.{part}.{k}"] = full
     return out
 
 
@@ -259,17 +264,23 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def save_adapter(model: nn.Module, path: str | Path) -> Path:
+def save_adapter(
+    model: nn.Module, path: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
-    Each file is written to a temporary name and renamed, so a crash never leaves a torn file.
+    `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
+    from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
+    so a crash never leaves a torn file.
     """
     state: InjectionState | None = getattr(model, "mmpreproj_state", None)
     if state is None:
         raise RuntimeError("save_adapter: this model has no mmpreproj modules (call mmpreproj.inject first)")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter_state_dict(model).items()}
+    if state_dict is None:
+        state_dict = adapter_state_dict(model)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     meta = {"format": "pt", "mmpreproj_version": __version__}
     _atomic_write(path / ADAPTER_WEIGHTS_NAME, lambda f: save_file(tensors, f, metadata=meta))
     text = json.dumps(state.describe(), indent=2, sort_keys=True) + "\n"

@@ -16,11 +16,12 @@ TRAIN_FLAGS = {  # CLI flag -> TrainConfig field, for the optional overrides of 
     "model": str, "data": str, "data_config": str, "num_lines": int, "max_len": int, "steps": int,
     "warmup_steps": int, "lr": float, "batch_size": int, "grad_accum": int, "seed": int, "device": str,
     "save_every": int, "precision": str, "model_dtype": str, "lora_r": int, "lora_alpha": int,
+    "parallel": str,
 }
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    from .train.config import METHODS, MODEL_DTYPES, PRECISIONS
+    from .train.config import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS
     from .train.presets import PRESETS
 
     p.add_argument("--method", choices=METHODS, default="preproj_skip", help="what trains (default: %(default)s)")
@@ -33,7 +34,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kw["choices"] = PRECISIONS
         if flag == "model_dtype":
             kw["choices"] = MODEL_DTYPES
-        helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)"}
+        if flag == "parallel":
+            kw["choices"] = PARALLEL
+        helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)",
+                 "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)"}
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
     p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
     p.add_argument("--paper-bf16-weights", action="store_true", default=None,

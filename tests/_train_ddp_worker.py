@@ -1,7 +1,10 @@
-"""Run by tests/test_train_distributed.py under `torch.distributed.run --nproc_per_node 2` (not a test itself).
+"""Run by tests/test_train_distributed.py and tests/test_train_fsdp.py under `torch.distributed.run
+--nproc_per_node 2` (not a test itself).
 
-argv: OUT SIDE. Trains a tiny injected GPT-NeoX for 3 steps with gloo data parallelism, then writes this
-rank's trained adapter weights to SIDE/rank<r>.pt (a test-only side channel) for the test to compare.
+argv: OUT SIDE [PARALLEL]. Trains a tiny injected GPT-NeoX for 3 steps with gloo data parallelism ("ddp",
+the default) or FSDP2 ("fsdp"), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
+test-only side channel) for the test to compare. For "fsdp" the worker opens the process group itself,
+as `accelerate launch` would, so that the sharded weights can still be gathered after `train()` returns.
 """
 
 import os
@@ -10,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from conftest import tiny_neox  # noqa: E402
 
 import mmpreproj  # noqa: E402
@@ -20,10 +24,27 @@ CONFIG = dict(
     method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
     precision="fp32", gradient_checkpointing=False, save_every=3, progress=False, device="cpu",
 )
+# FSDP: no checkpoints (refused), non-reentrant activation checkpointing on a frozen base
+FSDP_CONFIG = {**CONFIG, "parallel": "fsdp", "save_every": 0, "gradient_checkpointing": True}
 
 if __name__ == "__main__":
     out, side = sys.argv[1], sys.argv[2]
+    parallel = sys.argv[3] if len(sys.argv) > 3 else "ddp"
     torch.set_num_threads(1)
-    result = train(TrainConfig(out=out, **CONFIG), tiny_neox(), examples=DATA)
     rank = int(os.environ["RANK"])
-    torch.save({"weights": mmpreproj.adapter_state_dict(result.model), "loss": result.final_loss}, f"{side}/rank{rank}.pt")
+    if parallel == "fsdp":
+        dist.init_process_group("gloo")
+        result = train(TrainConfig(out=out, **FSDP_CONFIG), tiny_neox(), examples=DATA)
+        local = {  # this rank's shard of each injected weight, before gathering
+            f"blocks.{w.block_index}.{part}.{k}": tuple(v.to_local().shape)
+            for w in mmpreproj.injected_modules(result.model)
+            for part in ("preproj", "skip")
+            for k, v in getattr(w, part).state_dict().items()
+        }
+        weights = mmpreproj.adapter_state_dict(result.model)  # gathers: every rank takes part
+        dist.destroy_process_group()
+    else:
+        result = train(TrainConfig(out=out, **CONFIG), tiny_neox(), examples=DATA)
+        local, weights = None, mmpreproj.adapter_state_dict(result.model)
+    state = {"weights": weights, "local_shapes": local, "loss": result.final_loss}
+    torch.save(state, f"{side}/rank{rank}.pt")

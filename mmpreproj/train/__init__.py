@@ -6,7 +6,7 @@
 
 Files: config (TrainConfig), presets, sources (local file / hub lines), data (lines -> padded/packed examples), order (sharded shuffled order),
 methods (apply_method, parameter counts), precision (autocast, bf16 weights), models (loading, checkpointing),
-schedule, checkpoint (resumable state), distributed (torchrun/DDP), runlog (run folder), adapters
+schedule, checkpoint (resumable state), distributed (torchrun: DDP or FSDP2), runlog (run folder), adapters
 (save/load trained weights), trainer (train).
 """
 

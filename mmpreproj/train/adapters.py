@@ -3,13 +3,18 @@
 - preproj / skip / preproj_skip: `mmpreproj.save_adapter` -> adapter/{adapter_model.safetensors, adapter_config.json}
 - lora: peft `save_pretrained` -> adapter/ (peft's own format, loadable with `PeftModel.from_pretrained`)
 - preproj_lora: the mmpreproj adapter in adapter/ and the peft adapter in adapter/lora/
+
+A model sharded by FSDP is saved in two steps: every rank calls `gather_run_adapter` (full tensors), then
+one rank passes the result to `save_run_adapter(..., state=...)`, so the files hold full weights.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch import nn
 
 from .. import adapter as _adapter
@@ -17,21 +22,54 @@ from .config import METHODS
 from .methods import METHOD_SPECS
 from .runlog import CONFIG_NAME
 
-__all__ = ["ADAPTER_DIR", "LORA_SUBDIR", "load_run_adapter", "run_adapter_dir", "save_run_adapter"]
+__all__ = [
+    "ADAPTER_DIR",
+    "LORA_SUBDIR",
+    "gather_run_adapter",
+    "load_run_adapter",
+    "run_adapter_dir",
+    "save_run_adapter",
+]
 
 ADAPTER_DIR = "adapter"
 LORA_SUBDIR = "lora"
 
 
-def save_run_adapter(model: nn.Module, method: str, path: str | Path) -> Path:
-    """Write the trainable weights of `model` (trained with `method`) to the folder `path`."""
+def gather_run_adapter(model: nn.Module, method: str) -> dict[str, Any]:
+    """The weights `save_run_adapter` writes, as full tensors (FSDP2 shards gathered: call on every rank).
+
+    {"adapter": `mmpreproj.adapter_state_dict`} for the injected methods, plus {"lora": {name: tensor}} of
+    the trainable parameters (peft keeps the LoRA ones) for the LoRA methods.
+    """
     spec = METHOD_SPECS[method]
+    state: dict[str, Any] = {}
+    if spec.preproj or spec.skip:
+        state["adapter"] = _adapter.adapter_state_dict(model)
+    if spec.lora:
+        state["lora"] = {n: _full(p) for n, p in model.named_parameters() if p.requires_grad}
+    return state
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+
+def save_run_adapter(
+    model: nn.Module, method: str, path: str | Path, *, state: dict[str, Any] | None = None
+) -> Path:
+    """Write the trainable weights of `model` (trained with `method`) to the folder `path`.
+
+    `state`: what `gather_run_adapter` returned (needed for a sharded model); default: read from `model`.
+    """
+    spec = METHOD_SPECS[method]
+    state = state or {}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if spec.preproj or spec.skip:
-        _adapter.save_adapter(model, path)
+        _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
     if spec.lora:
-        model.save_pretrained(str(path / LORA_SUBDIR if (spec.preproj or spec.skip) else path))
+        lora_dir = path / LORA_SUBDIR if (spec.preproj or spec.skip) else path
+        model.save_pretrained(str(lora_dir), state_dict=state.get("lora"))
     return path
 
 

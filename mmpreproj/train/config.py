@@ -13,12 +13,13 @@ import torch
 
 from ..version import __version__
 
-__all__ = ["METHODS", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
+__all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
 
 METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")
 PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
 MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
 SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
+PARALLEL = ("ddp", "fsdp")  # how several processes (torchrun / accelerate launch) share the work
 
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
@@ -58,6 +59,9 @@ class TrainConfig:
         lora_r, lora_alpha: override the LoRA rank/alpha (None = the paper's rule for the method).
         seed: seeds torch, python `random` and numpy, the injected-weight init and the data order.
         device: "auto" (cuda:LOCAL_RANK if available, else cpu), "cpu", "cuda", "cuda:1", ...
+        parallel: with several processes, "ddp" (every rank holds the whole model) or "fsdp" (FSDP2
+            `fully_shard` per block, then the root: base and trainable weights sharded over the ranks; no
+            checkpoints, so `save_every` must be 0 and `resume` False). Ignored in a single process.
         out: run folder (adapter/, train_config.json, metrics.json, log.jsonl, checkpoint.pt).
         save_every: write `checkpoint.pt` every N optimizer steps and at the end (0 = never).
         resume: continue from `out/checkpoint.pt` (starts from step 0 when there is none).
@@ -98,6 +102,7 @@ class TrainConfig:
     lora_alpha: int | None = None
     seed: int = 42
     device: str = "auto"
+    parallel: str = "ddp"
     out: str = "runs/train"
     save_every: int = 100
     resume: bool = False
@@ -111,6 +116,7 @@ class TrainConfig:
         _choice("precision", self.precision, PRECISIONS)
         _choice("model_dtype", self.model_dtype, MODEL_DTYPES)
         _choice("schedule", self.schedule, SCHEDULES)
+        _choice("parallel", self.parallel, PARALLEL)
         for name in ("num_lines", "steps", "batch_size", "grad_accum"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value > 0, name, value, "a positive int")
@@ -128,6 +134,12 @@ class TrainConfig:
         _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
         _check(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0")
         _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
+        if self.parallel == "fsdp" and (self.save_every or self.resume):
+            name = "save_every" if self.save_every else "resume"
+            raise ValueError(
+                f"TrainConfig.{name}={getattr(self, name)!r} with parallel='fsdp': resumable checkpoints are "
+                "not supported under FSDP; set save_every=0 and resume=False (the adapter is still saved)"
+            )
         _check(
             self.stop_at is None or 1 <= self.stop_at <= self.steps, "stop_at", self.stop_at, f"None or in [1, {self.steps}]"
         )

@@ -5,11 +5,20 @@ When the launcher sets WORLD_SIZE > 1, `init_distributed` joins the process grou
 model in `DistributedDataParallel`, which registers only parameters with `requires_grad`, so with a frozen
 base only the injected (or LoRA) weights are all-reduced. Each rank reads its own shard of the data
 (`order.ShardedOrder`); only rank 0 writes files and logs.
+
+`wrap_fsdp` (TrainConfig.parallel="fsdp") shards the model in place with FSDP2 (`fully_shard`): one unit
+per host block, then the root. FSDP2 shards each parameter on its own (a DTensor), so a unit may mix
+frozen base weights and trainable injected/LoRA weights (FSDP1's "uniform requires_grad" error does not
+arise), and only parameters with `requires_grad` get gradients reduce-scattered. Sharded weights are
+gathered with `DTensor.full_tensor()`, a collective: every rank must take part (`mmpreproj.adapter_state_dict`
+and `adapters.gather_run_adapter` do this).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +28,17 @@ from torch import nn
 
 from .models import resolve_device
 
-__all__ = ["DistContext", "all_gather_objects", "all_reduce_sum", "barrier", "init_distributed", "shutdown", "wrap_ddp"]
+__all__ = [
+    "DistContext",
+    "all_gather_objects",
+    "all_reduce_sum",
+    "barrier",
+    "grad_sync",
+    "init_distributed",
+    "shutdown",
+    "wrap_ddp",
+    "wrap_fsdp",
+]
 
 
 @dataclass
@@ -78,6 +97,44 @@ def wrap_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:
         return model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False)
+
+
+def wrap_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """Shard `model` in place with FSDP2 over all ranks when distributed: each host block, then the root.
+
+    The blocks come from the host table (`mmpreproj.hosts.find_host`), found on the base model of a peft
+    model. Returns the same object (its class becomes an `FSDPModule`); `model` itself when not distributed.
+    Apply the method and activation checkpointing first.
+    """
+    if not ctx.enabled:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ..hosts import find_host
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for block in find_host(base).blocks(base):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, ctx: DistContext, sync: bool) -> Iterator[None]:
+    """Inside, backward reduces gradients over ranks only when `sync` (accumulate locally otherwise).
+
+    DDP: its `no_sync()` when not `sync`; FSDP2: `set_requires_gradient_sync(sync)`; nothing in one process.
+    """
+    if not ctx.enabled or sync and not hasattr(model, "set_requires_gradient_sync"):
+        yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        yield
+    else:
+        with model.no_sync():
+            yield
 
 
 def all_reduce_sum(x: torch.Tensor, ctx: DistContext) -> torch.Tensor:

@@ -7,12 +7,12 @@ over all label tokens of the step (all micro-batches, all ranks), so accumulatio
 give the same update as one big batch. A NaN/inf loss or gradient norm stops the run before the optimizer
 step (`NonFiniteLossError`), leaving the last checkpoint as it was. Resuming restores weights, optimizer,
 scheduler, RNG states and the data position, so the resumed run ends bit-identical to an uninterrupted one
-(on CPU; same world size).
+(on CPU; same world size). With `parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`);
+the adapter is gathered on every rank and written by rank 0; there are no checkpoints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..version import __version__
-from .adapters import ADAPTER_DIR, save_run_adapter
+from .adapters import ADAPTER_DIR, gather_run_adapter, save_run_adapter
 from .checkpoint import (
     CHECKPOINT_NAME,
     capture_rng,
@@ -46,9 +46,11 @@ from .distributed import (
     all_gather_objects,
     all_reduce_sum,
     barrier,
+    grad_sync,
     init_distributed,
     shutdown,
     wrap_ddp,
+    wrap_fsdp,
 )
 from .errors import NonFiniteLossError
 from .methods import apply_method, count_trainable
@@ -66,7 +68,11 @@ _RUN_FILES = (CHECKPOINT_NAME, LOG_NAME, METRICS_NAME, CONFIG_NAME, ADAPTER_DIR)
 
 @dataclass
 class RunResult:
-    """What `train()` did. `model` is the trained model in eval mode (unwrapped from DDP; a PeftModel for LoRA)."""
+    """What `train()` did. `model` is the trained model in eval mode (unwrapped from DDP; a PeftModel for LoRA).
+
+    Under FSDP `model` stays sharded (DTensor parameters): it needs the process group, which `train()`
+    closes when it opened it; the saved adapter holds the full weights.
+    """
 
     out: Path
     method: str
@@ -163,7 +169,7 @@ class _Run:
     cfg: TrainConfig
     ctx: DistContext
     model: nn.Module
-    ddp: nn.Module
+    ddp: nn.Module  # what runs the forward: the DDP wrapper, else the model (one process; FSDP2 in place)
     params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -193,6 +199,8 @@ def _setup(
     if cfg.gradient_checkpointing:
         enable_checkpointing(model, cfg.reentrant_checkpointing)
     model.train()
+    if cfg.parallel == "fsdp":
+        model = wrap_fsdp(model, ctx)  # in place, before the optimizer sees the (now sharded) parameters
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(
@@ -205,7 +213,8 @@ def _setup(
         scheduler.load_state_dict(resume["scheduler"])
         run.step, run.tokens, run.elapsed = resume["step"], resume["tokens"], resume["elapsed_s"]
         run.checkpoint = str(run.out / CHECKPOINT_NAME)
-    run.ddp = wrap_ddp(model, ctx)
+    if cfg.parallel == "ddp":
+        run.ddp = wrap_ddp(model, ctx)
     return run, examples, resume
 
 
@@ -245,11 +254,11 @@ def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> tupl
     for i, batch in enumerate(batches):
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         last = i == len(batches) - 1
-        with run.ddp.no_sync() if ctx.enabled and not last else contextlib.nullcontext():
+        with grad_sync(run.ddp, ctx, sync=last):
             with autocast(cfg.precision, ctx.device):
                 out = run.ddp(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             s = _loss_sum(out.logits, batch["labels"])
-            (s * ctx.world_size / max(n_labels, 1)).backward()  # DDP averages over ranks: sum / all label tokens
+            (s * ctx.world_size / max(n_labels, 1)).backward()  # DDP/FSDP average ranks: sum / all labels
         loss_sum += s.detach().double()
     return all_reduce_sum(loss_sum, ctx).item() / max(n_labels, 1), n_tokens
 
@@ -281,7 +290,10 @@ def _train(
         batches = [examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding) for i in range(cfg.grad_accum)]
         loss, n_tokens = _forward_backward(run, batches)
         _check_finite(run, "loss", loss)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
         _check_finite(run, "gradient norm", grad_norm)
         lr = run.optimizer.param_groups[0]["lr"]
         run.optimizer.step()
@@ -300,8 +312,10 @@ def _train(
     bar.close()
     status = "completed" if run.step >= cfg.steps else "stopped"
     metrics = _metrics(cfg, ctx, run.model, steplog.records, status, run.step, start, run.tokens, run.elapsed)
+    sharded = cfg.parallel == "fsdp" and ctx.enabled
+    state = gather_run_adapter(run.model, cfg.method) if sharded else None  # a collective: every rank gathers
     if ctx.is_main:
-        save_run_adapter(run.model, cfg.method, run.out / ADAPTER_DIR)
+        save_run_adapter(run.model, cfg.method, run.out / ADAPTER_DIR, state=state)
         write_json(run.out / METRICS_NAME, metrics)
     barrier(ctx)
     final = metrics["final_loss"] if metrics["final_loss"] is not None else math.nan
