@@ -50,7 +50,7 @@ def format_table(rows: list[dict[str, Any]], preset: str) -> str:
         if ref:
             cells = [f"{c} ({_cell(p, '.1f' if i == 3 else '.3f')})" for i, (c, p) in enumerate(zip(cells, ref[1:]))]
             params += f" ({ref[0] or '-'})"
-        cells.append(_cell(row.get("lambada.ppl"), ".1f"))
+        cells.append(_cell(row.get("lambada.ppl"), ".4g"))
         lines.append(f"| {preset} | {row['method']} | {params} | " + " | ".join(cells) + " |")
     if paper:
         lines.append("\nIn brackets: the paper's Table 2 (500-sample evaluations, line-level PPL).")
