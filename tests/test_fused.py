@@ -98,3 +98,20 @@ def test_injected_neox_compiles_with_no_graph_break_in_wrapper(tokens):
         ref = wrapper(x, attention_mask=causal, position_embeddings=emb)[0]
         torch.testing.assert_close(compiled(x, attention_mask=causal, position_embeddings=emb)[0], ref)
         torch.testing.assert_close(torch.compile(model, backend="eager")(tokens).logits, model(tokens).logits)
+
+
+def test_injected_timm_vit_compiles_with_no_graph_break_in_wrapper():
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10
+    ).eval()
+    mmpreproj.inject(vit, PreProjConfig(skip_init_std=0.05))
+    wrapper = mmpreproj.injected_modules(vit)[0]
+    x = torch.randn(2, 17, 64)
+    with torch.no_grad():
+        compiled = torch.compile(wrapper, fullgraph=True, backend="eager")  # fails on any graph break
+        torch.testing.assert_close(compiled(x), wrapper(x))
+        img = torch.randn(2, 3, 32, 32)
+        torch.testing.assert_close(torch.compile(vit, backend="eager")(img), vit(img))
