@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
 from .skip import ContentSkip
 
@@ -36,7 +37,7 @@ class AttentionCall:
     output_index: int | None = 0
 
 
-class PreProjAttention(nn.Module):
+class PreProjAttention(BaseLayerWrapper):
     """The host's attention, fed `x~` and joined by the content skip.
 
     Args:
@@ -69,32 +70,6 @@ class PreProjAttention(nn.Module):
         self.adapter_enabled = True
         self.fused_forward = fused_forward
         self.fused_weights = _fused_cache()
-
-    def get_base_layer(self) -> nn.Module:
-        return self.base_layer
-
-    def __getattr__(self, name: str) -> Any:
-        # Host code may read attributes of its attention module (layer_idx, config, ...).
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "base_layer":
-                raise
-            return getattr(self.base_layer, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # A plain attribute the wrapped module already has (timm's `fused_attn`, ...) is set there, so
-        # host code and users that toggle it on `block.attn` keep working after injection.
-        base = self.__dict__.get("_modules", {}).get("base_layer")
-        if (
-            base is not None
-            and name not in self.__dict__
-            and not isinstance(value, (nn.Module, torch.Tensor))
-            and name in base.__dict__
-        ):
-            setattr(base, name, value)
-            return
-        super().__setattr__(name, value)
 
     def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None]:
         """Replace every `x^` argument by `x~`; return the new args and the first `x~` (for the skip)."""

@@ -15,12 +15,13 @@ Axis legend: b - batch, h - heads, n - tokens, d - head channels.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+
+from ..modules.base_wrapper import BaseLayerWrapper
 
 __all__ = ["RotaryAttention", "supported_attention"]
 
@@ -35,7 +36,7 @@ def supported_attention(attn: nn.Module) -> bool:
     return type(attn) in tuple(c for c in classes if c is not None)
 
 
-class RotaryAttention(nn.Module):
+class RotaryAttention(BaseLayerWrapper):
     """A timm `Attention` / `EvaAttention` with our rotary encoder between q/k and SDPA.
 
     Args:
@@ -55,18 +56,6 @@ class RotaryAttention(nn.Module):
         self.base_layer = base_layer
         self.rope = rope
         self.num_prefix_tokens = num_prefix_tokens
-
-    def get_base_layer(self) -> nn.Module:
-        return self.base_layer
-
-    def __getattr__(self, name: str) -> Any:
-        # host code reads attributes of its attention module (head_dim, num_heads, fused_attn, ...)
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "base_layer":
-                raise
-            return getattr(self.base_layer, name)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, C) -> q, k, v (B, H, N, D), exactly as the host computes them."""
