@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from eval_fixtures import ForcedNext, tiny_pythia
 from torch import nn
 
 from mmpreproj.data import hellaswag_examples, lambada_examples, pythia_tokenizer, wikitext_lines
@@ -19,34 +19,6 @@ from mmpreproj.eval import (
     line_perplexity,
     score_continuations,
 )
-
-
-def tiny_pythia(seed: int = 0) -> nn.Module:
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    cfg = GPTNeoXConfig(
-        vocab_size=50304, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        rotary_pct=0.25, max_position_embeddings=1024,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    return GPTNeoXForCausalLM(cfg).eval()
-
-
-class ForcedNext(nn.Module):
-    """Wraps a causal LM; after the exact prefix `p` (a tuple of ids) it adds `bonus` to the logit of `forced[p]`."""
-
-    def __init__(self, model: nn.Module, forced: dict[tuple[int, ...], int], bonus: float = 100.0):
-        super().__init__()
-        self.model, self.forced, self.bonus = model, forced, bonus
-
-    def forward(self, input_ids, attention_mask=None, **_):
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits.clone()
-        for b in range(input_ids.shape[0]):
-            for t in range(input_ids.shape[1]):
-                tok = self.forced.get(tuple(input_ids[b, : t + 1].tolist()))
-                if tok is not None:
-                    logits[b, t, tok] += self.bonus
-        return SimpleNamespace(logits=logits)
 
 
 def token_logprobs(model: nn.Module, ids: list[int]) -> list[tuple[float, int]]:
