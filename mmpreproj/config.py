@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
+from .jsonconfig import JsonConfig
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from .version import __version__
 
@@ -16,7 +12,7 @@ __all__ = ["PreProjConfig"]
 
 
 @dataclass
-class PreProjConfig:
+class PreProjConfig(JsonConfig):
     """Configuration of the injected modules.
 
     Args:
@@ -79,31 +75,3 @@ class PreProjConfig:
         if len(set(out)) != len(out):
             raise ValueError(f"PreProjConfig.layers selects a block twice: {self.layers}")
         return sorted(out)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["library_version"] = __version__
-        return d
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:
-        """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            warnings.warn(
-                f"PreProjConfig: ignoring unknown keys {unknown} "
-                f"(saved by mmpreproj {d.get('library_version', '?')}, this is {__version__})",
-                stacklevel=2,
-            )
-        return cls(**{k: v for k, v in d.items() if k in known and k != "library_version"})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> PreProjConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..version import __version__
+from ..jsonconfig import JsonConfig
 
 __all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
 
@@ -36,7 +33,7 @@ def _check(ok: bool, name: str, value: Any, rule: str) -> None:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(JsonConfig):
     """A frozen-probe training run (defaults = the paper's Pythia-160M protocol; see `presets.py`).
 
     Args:
@@ -169,35 +166,6 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["adam_betas"] = list(self.adam_betas)
-        d["library_version"] = __version__
-        return d
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known - {"library_version"})
-        if unknown:
-            warnings.warn(
-                f"TrainConfig: ignoring unknown keys {unknown} "
-                f"(saved by mmpreproj {d.get('library_version', '?')}, this is {__version__})",
-                stacklevel=2,
-            )
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> TrainConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def differences(self, other: TrainConfig, *, ignore: frozenset[str] = RESUME_FREE_FIELDS) -> dict[str, tuple]:
         """Fields (other than `ignore`) whose values differ: {name: (self value, other value)}."""

@@ -1,0 +1,48 @@
+"""`JsonConfig`: the JSON round trip shared by the dataclass configs (saved with the library version)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .version import __version__
+
+__all__ = ["JsonConfig"]
+
+C = TypeVar("C", bound="JsonConfig")
+
+
+class JsonConfig:
+    """Mixin for dataclass configs: `to_dict/to_json` add `library_version`; `from_dict/from_json` ignore
+    unknown keys (e.g. written by a newer version) with a warning instead of failing."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        d["library_version"] = __version__
+        return d
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls: type[C], d: dict[str, Any]) -> C:
+        """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"library_version"}
+        unknown = sorted(set(d) - known - {"library_version"})
+        if unknown:
+            warnings.warn(
+                f"{cls.__name__}: ignoring unknown keys {unknown} "
+                f"(saved by mmpreproj {d.get('library_version', '?')}, this is {__version__})",
+                stacklevel=2,
+            )
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_json(cls: type[C], path: str | Path) -> C:
+        return cls.from_dict(json.loads(Path(path).read_text()))
