@@ -86,3 +86,14 @@ def test_table_puts_paper_figures_beside_ours():
     assert line == ("| pythia-160m | preproj_skip | 24.8M (24.8M) | 0.200 (0.180) | n/a (0.338) | n/a (0.348) "
                     "| 50.0 (47.9) | 9.5 |")
     assert "(" not in format_table(rows, "mini").splitlines()[2]
+
+
+def test_unreachable_hub_model_fails_at_once_in_one_line(monkeypatch, capsys):
+    from mmpreproj.data import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
+    code = main(["train", "--preset", "pythia-160m", "--model", "no-such-org/no-such-model", "--steps", "2",
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "cannot be reached" in err[0] and "--model PATH" in err[0]

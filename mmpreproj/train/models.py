@@ -17,9 +17,22 @@ __all__ = ["enable_checkpointing", "load_model", "load_model_and_tokenizer", "lo
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _source(name: str) -> str:
+def _source(name: str) -> tuple[str, dict[str, Any]]:
+    """(what to pass to from_pretrained, extra kwargs): a local folder as is; a hub id with
+    `local_files_only=True` when the Hub cannot be reached, so an offline run fails (or uses the cache) at
+    once instead of retrying the network."""
     local = resolve_path(name)
-    return str(local) if local is not None else name
+    if local is not None:
+        return str(local), {}
+    from ..data.hub import hub_offline, hub_reachable
+
+    if not (hub_offline() or not hub_reachable()):
+        return name, {}
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise FileNotFoundError(f"the Hub cannot be reached and {name!r} is neither cached nor a local folder")
+    return name, {"local_files_only": True}
 
 
 def _fail(what: str, name: str, err: Exception) -> ModelUnavailableError:
@@ -34,7 +47,8 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(_source(name))
+        source, kwargs = _source(name)
+        tok = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as err:
         raise _fail("tokenizer", name, err) from None
     if tok.pad_token is None and tok.eos_token is not None:
@@ -49,7 +63,8 @@ def load_model(name: str, dtype: str = "float32") -> nn.Module:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed values: {sorted(_DTYPES)}")
     try:
-        return AutoModelForCausalLM.from_pretrained(_source(name), dtype=_DTYPES[dtype])
+        source, kwargs = _source(name)
+        return AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype], **kwargs)
     except (OSError, ValueError) as err:
         raise _fail("model", name, err) from None
 
