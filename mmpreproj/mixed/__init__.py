@@ -10,10 +10,10 @@ token; the positional encoding that follows it (M-RoPE: text 1D, images 2D, vide
     out = generate(model, batch, max_new_tokens=4)
 """
 
+from ..rope.layouts import MROPE_LAYOUTS, InterleavedMultimodalRoPE, default_sections, make_mrope
 from .decoders import NativeDecoder, NeoXDecoder
 from .generate import GenerateOutput, generate
 from .inject import inject_decoder
-from .layouts import MROPE_LAYOUTS, InterleavedMultimodalRoPE, default_sections, make_mrope
 from .markers import MarkerIds
 from .model import MixedModel, MixedSample
 from .projector import VisionProjector

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..modules.block import Block, KVCache
-from .layouts import make_mrope
+from ..rope.layouts import make_mrope
 from .rotary import restore_rotary, swap_rotary
 
 __all__ = ["NativeDecoder", "NeoXDecoder"]

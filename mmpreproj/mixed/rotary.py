@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..rope import RotaryEncoder
-from .layouts import make_mrope
+from ..rope.layouts import make_mrope
 
 __all__ = ["MultimodalRotaryEmbedding", "restore_rotary", "swap_rotary"]
 

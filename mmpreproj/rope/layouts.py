@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..rope import MultimodalRoPE, RotaryEncoder
-from ..rope.spectrum import inv_frequencies, rotary_dim_from_fraction
+from .base import RotaryEncoder
+from .mrope import MultimodalRoPE
+from .spectrum import inv_frequencies, rotary_dim_from_fraction
 
 __all__ = ["MROPE_LAYOUTS", "InterleavedMultimodalRoPE", "default_sections", "make_mrope"]
 
