@@ -14,7 +14,7 @@ import time
 
 import timm
 import torch
-from common import interleaved_medians, machine
+from common import PYTHIA_SHAPES, interleaved_medians, machine
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import mmpreproj
@@ -34,8 +34,7 @@ def _case(name: str, model: torch.nn.Module, x: torch.Tensor, call, repeats: int
 
 def run(seq: int = 256, repeats: int = 5) -> dict:
     torch.manual_seed(0)
-    neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12,
-                                            num_attention_heads=12, intermediate_size=3072, rotary_pct=0.25)).eval()
+    neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **PYTHIA_SHAPES["160m"])).eval()
     mmpreproj.inject(neox)
     vit = mmpreproj.inject(timm.create_model("vit_small_patch16_224", pretrained=False).eval())
     rows = [

@@ -13,15 +13,10 @@ import copy
 import json
 
 import torch
-from common import count_flops, interleaved_medians, machine
+from common import PYTHIA_SHAPES, count_flops, interleaved_medians, machine
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import mmpreproj
-
-SHAPES = {
-    "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-}
 
 
 def kv_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
@@ -32,7 +27,7 @@ def kv_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
 
 def main() -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="160m")
+    ap.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="160m")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)
@@ -40,7 +35,7 @@ def main() -> dict:
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **SHAPES[args.shape])
+    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **PYTHIA_SHAPES[args.shape])
     base = GPTNeoXForCausalLM(cfg).eval()
     injected = mmpreproj.inject(copy.deepcopy(base))
     fused = mmpreproj.set_fused(copy.deepcopy(injected), True)

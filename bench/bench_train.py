@@ -16,15 +16,10 @@ import copy
 import json
 
 import torch
-from common import interleaved_medians, machine
+from common import PYTHIA_SHAPES, interleaved_medians, machine
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from mmpreproj.train.methods import apply_method, paper_lora_rank
-
-SHAPES = {
-    "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-}
 
 
 def saved_activation_bytes(model, step) -> int:
@@ -59,7 +54,7 @@ def make_step(model, ids, opt):
 
 def run(shape: str = "160m", seq: int = 512, batch: int = 1, repeats: int = 5) -> dict:
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **SHAPES[shape])
+    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **PYTHIA_SHAPES[shape])
     base = GPTNeoXForCausalLM(cfg).train()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
     variants = {}
@@ -91,7 +86,7 @@ def run(shape: str = "160m", seq: int = 512, batch: int = 1, repeats: int = 5) -
 
 def main() -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="160m")
+    ap.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="160m")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)

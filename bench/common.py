@@ -9,7 +9,13 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["interleaved_medians", "count_flops", "machine"]
+__all__ = ["PYTHIA_SHAPES", "interleaved_medians", "count_flops", "machine"]
+
+# GPTNeoXConfig kwargs of the paper's two Pythia shapes (random weights; vocab 50304, rotary_pct 0.25 added by users).
+PYTHIA_SHAPES = {
+    "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, float]:

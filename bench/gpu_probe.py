@@ -14,16 +14,14 @@ import copy
 import json
 
 import torch
+from common import PYTHIA_SHAPES
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import mmpreproj
 from mmpreproj.train.methods import apply_method
 
-SHAPES = {  # shape -> (config, micro-batch as in the paper)
-    "160m": (dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072), 4),
-    "410m": (dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096), 2),
-}
+SHAPES = {name: (dims, micro) for (name, dims), micro in zip(PYTHIA_SHAPES.items(), (4, 2))}  # + paper micro-batch
 
 
 def cuda_ms(fn, steps: int, warmup: int = 3) -> float:

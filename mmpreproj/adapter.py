@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .config import PreProjConfig
 from .hosts import HostSpec, find_host, get_host
+from .io import atomic_write
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .version import __version__
 
@@ -252,18 +251,6 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def save_adapter(
     model: nn.Module, path: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
 ) -> Path:
@@ -282,9 +269,9 @@ def save_adapter(
         state_dict = adapter_state_dict(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     meta = {"format": "pt", "mmpreproj_version": __version__}
-    _atomic_write(path / ADAPTER_WEIGHTS_NAME, lambda f: save_file(tensors, f, metadata=meta))
+    atomic_write(path / ADAPTER_WEIGHTS_NAME, lambda f: save_file(tensors, f, metadata=meta))
     text = json.dumps(state.describe(), indent=2, sort_keys=True) + "\n"
-    _atomic_write(path / ADAPTER_CONFIG_NAME, lambda f: Path(f).write_text(text))
+    atomic_write(path / ADAPTER_CONFIG_NAME, lambda f: Path(f).write_text(text))
     return path
 
 

@@ -77,8 +77,22 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         """x: (B, N, dim); pos: positions of the rotated tokens; attn_mask: bool (B, Nk) keep-mask of keys
         (padding) or (B, 1|H, N, Nk); cache: keys/values of earlier tokens, extended in place."""
-        b, n, _ = x.shape
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+        return self.attend(q, k, v, pos, num_prefix_tokens, attn_mask, cache)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pos: torch.Tensor | None = None,
+        num_prefix_tokens: int = 0,
+        attn_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Everything after the qkv projection: rope, cache, mask, attention, output projection.
+        q, k, v: (B, H, N, D) -> (B, N, dim). Shared with the fused Q/K/V + skip path."""
+        b, _, n, _ = q.shape
         if self.rope is not None:
             if pos is None:
                 raise ValueError("this attention has a rope: pass pos (the token coordinates)")
@@ -87,7 +101,7 @@ class SelfAttention(nn.Module):
         if cache is not None:
             past = len(cache)
             k, v = cache.update(k, v)
-        mask = self._mask(attn_mask, b, n, past + n, past, x.device)
+        mask = self._mask(attn_mask, b, n, past + n, past, q.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (b, h, n, d)
         return self.proj(rearrange(out, "b h n d -> b n (h d)"))
 

@@ -7,10 +7,7 @@ config. It is loaded with `torch.load(weights_only=True)`: numpy's RNG keys are 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..io import atomic_write
 from ..version import __version__
 
 __all__ = [
@@ -85,18 +83,8 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> No
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """`torch.save(state)` to `path` atomically: a crash leaves the previous checkpoint intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save({"format": CHECKPOINT_FORMAT, "library_version": __version__, **state}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    payload = {"format": CHECKPOINT_FORMAT, "library_version": __version__, **state}
+    return atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

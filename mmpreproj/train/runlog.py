@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..io import atomic_write
 
 __all__ = ["CONFIG_NAME", "LOG_NAME", "METRICS_NAME", "StepLog", "write_json"]
 
@@ -32,17 +32,8 @@ def _finite(x: Any) -> Any:
 def write_json(path: str | Path, obj: dict[str, Any]) -> Path:
     """Write `obj` as indented JSON via a temp file and `os.replace`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({k: _finite(v) for k, v in obj.items()}, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: Path(f).write_text(text))
     return path
 
 
