@@ -20,8 +20,11 @@ from torch.utils.hooks import RemovableHandle
 
 from .config import PreProjConfig
 from .hosts import HostSpec, find_host, get_host
+from .hosts.registry import as_host, forced_mismatch
+from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .io import atomic_write
 from .modules import ContentSkip, PreProjAttention, PreProjection
+from .modules.seam import SeamCheck
 from .version import __version__
 
 __all__ = [
@@ -52,6 +55,10 @@ class InjectionState:
     layers: list[int]
     num_blocks: int
     hidden_size: int | list[int]  # one width, or one per injected block when they differ (e.g. CLIP towers)
+    host_description: dict = field(default_factory=dict)  # the resolved row (spec.py), so reload needs no code
+    parts: list[dict] = field(default_factory=list)  # per part: name, first block index, blocks, injected layers
+    modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
+    saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
 
@@ -60,9 +67,12 @@ class InjectionState:
         return {
             "config": self.config.to_dict(),
             "host": self.host,
+            "host_description": self.host_description,
+            "parts": self.parts,
             "layers": self.layers,
             "num_blocks": self.num_blocks,
             "hidden_size": self.hidden_size,
+            "modules_to_save": self.modules_to_save,
             "library_version": __version__,
         }
 
@@ -73,7 +83,8 @@ class _Plan:
 
     spec: HostSpec
     state: InjectionState
-    placements: list[tuple[nn.Module, PreProjAttention]]  # (block, wrapper)
+    placements: list[tuple[Site, PreProjAttention]]  # (site, wrapper)
+    seams: list[tuple[PreProjAttention, nn.Module, nn.Module, str, str]] = field(default_factory=list)
 
 
 def injected_modules(model: nn.Module) -> list[PreProjAttention]:
@@ -91,39 +102,103 @@ def _device_of(module: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _plan(model: nn.Module, config: PreProjConfig, host: str | None) -> _Plan:
+def _select(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[list[str], list[Site]]:
+    """The parts the config selects (checked against the model's) and the sites its `layers` pick."""
+    present = list(dict.fromkeys(s.part for s in sites))
+    wanted = config.parts or [p for p in (spec.default_parts or present) if p in present] or present
+    missing = [p for p in wanted if p not in present]
+    if missing:
+        raise ValueError(f"PreProjConfig.parts names {missing}, but this {spec.name!r} model has parts {present}")
+    if isinstance(config.layers, dict):
+        unknown = [p for p in config.layers if p not in wanted]
+        if unknown:
+            raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {wanted}")
+        chosen = []
+        for part in wanted:
+            mine = [s for s in sites if s.part == part]
+            chosen += [mine[i] for i in config.resolve_layers(len(mine), part)]
+        return wanted, chosen
+    pool = [s for s in sites if s.part in wanted]
+    return wanted, [pool[i] for i in config.resolve_layers(len(pool))]
+
+
+def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) -> dict[str, str]:
+    """{name: attribute path} of the base modules a config keeps trainable; ValueError naming a bad one."""
+    out = {}
+    for name in names or []:
+        path = spec.trainable_modules.get(name, name)
+        try:
+            module = get_path(model, path)
+        except HostError as e:
+            declared = sorted(spec.trainable_modules) or "none"
+            raise ValueError(
+                f"PreProjConfig.modules_to_save: {name!r} is neither a module host {spec.name!r} names "
+                f"(declared: {declared}) nor an attribute path of the model ({e})"
+            ) from None
+        if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
+            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) is not a module with parameters")
+        out[name] = path
+    return out
+
+
+def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec | None) -> _Plan:
     """Validate everything and build the wrappers; the model is not touched."""
     if not isinstance(config, PreProjConfig):
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
     if is_injected(model):
         raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
-    spec = get_host(host) if host is not None else find_host(model)
-    blocks = spec.blocks(model)
-    if not blocks:
-        raise ValueError(f"host {spec.name!r}: the model has no attention blocks")
-    layers = config.resolve_layers(len(blocks))
-    widths = [spec.hidden_size(model, blocks[i]) for i in layers]
-    placements = []
-    for i, dim in zip(layers, widths):
-        block = blocks[i]
-        attn = getattr(block, spec.attention, None)
-        if not isinstance(attn, nn.Module):
-            raise ValueError(f"host {spec.name!r}: block {i} has no attention module at .{spec.attention}")
-        device = _device_of(block)
+    spec = as_host(model, host)
+    try:
+        sites = resolve_sites(model, spec)
+    except HostError as e:
+        if host is None or isinstance(host, dict):
+            raise
+        raise forced_mismatch(model, spec, e) from None
+    parts, chosen = _select(sites, spec, config)
+    if not chosen:
+        raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
+    fused = spec.fused_forward if config.fuse_qkv_skip else None
+    if config.fuse_qkv_skip and fused is None:
+        raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
+                         f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
+    placements, seams = [], []
+    for site in chosen:
+        if isinstance(site.attention, PreProjAttention):
+            raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
+        device = _device_of(site.block)
+        dim = site.width
         preproj = (
             PreProjection(dim, config.expansion, config.activation, config.init, device=device)
             if config.preproj
             else None
         )
         skip = ContentSkip(dim, config.skip_init_std, device=device) if config.skip else None
-        fused = spec.fused_forward if config.fuse_qkv_skip else None
-        if config.fuse_qkv_skip and fused is None:
-            raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
-                             f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
-        placements.append((block, PreProjAttention(attn, spec.call, preproj, skip, block_index=i, fused_forward=fused)))
+        wrapper = PreProjAttention(
+            site.attention, site.call, preproj, skip, block_index=site.index, fused_forward=fused, part=site.part
+        )
+        placements.append((site, wrapper))
+        if site.norm is not None:
+            where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
+            seams.append((wrapper, site.block, site.norm, where, site.norm_path))
+    widths = [site.width for site, _ in placements]
     width: int | list[int] = widths[0] if len(set(widths)) == 1 else widths
-    state = InjectionState(config, spec.name, layers, len(blocks), width)
-    return _Plan(spec, state, placements)
+    description = spec.describe(model)
+    part_rows = []
+    for d in description["parts"]:
+        first = next(s.index for s in sites if s.part == d["name"])
+        injected = [s.part_index for s, _ in placements if s.part == d["name"]]
+        part_rows.append({"name": d["name"], "first_block": first, "num_blocks": d["num_blocks"], "layers": injected})
+    state = InjectionState(
+        config,
+        spec.name,
+        [s.index for s, _ in placements],
+        len(sites),
+        width,
+        host_description=description,
+        parts=part_rows,
+        modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
+    )
+    return _Plan(spec, state, placements, seams)
 
 
 def _hosts_with_fused() -> list[HostSpec]:
@@ -169,33 +244,56 @@ def _adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
 
 
 def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
-    attr = plan.spec.attention
     done = []
     try:
-        for block, wrapper in plan.placements:
-            setattr(block, attr, wrapper)
-            done.append((block, wrapper))
+        for site, wrapper in plan.placements:
+            setattr(site.parent, site.attr, wrapper)
+            done.append((site, wrapper))
+        for wrapper, block, norm, where, norm_path in plan.seams:
+            wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
         model.mmpreproj_state = plan.state
         if plan.state.config.freeze_base:
             _freeze_base(model, plan.state, plan.spec)
+        _keep_trainable(model, plan.state)
     except BaseException:
-        for block, wrapper in done:
-            setattr(block, attr, wrapper.base_layer)
+        for site, wrapper in done:
+            setattr(site.parent, site.attr, wrapper.base_layer)
+            if getattr(wrapper, "seam_check", None) is not None:
+                wrapper.seam_check.close()
         for p in plan.state.frozen:
             p.requires_grad_(True)
+        if plan.state.input_grad_hook is not None:
+            plan.state.input_grad_hook.remove()
         if hasattr(model, "mmpreproj_state"):
             del model.mmpreproj_state
         raise
     return model
 
 
-def inject(model: nn.Module, config: PreProjConfig | None = None, *, host: str | None = None) -> nn.Module:
+def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
+    """Unfreeze the config's `modules_to_save` and keep a copy of their weights for `unload`."""
+    for name, path in state.modules_to_save.items():
+        module = get_path(model, path)
+        for k, v in module.state_dict().items():
+            state.saved_originals[f"{name}.{k}"] = v.detach().clone()
+        for p in module.parameters():
+            if not p.requires_grad:
+                p.requires_grad_(True)
+                if p in state.frozen:
+                    state.frozen.remove(p)
+
+
+def inject(
+    model: nn.Module, config: PreProjConfig | None = None, *, host: str | dict | HostSpec | None = None
+) -> nn.Module:
     """Add the pre-projection and/or content skip to every selected attention block of `model`, in place.
 
     Args:
-        model: a supported host (see `mmpreproj.hosts.HOSTS`).
+        model: a supported host (see `mmpreproj.hosts.HOSTS`), or any model when `host` describes it.
         config: what to inject (default `PreProjConfig()`: pre-projection + skip, paper init, base frozen).
-        host: force a table row by name instead of detecting it.
+        host: None = detect the row; a row name forces that row; a description dict (or `HostSpec`)
+            says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
+            The description is saved with the adapter, so `load_adapter` needs no code.
 
     Returns the same model object. Injected weights are float32 on the device of their block.
     """
@@ -209,9 +307,12 @@ def unload(model: nn.Module) -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, PreProjAttention):
+                if child.seam_check is not None:
+                    child.seam_check.close()
                 setattr(parent, name, child.base_layer)
     state: InjectionState | None = getattr(model, "mmpreproj_state", None)
     if state is not None:
+        _restore_saved_modules(model, state)
         for p in state.frozen:
             p.requires_grad_(True)
         if state.input_grad_hook is not None:
@@ -234,21 +335,50 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
             w.adapter_enabled = flag
 
 
+def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
+    """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
+    with torch.no_grad():
+        for name, path in state.modules_to_save.items():
+            for k, v in get_path(model, path).state_dict(keep_vars=True).items():
+                v.copy_(state.saved_originals[f"{name}.{k}"])
+
+
+def adapter_key(block_index: int, module: str, name: str) -> str:
+    """The file key of an injected weight: `blocks.{i}.{preproj|skip}.{param}` (i = the adapter block index)."""
+    return f"blocks.{block_index}.{module}.{name}"
+
+
+def _wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor]:
+    return {
+        adapter_key(w.block_index, part, k): v
+        for w in wrappers
+        for part in ("preproj", "skip")
+        if getattr(w, part) is not None
+        for k, v in getattr(w, part).state_dict().items()
+    }
+
+
+def _saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {
+        f"modules.{name}.{k}": v
+        for name, path in modules_to_save.items()
+        for k, v in get_path(model, path).state_dict().items()
+    }
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the injected weights, keyed `blocks.{i}.preproj.up.weight` etc. by host block index.
+    """Only the injected weights, keyed `blocks.{i}.preproj.up.weight` etc. by host block index, plus
+    `modules.{name}.{param}` for the config's `modules_to_save`.
 
     Weights sharded by FSDP2 (DTensors) are gathered into full tensors: a collective, so on a sharded
     model every rank must call this.
     """
-    out = {}
-    for w in injected_modules(model):
-        for part in ("preproj", "skip"):
-            module = getattr(w, part)
-            if module is not None:
-                for k, v in module.state_dict().items():
-                    full = v.full_tensor() if hasattr(v, "full_tensor") else v  # FSDP2 DTensor -> full tensor
-                    out[f"blocks.{w.block_index}.{part}.{k}"] = full
-    return out
+    out = _wrapper_tensors(injected_modules(model))
+    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
+    if state is not None:
+        out.update(_saved_module_tensors(model, state.modules_to_save))
+    # FSDP2 DTensor -> full tensor
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in out.items()}
 
 
 def save_adapter(
@@ -295,39 +425,65 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return desc, tensors
 
 
+def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
+    """The row (by name) or described host an adapter was saved for, checked against `model`."""
+    saved = desc.get("host")
+    described = desc.get("host_description")
+    if saved in _registered() and _registered()[saved].matches_model(model):
+        return saved
+    if isinstance(described, dict) and described.get("parts") and saved not in _registered():
+        return HostSpec.from_dict(described)  # a user-described host: the file is the description
+    try:
+        have = find_host(model).name
+    except ValueError:
+        have = type(model).__name__
+    raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
+
+
+def _registered() -> dict[str, HostSpec]:
+    from .hosts import HOSTS
+
+    return HOSTS
+
+
 def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None = None) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
 
-    Raises (leaving `model` untouched) on a missing or corrupt file, a different host architecture,
-    hidden size or block count, or weights that do not match the config.
+    The adapter file carries the host description (parts, paths, call convention), so a user-described
+    host reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another
+    host, parts the model does not have, another hidden size or block count, or weights that do not match.
     """
+    path = Path(path)
     desc, tensors = read_adapter(path)
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
-    spec = find_host(model)
-    if desc.get("host") != spec.name:
-        raise ValueError(f"adapter at {path} was saved for host {desc.get('host')!r}, this model is {spec.name!r}")
+    host = _saved_host(model, desc, path)
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
-        plan = _plan(model, config, spec.name)
+        plan = _plan(model, config, host)
+    saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
+    have_parts = [p["name"] for p in plan.state.parts]
+    if saved_parts and saved_parts != have_parts:
+        raise ValueError(f"adapter at {path} was saved for parts {saved_parts}; this model has parts {have_parts}")
     for field_name, saved in (("num_blocks", desc.get("num_blocks")), ("hidden_size", desc.get("hidden_size"))):
         have = getattr(plan.state, field_name)
         if saved != have:
             raise ValueError(f"adapter at {path} has {field_name}={saved}, this model has {field_name}={have}")
-    expected = {}
-    for _, w in plan.placements:
-        for part in ("preproj", "skip"):
-            module = getattr(w, part)
-            if module is not None:
-                for k, v in module.state_dict().items():
-                    expected[f"blocks.{w.block_index}.{part}.{k}"] = v
+    expected = _wrapper_tensors([w for _, w in plan.placements])
+    expected.update(_saved_module_tensors(model, plan.state.modules_to_save))
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise ValueError(f"adapter at {path} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}")
     for k, dst in expected.items():
         if tensors[k].shape != dst.shape:
             raise ValueError(f"adapter at {path}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+    injected = {k: v for k, v in expected.items() if k.startswith("blocks.")}
     with torch.no_grad():
-        for k, dst in expected.items():
+        for k, dst in injected.items():
             dst.copy_(tensors[k])
-    return _apply(model, plan)
+    _apply(model, plan)
+    with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
+        for k, dst in expected.items():
+            if k.startswith("modules."):
+                dst.copy_(tensors[k])
+    return model

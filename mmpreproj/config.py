@@ -22,7 +22,13 @@ class PreProjConfig(JsonConfig):
         activation: pre-projection activation, one of "silu", "gelu", "relu".
         init: pre-projection init, "paper" (N(0, 0.01) both) or "identity" (`W_down` = 0).
         skip_init_std: std of the `W_skip` init (paper: 1e-4; 0 = exact zero).
-        layers: block indices to inject into (None = every block; negative indices count from the end).
+        parts: host parts to inject into, e.g. ["vision", "language"] for a VLM (None = the row's default
+            parts; `mmpreproj.hosts.HOSTS[row].parts` lists them).
+        layers: block indices to inject into (None = every block of the selected parts; negative indices
+            count from the end). A list indexes the selected parts' blocks in order; a dict
+            `{"language": [-4, -3, -2, -1]}` selects per part (a part it does not name gets every block).
+        modules_to_save: base modules that train beside the injected ones and are saved in the adapter
+            (peft's name): names the host row declares (e.g. "projector") or attribute paths.
         freeze_base: freeze every parameter of the host so only injected weights train.
         fuse_qkv_skip: compute Q/K/V and the skip in one matmul where the host has a fast path
             (GPT-NeoX, native blocks); same outputs up to float rounding.
@@ -34,7 +40,9 @@ class PreProjConfig(JsonConfig):
     activation: str = "silu"
     init: str = "paper"
     skip_init_std: float = 1e-4
-    layers: list[int] | None = None
+    parts: list[str] | None = None
+    layers: list[int] | dict[str, list[int]] | None = None
+    modules_to_save: list[str] | None = None
     freeze_base: bool = True
     fuse_qkv_skip: bool = False
     library_version: str = field(default=__version__, compare=False)
@@ -52,19 +60,29 @@ class PreProjConfig(JsonConfig):
             raise ValueError(f"PreProjConfig.expansion must be > 0, got {self.expansion}")
         if self.skip_init_std < 0:
             raise ValueError(f"PreProjConfig.skip_init_std must be >= 0, got {self.skip_init_std}")
-        if self.layers is not None:
-            if isinstance(self.layers, int) or not all(isinstance(i, int) for i in self.layers):
-                raise ValueError(f"PreProjConfig.layers must be None or a list of ints, got {self.layers!r}")
-            if len(set(self.layers)) != len(self.layers):
-                raise ValueError(f"PreProjConfig.layers has duplicates: {self.layers}")
-            self.layers = list(self.layers)
+        for name in ("parts", "modules_to_save"):
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, str) or not all(isinstance(v, str) and v for v in value) or not value:
+                    raise ValueError(f"PreProjConfig.{name} must be None or a non-empty list of names, got {value!r}")
+                if len(set(value)) != len(value):
+                    raise ValueError(f"PreProjConfig.{name} has duplicates: {value}")
+                setattr(self, name, list(value))
+        if isinstance(self.layers, dict):
+            self.layers = {str(k): _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
+        elif self.layers is not None:
+            self.layers = _layer_list(self.layers, "layers")
 
-    def resolve_layers(self, num_blocks: int) -> list[int]:
-        """The sorted, non-negative block indices this config selects in a host of `num_blocks` blocks."""
-        if self.layers is None:
+    def resolve_layers(self, num_blocks: int, part: str | None = None) -> list[int]:
+        """The sorted, non-negative block indices this config selects among `num_blocks` blocks.
+
+        With a per-part dict, `part` names the part (a part the dict does not name gets every block).
+        """
+        layers = self.layers.get(part) if isinstance(self.layers, dict) else self.layers
+        if layers is None:
             return list(range(num_blocks))
         out = []
-        for i in self.layers:
+        for i in layers:
             j = i + num_blocks if i < 0 else i
             if not 0 <= j < num_blocks:
                 raise ValueError(
@@ -75,3 +93,13 @@ class PreProjConfig(JsonConfig):
         if len(set(out)) != len(out):
             raise ValueError(f"PreProjConfig.layers selects a block twice: {self.layers}")
         return sorted(out)
+
+
+def _layer_list(value: object, name: str) -> list[int]:
+    if isinstance(value, (str, int)) or not isinstance(value, (list, tuple)) or not all(
+        type(i) is int for i in value
+    ):
+        raise ValueError(f"PreProjConfig.{name} must be None or a list of ints, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"PreProjConfig.{name} has duplicates: {list(value)}")
+    return list(value)

@@ -16,6 +16,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
 from mmpreproj.hosts import find_host
+from mmpreproj.hosts.spec import resolve_sites
 
 IDENTITY = PreProjConfig(init="identity", skip_init_std=0)
 
@@ -166,17 +167,14 @@ class HostContract:
 
     def test_unload_restores_original_modules(self, case):
         model = case.build()
-        spec = find_host(model)
-        originals = [getattr(b, spec.attention) for b in spec.blocks(model)]
+        sites = resolve_sites(model, find_host(model))
+        originals = [s.attention for s in sites]
         ref = run(case, model)
         flags = [p.requires_grad for p in model.parameters()]
         mmpreproj.inject(model)
-        assert all(isinstance(getattr(b, spec.attention), PreProjAttention) for b in spec.blocks(model))
+        assert all(isinstance(getattr(s.parent, s.attr), PreProjAttention) for s in sites)
         mmpreproj.unload(model)
-        assert [getattr(b, spec.attention) for b in spec.blocks(model)] == originals
-        assert all(
-            a is b for a, b in zip((getattr(b, spec.attention) for b in spec.blocks(model)), originals)
-        )
+        assert all(getattr(s.parent, s.attr) is o for s, o in zip(sites, originals))
         assert not mmpreproj.is_injected(model)
         assert [p.requires_grad for p in model.parameters()] == flags
         assert torch.equal(run(case, model), ref)

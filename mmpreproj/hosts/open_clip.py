@@ -36,7 +36,8 @@ import sys
 from torch import nn
 
 from ..modules.wrapper import AttentionCall
-from .registry import HostSpec, register_host
+from .registry import register_host
+from .spec import HostError, HostSpec, PartSpec
 
 __all__ = ["OPEN_CLIP", "OPEN_CLIP_TEXT", "OPEN_CLIP_TRANSFORMER", "OPEN_CLIP_VIT"]
 
@@ -59,23 +60,19 @@ def _is_stack(obj: object) -> bool:
     return type(obj) is _cls("transformer", "Transformer")
 
 
-def _stack_blocks(stack: nn.Module, host: str, tower: str) -> list[nn.Module]:
-    """The ResidualAttentionBlocks of a `Transformer` stack; ValueError for any other block."""
-    blocks = list(stack.resblocks)
-    for i, block in enumerate(blocks):
+def _check_stack(stack: nn.Module, host: str, tower: str) -> None:
+    """Every block of a `Transformer` stack must be a self-attention ResidualAttentionBlock."""
+    for i, block in enumerate(stack.resblocks):
         where = f"host {host!r}: block {i} of the {tower} tower"
         if not _isinstance(block, "transformer", "ResidualAttentionBlock"):
-            raise ValueError(
+            raise HostError(
                 f"{where} is a {type(block).__name__}; only open_clip ResidualAttentionBlock "
                 "(ln_1 -> nn.MultiheadAttention) is supported. open_clip uses CustomResidualAttentionBlock when "
                 "qk_norm, scaled_cosine_attn, scale_heads, scale_attn_inner, scale_attn or scale_fc is set "
                 "(or block_type='custom'); its Attention returns a tensor, not MultiheadAttention's tuple."
             )
         if hasattr(block, "ln_1_kv"):
-            raise ValueError(
-                f"{where} is a cross-attention block (ln_1_kv); only self-attention is supported"
-            )
-    return blocks
+            raise HostError(f"{where} is a cross-attention block (ln_1_kv); only self-attention is supported")
 
 
 def _vision_stack(visual: nn.Module, host: str) -> nn.Module:
@@ -85,7 +82,7 @@ def _vision_stack(visual: nn.Module, host: str) -> nn.Module:
         "TimmModel": "inject the timm trunk on its own: mmpreproj.inject(model.visual.trunk)",
         "ModifiedResNet": "it has no attention blocks; inject the text tower on its own",
     }.get(type(visual).__name__, "inject the text tower on its own")
-    raise ValueError(
+    raise HostError(
         f"host {host!r}: the vision tower is a {type(visual).__name__}, not an open_clip "
         f"VisionTransformer; {hint}"
     )
@@ -97,22 +94,20 @@ def _text_stack(model: nn.Module, host: str) -> nn.Module:
         return model.transformer
     if _isinstance(text, "transformer", "TextTransformer"):
         return text.transformer
-    raise ValueError(
+    raise HostError(
         f"host {host!r}: the text tower is a {type(text).__name__}, not an open_clip "
         "TextTransformer; inject the vision tower on its own: mmpreproj.inject(model.visual)"
     )
 
 
-def _clip_blocks(model: nn.Module) -> list[nn.Module]:
-    """Vision blocks, then text blocks."""
-    return [
-        *_stack_blocks(_vision_stack(model.visual, "open_clip"), "open_clip", "vision"),
-        *_stack_blocks(_text_stack(model, "open_clip"), "open_clip", "text"),
-    ]
+def _check_clip(model: nn.Module) -> None:
+    _check_stack(_vision_stack(model.visual, "open_clip"), "open_clip", "vision")
+    _check_stack(_text_stack(model, "open_clip"), "open_clip", "text")
 
 
-def _width(model: nn.Module, block: nn.Module) -> int:
-    return block.attn.embed_dim
+def _part(name: str, *blocks: str) -> PartSpec:
+    """ResidualAttentionBlocks: `attn(ln_1(x), ln_1(x), ln_1(x))[0]`, width = the MHA's embed_dim."""
+    return PartSpec(name, blocks=blocks, attention="attn", norm="ln_1", call=_CALL, width="attn.embed_dim")
 
 
 OPEN_CLIP = register_host(
@@ -120,11 +115,13 @@ OPEN_CLIP = register_host(
         name="open_clip",
         description="open_clip CLIP / CustomTextCLIP, both towers (vision blocks, then text blocks)",
         matches=lambda model: _isinstance(model, "model", "CLIP", "CustomTextCLIP"),
-        blocks=_clip_blocks,
-        attention="attn",
-        hidden_size=_width,
-        call=_CALL,
-        input_embeddings=lambda model: getattr(model.visual, "conv1", None),
+        check=_check_clip,
+        parts=(
+            _part("vision", "visual.transformer.resblocks"),
+            _part("text", "text.transformer.resblocks", "transformer.resblocks"),
+        ),
+        embeddings="visual.conv1",
+        lora_targets=("out_proj",),
     )
 )
 
@@ -133,11 +130,10 @@ OPEN_CLIP_VIT = register_host(
         name="open_clip_vit",
         description="open_clip VisionTransformer (e.g. clip.visual)",
         matches=lambda model: _isinstance(model, "transformer", "VisionTransformer"),
-        blocks=lambda model: _stack_blocks(model.transformer, "open_clip_vit", "vision"),
-        attention="attn",
-        hidden_size=_width,
-        call=_CALL,
-        input_embeddings=lambda model: model.conv1,
+        check=lambda model: _check_stack(model.transformer, "open_clip_vit", "vision"),
+        parts=(_part("vision", "transformer.resblocks"),),
+        embeddings="conv1",
+        lora_targets=("out_proj",),
     )
 )
 
@@ -146,11 +142,10 @@ OPEN_CLIP_TEXT = register_host(
         name="open_clip_text",
         description="open_clip TextTransformer (e.g. custom_text_clip.text)",
         matches=lambda model: _isinstance(model, "transformer", "TextTransformer"),
-        blocks=lambda model: _stack_blocks(model.transformer, "open_clip_text", "text"),
-        attention="attn",
-        hidden_size=_width,
-        call=_CALL,
-        input_embeddings=lambda model: model.token_embedding,
+        check=lambda model: _check_stack(model.transformer, "open_clip_text", "text"),
+        parts=(_part("text", "transformer.resblocks"),),
+        embeddings="token_embedding",
+        lora_targets=("out_proj",),
     )
 )
 
@@ -159,9 +154,8 @@ OPEN_CLIP_TRANSFORMER = register_host(
         name="open_clip_transformer",
         description="open_clip Transformer block stack (e.g. clip.transformer, the text tower of a plain CLIP)",
         matches=_is_stack,
-        blocks=lambda model: _stack_blocks(model, "open_clip_transformer", "transformer"),
-        attention="attn",
-        hidden_size=_width,
-        call=_CALL,
+        check=lambda model: _check_stack(model, "open_clip_transformer", "transformer"),
+        parts=(_part("blocks", "resblocks"),),
+        lora_targets=("out_proj",),
     )
 )

@@ -1,53 +1,24 @@
-"""The architecture table: one `HostSpec` row per host model family.
+"""The architecture table: one `HostSpec` row per host model family (see `spec.py` for the row's form).
 
-A row says how to recognise the model, where its attention blocks are, which attribute of a block is
-the attention module fed by the pre-attention norm, how that module is called, and the model width.
-Adding a host architecture is adding one row with `register_host`.
+Adding a host architecture is adding one row with `register_host`; a model no row knows can be described
+in data (`HostSpec.from_dict`) and passed as `inject(model, host=...)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
+from .spec import HostError, HostSpec
 
-__all__ = ["HostSpec", "HOSTS", "register_host", "find_host", "get_host"]
-
-
-@dataclass(frozen=True)
-class HostSpec:
-    """One host architecture.
-
-    Args:
-        name: short id, saved in adapter configs ("gpt_neox", "timm_vit", ...).
-        description: what models this row covers (shown in errors).
-        matches: True if a model belongs to this family.
-        blocks: the model's attention blocks, in depth order.
-        attention: attribute of a block holding the attention module that receives the normed input.
-        hidden_size: the width d seen by the attention module of a block: `hidden_size(model, block)`.
-        call: how the block calls that attention module.
-        input_embeddings: the module whose output starts the residual stream (used so gradient
-            checkpointing still yields gradients when the whole base is frozen), or None.
-        fused_forward: optional fast path `f(wrapper, x~, *args, **kwargs)` that computes Q/K/V and the
-            content skip in one matmul (see `mmpreproj.fused`); None if the host has none.
-    """
-
-    name: str
-    description: str
-    matches: Callable[[nn.Module], bool]
-    blocks: Callable[[nn.Module], list[nn.Module]]
-    attention: str
-    hidden_size: Callable[[nn.Module, nn.Module], int]
-    call: AttentionCall = field(default_factory=AttentionCall)
-    input_embeddings: Callable[[nn.Module], nn.Module | None] = lambda model: None
-    fused_forward: Callable[..., Any] | None = None
-
+__all__ = ["HOSTS", "HostSpec", "as_host", "find_host", "get_host", "register_host", "supported"]
 
 HOSTS: dict[str, HostSpec] = {}
+
+DESCRIBE_HINT = (
+    "describe it yourself: mmpreproj.inject(model, host={'name': ..., 'parts': [{'name': 'language', "
+    "'blocks': 'model.layers', 'attention': 'self_attn', 'norm': 'input_layernorm'}]}), or let "
+    "mmpreproj.hosts.trace_seams(model, example_input) find the description"
+)
 
 
 def register_host(spec: HostSpec) -> HostSpec:
@@ -57,20 +28,54 @@ def register_host(spec: HostSpec) -> HostSpec:
 
 
 def supported() -> str:
-    return ", ".join(f"{s.name} ({s.description})" for s in HOSTS.values())
+    return ", ".join(sorted(HOSTS))
 
 
 def get_host(name: str) -> HostSpec:
     if name not in HOSTS:
-        raise ValueError(f"unknown host {name!r}; supported: {sorted(HOSTS)}")
+        raise ValueError(f"unknown host {name!r}; supported: {supported()}")
     return HOSTS[name]
 
 
+def _nearest(model: nn.Module) -> str | None:
+    """The row whose name or model types share the most with the model's type/model_type (for hints)."""
+    keys = {type(model).__name__.lower(), str(getattr(getattr(model, "config", None), "model_type", "")).lower()}
+    best, score = None, 0
+    for row in HOSTS.values():
+        names = {row.name, *row.model_types}
+        for k in keys:
+            for n in names:
+                s = len(n) if n and (n in k or k.startswith(n.split("_")[0])) else 0
+                if s > score:
+                    best, score = row.name, s
+    return best
+
+
 def find_host(model: nn.Module) -> HostSpec:
-    """The table row that matches `model`; ValueError naming the supported architectures otherwise."""
+    """The table row that matches `model`; ValueError naming the supported rows and how to describe one."""
     for spec in HOSTS.values():
-        if spec.matches(model):
+        if spec.matches_model(model):
             return spec
-    raise ValueError(
-        f"mmpreproj does not support {type(model).__name__}; supported architectures: {supported()}"
-    )
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    what = type(model).__name__ + (f" (model_type {model_type!r})" if model_type else "")
+    near = _nearest(model)
+    hint = f" The nearest row is {near!r}: force it with host={near!r} if the blocks have the same shape." if near else ""
+    raise ValueError(f"mmpreproj has no host row for {what}; supported rows: {supported()}.{hint} Or {DESCRIBE_HINT}")
+
+
+def as_host(model: nn.Module, host: str | dict | HostSpec | None) -> HostSpec:
+    """The row for `model`: detected (None), a row name, a `HostSpec`, or a JSON-able description."""
+    if host is None:
+        return find_host(model)
+    if isinstance(host, HostSpec):
+        return host
+    if isinstance(host, str):
+        return get_host(host)
+    if isinstance(host, dict):
+        return HostSpec.from_dict(host)
+    raise TypeError(f"host must be None, a row name, a HostSpec or a description dict, got {type(host).__name__}")
+
+
+def forced_mismatch(model: nn.Module, spec: HostSpec, error: Exception) -> HostError:
+    """The error for a forced row that does not fit `model`."""
+    return HostError(f"host {spec.name!r} does not fit {type(model).__name__}: {error}. Or {DESCRIBE_HINT}")

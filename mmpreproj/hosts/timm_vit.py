@@ -29,9 +29,10 @@ import sys
 from torch import nn
 
 from ..modules.wrapper import AttentionCall
-from .registry import HostSpec, register_host
+from .registry import register_host
+from .spec import HostError, HostSpec, PartSpec
 
-__all__ = ["TIMM_EVA", "TIMM_VIT"]
+__all__ = ["TIMM_EVA", "TIMM_VIT", "timm_part"]
 
 # attn(x, attn_mask=..., is_causal=...[, rope=...]) -> tensor (B, N, d)
 _CALL = AttentionCall(inputs=((0, "x"),), output_index=None)
@@ -52,17 +53,27 @@ def _is_instance(model: nn.Module, module: str, name: str) -> bool:
     return cls is not None and isinstance(_unwrap(model), cls)
 
 
-def _checked_blocks(model: nn.Module, host: str, supported: str, module: str, hint: str) -> list[nn.Module]:
-    """The model's blocks, each verified to be a `supported` block (ValueError naming the first that is not)."""
-    cls = _timm_class(module, supported)
-    blocks = list(_unwrap(model).blocks)
-    for i, block in enumerate(blocks):
-        if not isinstance(block, cls):
-            raise ValueError(
-                f"host {host!r}: block {i} is a {type(block).__name__}; only timm {supported} (pre-norm, "
-                f"`attn(norm1(x))`) is supported. {hint}"
-            )
-    return blocks
+def _check_blocks(host: str, supported: str, module: str, hint: str):
+    """A row `check`: every block must be a timm `supported` block (HostError naming the first that is not)."""
+
+    def check(model: nn.Module) -> None:
+        cls = _timm_class(module, supported)
+        blocks = getattr(_unwrap(model), "blocks", None)
+        if blocks is None:
+            raise HostError(f"host {host!r}: {type(model).__name__} has no `blocks`")
+        for i, block in enumerate(blocks):
+            if cls is None or not isinstance(block, cls):
+                raise HostError(
+                    f"host {host!r}: block {i} is a {type(block).__name__}; only timm {supported} (pre-norm, "
+                    f"`attn(norm1(x))`) is supported. {hint}"
+                )
+
+    return check
+
+
+def timm_part(name: str = "blocks", blocks: tuple[str, ...] = ("blocks", "model.blocks"), **kw) -> PartSpec:
+    """A timm pre-norm block stack: `x + attn(norm1(x))`, attention returns a tensor."""
+    return PartSpec(name, blocks=blocks, attention="attn", norm="norm1", call=_CALL, **kw)
 
 
 _VIT_HINT = (
@@ -75,13 +86,10 @@ TIMM_VIT = register_host(
         name="timm_vit",
         description="timm VisionTransformer and subclasses (DeiT, hybrid, registers) with pre-norm Blocks",
         matches=lambda model: _is_instance(model, "timm.models.vision_transformer", "VisionTransformer"),
-        blocks=lambda model: _checked_blocks(
-            model, "timm_vit", "Block", "timm.models.vision_transformer", _VIT_HINT
-        ),
-        attention="attn",
-        hidden_size=lambda model, block: _unwrap(model).embed_dim,
-        call=_CALL,
-        input_embeddings=lambda model: _unwrap(model).patch_embed,
+        check=_check_blocks("timm_vit", "Block", "timm.models.vision_transformer", _VIT_HINT),
+        parts=(timm_part(),),
+        embeddings="patch_embed|model.patch_embed",
+        lora_targets=("qkv", "proj"),
     )
 )
 
@@ -90,16 +98,14 @@ TIMM_EVA = register_host(
         name="timm_eva",
         description="timm Eva / EVA02 (attention with its own RoPE) with pre-norm EvaBlocks",
         matches=lambda model: _is_instance(model, "timm.models.eva", "Eva"),
-        blocks=lambda model: _checked_blocks(
-            model,
+        check=_check_blocks(
             "timm_eva",
             "EvaBlock",
             "timm.models.eva",
             "EvaBlockPostNorm (use_post_norm=True) feeds attention the un-normed residual stream.",
         ),
-        attention="attn",
-        hidden_size=lambda model, block: _unwrap(model).embed_dim,
-        call=_CALL,
-        input_embeddings=lambda model: _unwrap(model).patch_embed,
+        parts=(timm_part(),),
+        embeddings="patch_embed|model.patch_embed",
+        lora_targets=("qkv", "q_proj", "k_proj", "v_proj", "proj"),
     )
 )

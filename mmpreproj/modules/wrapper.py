@@ -18,6 +18,7 @@ from torch import nn
 
 from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
+from .seam import SeamCheck
 from .skip import ContentSkip
 
 __all__ = ["AttentionCall", "PreProjAttention"]
@@ -45,7 +46,9 @@ class PreProjAttention(BaseLayerWrapper):
         call: how the host calls attention (`AttentionCall`).
         preproj: the pre-projection, or None for a skip-only ablation (then `x~ = x^`).
         skip: the content skip, or None for pre-projection only.
-        block_index: index of the host block this wrapper sits in.
+        block_index: index of the host block this wrapper sits in (over all parts, the adapter's index).
+        part: the host part the block belongs to ("language", "vision", ...).
+        seam_check: verifies on the first call that attention receives the pre-attention norm's output.
         fused_forward: the host's fast path computing Q/K/V and the skip in one matmul
             (`mmpreproj.fused`), used when given and the skip is present; None = the plain path.
     """
@@ -58,6 +61,8 @@ class PreProjAttention(BaseLayerWrapper):
         skip: ContentSkip | None,
         block_index: int,
         fused_forward: Callable[..., Any] | None = None,
+        part: str = "blocks",
+        seam_check: SeamCheck | None = None,
     ) -> None:
         super().__init__()
         if preproj is None and skip is None:
@@ -67,6 +72,8 @@ class PreProjAttention(BaseLayerWrapper):
         self.preproj = preproj
         self.skip = skip
         self.block_index = block_index
+        self.part = part
+        self.seam_check = seam_check
         self.adapter_enabled = True
         self.fused_forward = fused_forward
         self.fused_weights = _fused_cache()
@@ -86,6 +93,8 @@ class PreProjAttention(BaseLayerWrapper):
             x = container[slot]
             if x is None:
                 continue
+            if self.seam_check is not None and first is None:
+                self.seam_check.verify(x)
             if id(x) not in done:
                 done[id(x)] = self.preproj(x) if self.preproj is not None else x
             container[slot] = done[id(x)]
@@ -117,7 +126,7 @@ class PreProjAttention(BaseLayerWrapper):
 
     def extra_repr(self) -> str:
         return (
-            f"block_index={self.block_index}, adapter_enabled={self.adapter_enabled}, "
+            f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}, "
             f"fused={self.fused_forward is not None}"
         )
 

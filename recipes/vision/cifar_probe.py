@@ -37,6 +37,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj.analysis import plot_skip_norms, skip_norms
 from mmpreproj.data import asset_path
+from mmpreproj.hosts.spec import resolve_sites
 from mmpreproj.vision import fit_classifier, load_image_zip
 from mmpreproj.vision.backbones import Backbone, BackboneUnavailable, load_backbone
 from mmpreproj.vision.recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
@@ -155,9 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     size = cfg.img_size or reference.img_size
-    host = mmpreproj.hosts.find_host(reference.model)
-    blocks = host.blocks(reference.model)
-    n_blocks, width = len(blocks), host.hidden_size(reference.model, blocks[0])
+    sites = resolve_sites(reference.model, mmpreproj.hosts.find_host(reference.model))
+    n_blocks, width = len(sites), sites[0].width
     preproj_params = n_blocks * 2 * width * int(1.25 * width)  # W_up + W_down, the LoRA budget (paper's rule)
     del reference
     train = load_image_zip(cfg.train_zip, cfg.train_per_class)[:2]

@@ -1,0 +1,410 @@
+"""A host row as data: where a model's attention blocks are and how each block calls its attention.
+
+A `HostSpec` is a list of `PartSpec`s (a decoder; a vision tower and a language model; two CLIP towers).
+Every field of a part is JSON-able: attribute paths such as `model.layers` and `self_attn`, the name of the
+pre-attention norm, and the attention's call convention (`AttentionCall`: which argument carries the
+normed input, where the output sits). `resolve_sites(model, spec)` turns a row into concrete injection
+`Site`s; `HostSpec.describe(model)` writes the resolved description that an adapter file keeps, so that
+`load_adapter` (and a user describing an unknown model) needs no code:
+
+    {"name": "llama", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
+      "norm": "input_layernorm", "call": {"inputs": [[0, "hidden_states"]], "output_index": 0}}],
+     "embeddings": "get_input_embeddings()"}
+
+Paths are dotted attribute names; an integer component indexes a list (`layers.0.attn`); a `blocks` path
+may also be `*:ClassName`, every submodule of that class in module order. Only built-in rows carry code:
+`matches` (which models a row claims), `check` (a refusal with its reason) and the fused fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..modules.wrapper import AttentionCall
+
+__all__ = [
+    "HostError",
+    "HostSpec",
+    "PartSpec",
+    "Site",
+    "call_from_dict",
+    "call_to_dict",
+    "get_path",
+    "resolve_sites",
+]
+
+EMBEDDINGS_METHOD = "get_input_embeddings()"
+
+
+class HostError(ValueError):
+    """A model does not fit a host description (a path that does not resolve, a refused block type...)."""
+
+
+def get_path(root: nn.Module, path: str) -> Any:
+    """`root.a.b.0.c` for path "a.b.0.c" ("" = root); HostError naming the first missing component."""
+    obj: Any = root
+    if not path:
+        return obj
+    done = []
+    for name in path.split("."):
+        if name.endswith("()"):
+            fn = getattr(obj, name[:-2], None)
+            obj = fn() if callable(fn) else None
+        elif name.isdigit() and isinstance(obj, (nn.ModuleList, nn.Sequential, list, tuple)):
+            obj = obj[int(name)] if int(name) < len(obj) else None
+        else:
+            obj = getattr(obj, name, None)
+        if obj is None:
+            where = repr(".".join(done)) if done else f"the {type(root).__name__}"
+            raise HostError(f"path {path!r}: {where} has no {name!r}")
+        done.append(name)
+    return obj
+
+
+def call_to_dict(call: AttentionCall) -> dict:
+    return {"inputs": [list(i) for i in call.inputs], "output_index": call.output_index}
+
+
+def call_from_dict(d: Any, where: str = "call") -> AttentionCall:
+    """An `AttentionCall` from its JSON form, every field checked."""
+    if not isinstance(d, dict) or set(d) - {"inputs", "output_index"}:
+        raise HostError(f"{where} must be an object with keys 'inputs' and 'output_index', got {d!r}")
+    inputs = d.get("inputs", [[0, "hidden_states"]])
+    ok = isinstance(inputs, (list, tuple)) and inputs and all(
+        isinstance(i, (list, tuple)) and len(i) == 2 and type(i[0]) is int and i[0] >= 0 and isinstance(i[1], str)
+        for i in inputs
+    )
+    if not ok:
+        raise HostError(
+            f"{where}.inputs must be a non-empty list of [position, keyword] pairs, e.g. [[0, 'hidden_states']], "
+            f"got {inputs!r}"
+        )
+    out = d.get("output_index", 0)
+    if out is not None and (type(out) is not int or out < 0):
+        raise HostError(f"{where}.output_index must be null (attention returns a tensor) or an int >= 0, got {out!r}")
+    return AttentionCall(inputs=tuple((int(p), str(k)) for p, k in inputs), output_index=out)
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """One group of attention blocks: a decoder, a vision tower, a text tower.
+
+    Args:
+        name: the part's name, used in `PreProjConfig(parts=...)` and the adapter file ("language", "vision").
+        blocks: candidate paths from the model to its list of blocks; the first that resolves is used
+            (`("model.layers", "layers")` serves `LlamaForCausalLM` and `LlamaModel`). `*:Block` = every
+            submodule of class `Block`.
+        attention: path from a block to the attention module that receives the pre-attention norm's output.
+        norm: path from a block to that norm, or None. When given, the first forward checks that the
+            attention really receives this norm's output and fails loudly if not.
+        call: how the block calls its attention (`AttentionCall`).
+        width: path from a block to its width (an int, a Linear's `in_features`, a tensor's last dim);
+            None = the norm's weight, else the attention's first Linear.
+        block_types: class names a block (or a base class of it) must have; empty = any.
+        delegate: for composite models (LLaVA): the part is whatever row matches the submodule at the first
+            resolving `blocks` path, re-rooted there (its first part).
+        optional: a part that may be absent (CLIPModel has both towers, CLIPVisionModel only one).
+    """
+
+    name: str
+    blocks: tuple[str, ...]
+    attention: str = "self_attn"
+    norm: str | None = None
+    call: AttentionCall = field(default_factory=AttentionCall)
+    width: str | None = None
+    block_types: tuple[str, ...] = ()
+    delegate: bool = False
+    optional: bool = False
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "blocks": self.blocks[0] if len(self.blocks) == 1 else list(self.blocks),
+            "attention": self.attention,
+            "norm": self.norm,
+            "call": call_to_dict(self.call),
+            "width": self.width,
+            "block_types": list(self.block_types),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "part") -> PartSpec:
+        """A part from its JSON form; every field is checked and named in the error."""
+        if not isinstance(d, dict):
+            raise HostError(f"{where} must be an object, got {type(d).__name__}")
+        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks"}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise HostError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
+        for key in ("name", "blocks", "attention"):
+            if key not in d:
+                raise HostError(f"{where} needs {key!r} (e.g. {_EXAMPLE_PART[key]!r})")
+        blocks = d["blocks"]
+        blocks = (blocks,) if isinstance(blocks, str) else blocks
+        if not isinstance(blocks, (list, tuple)) or not blocks or not all(isinstance(b, str) and b for b in blocks):
+            raise HostError(f"{where}.blocks must be a path such as 'model.layers' (or a list of them), got {blocks!r}")
+        for key in ("name", "attention"):
+            if not isinstance(d[key], str) or not d[key]:
+                raise HostError(f"{where}.{key} must be a non-empty string, got {d[key]!r}")
+        for key in ("norm", "width"):
+            if d.get(key) is not None and (not isinstance(d[key], str) or not d[key]):
+                raise HostError(f"{where}.{key} must be a path string or null, got {d[key]!r}")
+        types = d.get("block_types", [])
+        if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
+            raise HostError(f"{where}.block_types must be a list of class names, got {types!r}")
+        return cls(
+            name=d["name"],
+            blocks=tuple(blocks),
+            attention=d["attention"],
+            norm=d.get("norm"),
+            call=call_from_dict(d.get("call", {"inputs": [[0, "hidden_states"]], "output_index": 0}), f"{where}.call"),
+            width=d.get("width"),
+            block_types=tuple(types),
+        )
+
+
+_EXAMPLE_PART = {"name": "language", "blocks": "model.layers", "attention": "self_attn"}
+
+
+@dataclass
+class Site:
+    """One place to inject: a block and its attention module, resolved on a real model."""
+
+    part: str
+    index: int  # index over all blocks of all resolved parts, in part order (the adapter's block index)
+    part_index: int  # index within its part
+    block: nn.Module
+    parent: nn.Module  # the module that holds the attention as attribute `attr`
+    attr: str
+    attention: nn.Module
+    norm: nn.Module | None
+    norm_path: str | None
+    width: int
+    call: AttentionCall
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host family: its parts plus what built-in rows know in code.
+
+    Args:
+        name: short id saved in adapter files ("gpt_neox", "llama", "qwen2_vl", ...).
+        description: what the row covers (shown in errors).
+        parts: the attention-block groups, in the adapter's block order.
+        matches: True if a model belongs to this row (built-in rows; a described host is used as given).
+        check: raises HostError with the reason when a matching model must be refused (post-norm...).
+        embeddings: path to the module whose output starts the residual stream (a frozen base under
+            reentrant gradient checkpointing needs it), `get_input_embeddings()` or None; alternatives
+            are separated by "|".
+        default_parts: parts injected when the config names none (None = all).
+        lora_targets: module names peft's LoRA targets in this family's attention (the LoRA baselines).
+        trainable_modules: named base modules a config may keep trainable (`{"projector": "model.visual.merger"}`).
+        fused_forward: optional one-matmul Q/K/V + skip fast path (`mmpreproj.fused`).
+        model_types: `config.model_type` values matched when `matches` is not given.
+    """
+
+    name: str
+    description: str
+    parts: tuple[PartSpec, ...]
+    matches: Callable[[nn.Module], bool] | None = None
+    check: Callable[[nn.Module], None] | None = None
+    embeddings: str | None = None
+    default_parts: tuple[str, ...] | None = None
+    lora_targets: tuple[str, ...] = ()
+    trainable_modules: dict[str, str] = field(default_factory=dict)
+    fused_forward: Callable[..., Any] | None = None
+    model_types: tuple[str, ...] = ()
+
+    def matches_model(self, model: nn.Module) -> bool:
+        if self.matches is not None:
+            return bool(self.matches(model))
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def input_embeddings(self, model: nn.Module) -> nn.Module | None:
+        for path in (self.embeddings or "").split("|"):
+            try:
+                emb = get_path(model, path) if path else None
+            except HostError:
+                continue
+            if isinstance(emb, nn.Module):
+                return emb
+        return None
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """Every block of every part, in adapter order."""
+        return [s.block for s in resolve_sites(model, self)]
+
+    def part_names(self) -> list[str]:
+        return [p.name for p in self.parts]
+
+    def describe(self, model: nn.Module) -> dict:
+        """The resolved, JSON-able description of this row on `model` (what an adapter file keeps)."""
+        parts = []
+        for part, blocks_path, n in _resolved_parts(model, self):
+            d = part.to_dict()
+            d["blocks"] = blocks_path
+            d["num_blocks"] = n
+            parts.append(d)
+        return {"name": self.name, "parts": parts, "embeddings": self.embeddings}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> HostSpec:
+        """A host described in data (a user's unknown model, or the description saved with an adapter)."""
+        if not isinstance(d, dict):
+            raise HostError(f"a host description must be an object with 'name' and 'parts', got {type(d).__name__}")
+        unknown = sorted(set(d) - {"name", "parts", "embeddings", "description"})
+        if unknown:
+            raise HostError(f"host description has unknown keys {unknown}; allowed: name, parts, embeddings")
+        name = d.get("name", "custom")
+        if not isinstance(name, str) or not name:
+            raise HostError(f"host description 'name' must be a non-empty string, got {name!r}")
+        parts = d.get("parts")
+        if not isinstance(parts, list) or not parts:
+            raise HostError(
+                "host description 'parts' must be a non-empty list, e.g. [{'name': 'language', "
+                "'blocks': 'model.layers', 'attention': 'self_attn', 'norm': 'input_layernorm'}]"
+            )
+        specs = tuple(PartSpec.from_dict(p, f"parts[{i}]") for i, p in enumerate(parts))
+        names = [p.name for p in specs]
+        if len(set(names)) != len(names):
+            raise HostError(f"host description has duplicate part names: {names}")
+        emb = d.get("embeddings")
+        if emb is not None and not isinstance(emb, str):
+            raise HostError(f"host description 'embeddings' must be a path string or null, got {emb!r}")
+        return cls(name=name, description=d.get("description", f"described host {name!r}"), parts=specs,
+                   matches=lambda model: True, embeddings=emb)
+
+    def with_parts(self, parts: tuple[PartSpec, ...]) -> HostSpec:
+        return replace(self, parts=parts)
+
+
+def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
+    if path.startswith("*:"):
+        cls_name = path[2:]
+        return [m for m in model.modules() if _has_class(m, (cls_name,))]
+    found = get_path(model, path)
+    if isinstance(found, (nn.ModuleList, nn.Sequential, list, tuple)):
+        return list(found)
+    raise HostError(f"path {path!r} is a {type(found).__name__}, not a list of blocks (nn.ModuleList)")
+
+
+def _has_class(obj: object, names: tuple[str, ...]) -> bool:
+    return any(c.__name__ in names for c in type(obj).__mro__)
+
+
+def _first_path(model: nn.Module, paths: tuple[str, ...]) -> str | None:
+    for p in paths:
+        try:
+            if p.startswith("*:"):
+                if _block_list(model, p):
+                    return p
+            else:
+                get_path(model, p)
+                return p
+        except HostError:
+            continue
+    return None
+
+
+def _delegate(model: nn.Module, part: PartSpec, path: str) -> PartSpec:
+    """The part of the row that matches the submodule at `path`, re-rooted at `path`."""
+    from .registry import HOSTS
+
+    sub = get_path(model, path)
+    for row in HOSTS.values():
+        if row is not None and row.parts and not any(p.delegate for p in row.parts) and row.matches_model(sub):
+            inner = row.parts[0]
+            if row.check is not None:
+                row.check(sub)
+            sub_path = _first_path(sub, inner.blocks)
+            if sub_path is None:
+                continue
+            return replace(inner, name=part.name, blocks=(f"{path}.{sub_path}",), optional=part.optional)
+    raise HostError(
+        f"part {part.name!r}: the module at {path!r} is a {type(sub).__name__}, which no host row covers; "
+        "describe it yourself (see mmpreproj.hosts.HostSpec.from_dict)"
+    )
+
+
+def _resolved_parts(model: nn.Module, spec: HostSpec) -> list[tuple[PartSpec, str, int]]:
+    """(part, its resolved blocks path, number of blocks) for every part present in `model`."""
+    out = []
+    for part in spec.parts:
+        path = _first_path(model, part.blocks)
+        if path is None:
+            if part.optional:
+                continue
+            raise HostError(
+                f"host {spec.name!r}, part {part.name!r}: none of the block paths {list(part.blocks)} exists "
+                f"in {type(model).__name__}"
+            )
+        if part.delegate:
+            part = _delegate(model, part, path)
+            path = part.blocks[0]
+        n = len(_block_list(model, path))
+        if n == 0 and not part.optional:
+            raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks")
+        if n:
+            out.append((part, path, n))
+    if not out:
+        raise HostError(f"host {spec.name!r}: {type(model).__name__} has none of its parts {spec.part_names()}")
+    return out
+
+
+def _width(block: nn.Module, attention: nn.Module, norm: nn.Module | None, part: PartSpec, where: str) -> int:
+    if part.width is not None:
+        value = get_path(block, part.width)
+    elif norm is not None and isinstance(getattr(norm, "weight", None), torch.Tensor):
+        value = norm.weight
+    else:
+        value = next((m for m in attention.modules() if isinstance(m, nn.Linear)), None)
+        if value is None:
+            value = getattr(attention, "embed_dim", None)
+    if isinstance(value, bool):
+        value = None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, nn.Linear):
+        return value.in_features
+    if isinstance(value, torch.Tensor) and value.dim() >= 1:
+        return int(value.shape[-1])
+    raise HostError(f"{where}: cannot tell the width; set the part's 'width' to a path such as 'self_attn.q_proj'")
+
+
+def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
+    """Every injection site of `spec` on `model`, in adapter order; HostError naming what does not fit."""
+    if spec.check is not None:
+        spec.check(model)
+    sites: list[Site] = []
+    for part, path, _ in _resolved_parts(model, spec):
+        for j, block in enumerate(_block_list(model, path)):
+            where = f"host {spec.name!r}, part {part.name!r}, block {j} ({path}.{j})"
+            if part.block_types and not _has_class(block, part.block_types):
+                raise HostError(
+                    f"{where} is a {type(block).__name__}; this row supports {list(part.block_types)} "
+                    "(a pre-norm block whose attention receives the norm's output)"
+                )
+            parent_path, _, attr = part.attention.rpartition(".")
+            try:
+                parent = get_path(block, parent_path)
+                attention = get_path(parent, attr)
+            except HostError as e:
+                raise HostError(f"{where}: no attention module at {part.attention!r} ({e})") from None
+            if not isinstance(attention, nn.Module):
+                raise HostError(f"{where}: {part.attention!r} is a {type(attention).__name__}, not a module")
+            norm = None
+            if part.norm is not None:
+                try:
+                    norm = get_path(block, part.norm)
+                except HostError as e:
+                    raise HostError(f"{where}: no pre-attention norm at {part.norm!r} ({e})") from None
+            width = _width(block, attention, norm, part, where)
+            sites.append(
+                Site(part.name, len(sites), j, block, parent, attr, attention, norm, part.norm, width, part.call)
+            )
+    return sites
