@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .jsonconfig import JsonConfig
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from .validate import check_choice, check_field_types, check_rule
 from .version import __version__
 
 __all__ = ["PreProjConfig"]
@@ -40,24 +41,28 @@ class PreProjConfig(JsonConfig):
     library_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if not (self.preproj or self.skip):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"PreProjConfig.activation={self.activation!r}; allowed values: {sorted(ACTIVATIONS)}"
-            )
-        if self.init not in PREPROJ_INITS:
-            raise ValueError(f"PreProjConfig.init={self.init!r}; allowed values: {list(PREPROJ_INITS)}")
-        if not self.expansion > 0:
-            raise ValueError(f"PreProjConfig.expansion must be > 0, got {self.expansion}")
-        if self.skip_init_std < 0:
-            raise ValueError(f"PreProjConfig.skip_init_std must be >= 0, got {self.skip_init_std}")
+        check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
+        check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
+        check_rule(self.expansion > 0, "PreProjConfig", "expansion", self.expansion, "a finite number > 0")
+        check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
         if self.layers is not None:
-            if isinstance(self.layers, int) or not all(isinstance(i, int) for i in self.layers):
-                raise ValueError(f"PreProjConfig.layers must be None or a list of ints, got {self.layers!r}")
+            check_rule(bool(self.layers), "PreProjConfig", "layers", self.layers,
+                       "None (every block) or a non-empty list of block indices")
             if len(set(self.layers)) != len(self.layers):
                 raise ValueError(f"PreProjConfig.layers has duplicates: {self.layers}")
-            self.layers = list(self.layers)
+
+    def inner_width(self, dim: int) -> int:
+        """The pre-projection's inner width at model width `dim`; refuses a width of 0."""
+        width = int(self.expansion * dim)
+        if width < 1:
+            raise ValueError(
+                f"PreProjConfig.expansion={self.expansion} gives an inner width of int({self.expansion} * {dim}) = "
+                f"{width} at hidden size {dim}; use expansion >= {1 / dim:.4g}"
+            )
+        return width
 
     def resolve_layers(self, num_blocks: int) -> list[int]:
         """The sorted, non-negative block indices this config selects in a host of `num_blocks` blocks."""
