@@ -22,9 +22,10 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
+from glob import escape as glob_escape
 from pathlib import Path
 
-from .io import atomic_write, fsync_dir, fsync_file
+from .io import atomic_write, fsync_dir, fsync_file, remove_stale_temps
 
 __all__ = ["COMMIT_MARKER", "LOCK_NAME", "committed_files", "write_files"]
 
@@ -98,12 +99,13 @@ def _roll_forward(folder: Path) -> None:
 
 
 def _remove_leftovers(folder: Path, names: Sequence[str]) -> None:
-    """Pending files of killed writers and temp files of killed `atomic_write`s for these names."""
-    prefixes = tuple(f".{n}." for n in (*names, COMMIT_MARKER))
-    for p in folder.iterdir():
-        if p.name.startswith(prefixes) and p.name.endswith((".pending", ".tmp")) and p.is_file():
+    """Pending files of killed writers, and temp files of killed `atomic_write`s, for these names."""
+    for name in names:
+        for p in folder.glob(f".{glob_escape(name)}.*.pending"):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+    for name in (*names, COMMIT_MARKER):
+        remove_stale_temps(folder / name)
 
 
 def write_files(folder: str | Path, writers: dict[str, Callable[[str], object]]) -> Path:

@@ -7,9 +7,10 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable
+from glob import escape as glob_escape
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir", "fsync_file"]
+__all__ = ["atomic_write", "fsync_dir", "fsync_file", "remove_stale_temps"]
 
 
 def fsync_file(path: str | Path) -> None:
@@ -50,3 +51,16 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Delete the temp files that killed `atomic_write`s of `path` left beside it; call only while no other
+    process writes `path`. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    if path.parent.is_dir():
+        for p in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
