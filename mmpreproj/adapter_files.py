@@ -74,7 +74,9 @@ def _read_marker(folder: Path) -> tuple[str, list[str]] | None:
         if not (isinstance(token, str) and isinstance(names, list) and all(_plain_name(n) for n in names)):
             raise ValueError("unexpected content")
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"corrupt commit marker {marker}: {e}; delete it to keep the files as they are") from None
+        raise ValueError(
+            f"corrupt commit marker {marker}: {e}; delete it to keep the files as they are"
+        ) from None
     return token, names
 
 
@@ -153,7 +155,8 @@ def committed_files(folder: str | Path, names: Sequence[str]) -> Iterator[dict[s
             _roll_forward(folder)
         found = _read_marker(folder)
         paths = {name: folder / name for name in names}
-        if found is not None:  # not rolled forward (read-only folder): the committed files are the pending ones
+        # Not rolled forward (a read-only folder): the committed files are the pending ones.
+        if found is not None:
             token, committed = found
             for name in names:
                 if name in committed and _pending(folder, name, token).exists():

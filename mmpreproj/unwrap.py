@@ -31,7 +31,9 @@ def injected_owner(model: nn.Module, what: str) -> tuple[nn.Module, Any]:
         raise RuntimeError(f"{what}: this model has no mmpreproj modules (call mmpreproj.inject first)")
     if len(owners) > 1:
         names = [name or "<the model itself>" for name, _ in owners]
-        raise ValueError(f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them")
+        raise ValueError(
+            f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them"
+        )
     _, owner = owners[0]
     return owner, vars(owner)[STATE_ATTR]
 
@@ -42,6 +44,6 @@ def refuse_meta_parameters(model: nn.Module, what: str) -> None:
     meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if meta:
         raise ValueError(
-            f"{what}: the model has {len(meta)} tensor(s) on the meta device (e.g. {meta[0]}); materialise it first "
-            "(model.to_empty(device=...) and load the base weights), then call {what} again".replace("{what}", what)
+            f"{what}: the model has {len(meta)} tensor(s) on the meta device (e.g. {meta[0]}); materialise it "
+            f"first (model.to_empty(device=...) and load the base weights), then call {what} again"
         )

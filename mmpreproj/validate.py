@@ -72,7 +72,9 @@ def _convert(hint: Any, value: Any) -> tuple[bool, Any, str]:
         return isinstance(value, str), value, "a string"
     origin = typing.get_origin(hint)
     if origin is list and args == (int,):
-        ok = isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in value
+        )
         return ok, list(value) if ok and not isinstance(value, list) else value, "a list of ints"
     if origin is tuple and all(a is float for a in args):
         rule = f"{len(args)} finite numbers"
@@ -80,7 +82,8 @@ def _convert(hint: Any, value: Any) -> tuple[bool, Any, str]:
             return False, value, rule
         items = [_as_float(v) for v in value]
         return all(ok for ok, _, _ in items), tuple(v for _, v, _ in items), rule
-    raise TypeError(f"check_field_types: unsupported type hint {hint!r}")  # a programming error, not user input
+    # A programming error (a field type this module does not know), not a user input.
+    raise TypeError(f"check_field_types: unsupported type hint {hint!r}")
 
 
 def _as_float(value: Any) -> tuple[bool, Any, str]:

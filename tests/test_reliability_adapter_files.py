@@ -70,8 +70,10 @@ def _kill_children(tmp_path: Path, points: list[str]) -> dict[str, Path]:
         folders[point] = tmp_path / f"kill{i}"
         shutil.copytree(old, folders[point])
         procs[point] = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(folders[point]), point], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-c", CHILD, str(folders[point]), point],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
     for point, proc in procs.items():
         out, err = proc.communicate(timeout=120)

@@ -29,11 +29,20 @@ NO_MODEL = ["--model", "/nonexistent/model"]  # loading it would fail: an input 
         (["eval", *NO_MODEL, "--limit", "-1"], "--limit -1; must be an integer >= 1"),
         (["eval", *NO_MODEL, "--limit", "0"], "--limit 0; must be an integer >= 1"),
         (["eval", *NO_MODEL, "--batch-size", "0"], "--batch-size 0; must be an integer >= 1"),
-        (["eval", *NO_MODEL, "--tasks", "ppl,bogus"], "--tasks 'ppl,bogus': unknown ['bogus']; allowed: ppl, lambada"),
+        (
+            ["eval", *NO_MODEL, "--tasks", "ppl,bogus"],
+            "--tasks 'ppl,bogus': unknown ['bogus']; allowed: ppl, lambada",
+        ),
         (["eval", *NO_MODEL, "--tasks", ","], "--tasks ',': empty"),
-        (["eval", *NO_MODEL, "--adapter", "/nonexistent/adapter"], "--adapter /nonexistent/adapter: no such file or folder"),
+        (
+            ["eval", *NO_MODEL, "--adapter", "/nonexistent/adapter"],
+            "--adapter /nonexistent/adapter: no such file or folder",
+        ),
         (["analyze", "/nonexistent/run"], "run folder /nonexistent/run: no such file or folder"),
-        (["reproduce", "--preset", "mini", "--methods", "preproj,dora"], "--methods 'preproj,dora': unknown ['dora']"),
+        (
+            ["reproduce", "--preset", "mini", "--methods", "preproj,dora"],
+            "--methods 'preproj,dora': unknown ['dora']",
+        ),
         (["demo", "--steps", "0"], "--steps 0; must be an integer >= 1"),
         (["demo", "--limit", "-1"], "--limit -1; must be an integer >= 1"),
         (["train", "--lr", "inf"], "TrainConfig.lr=inf (float); must be a finite number"),
@@ -50,15 +59,23 @@ def test_bad_counts_and_lists_are_refused_before_work(capsys, tmp_path, monkeypa
 
 
 def test_eval_json_that_is_a_folder_is_refused_before_work(capsys, tmp_path):
-    _fails(capsys, ["eval", *NO_MODEL, "--json", str(tmp_path)], f"--json {tmp_path}: is a folder; pass a file name")
+    _fails(
+        capsys,
+        ["eval", *NO_MODEL, "--json", str(tmp_path)],
+        f"--json {tmp_path}: is a folder; pass a file name",
+    )
     (tmp_path / "file").write_text("x")
-    _fails(capsys, ["eval", *NO_MODEL, "--json", str(tmp_path / "file" / "r.json")], "is a file, not a folder")
+    _fails(
+        capsys, ["eval", *NO_MODEL, "--json", str(tmp_path / "file" / "r.json")], "is a file, not a folder"
+    )
 
 
 def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     for cmd in (["train"], ["demo"], ["analyze", str(tmp_path)]):
-        _fails(capsys, [*cmd, "--out", str(tmp_path / "f")], f"--out {tmp_path / 'f'}: is a file; pass a folder")
+        _fails(
+            capsys, [*cmd, "--out", str(tmp_path / "f")], f"--out {tmp_path / 'f'}: is a file; pass a folder"
+        )
 
 
 def _run_folder(tmp_path, method: str):
@@ -73,8 +90,11 @@ def _run_folder(tmp_path, method: str):
 def test_train_config_naming_the_wrong_method_is_refused_by_name(tmp_path, method):
     run = _run_folder(tmp_path, method)
     model = tiny_neox()
-    with pytest.raises(ValueError, match=f"train_config.json names method '{method}', but the adapter in .* holds "
-                                         "'preproj_skip' weights; nothing was loaded"):
+    with pytest.raises(
+        ValueError,
+        match=f"train_config.json names method '{method}', but the adapter in .* holds "
+        "'preproj_skip' weights; nothing was loaded",
+    ):
         load_run_adapter(model, run)
     assert not mmpreproj.is_injected(model)
 
@@ -82,4 +102,6 @@ def test_train_config_naming_the_wrong_method_is_refused_by_name(tmp_path, metho
 def test_train_config_naming_an_unknown_method(tmp_path):
     with pytest.raises(ValueError, match=r"names method 'dora'; allowed values: \['preproj'"):
         load_run_adapter(tiny_neox(), _run_folder(tmp_path, "dora"))
-    assert isinstance(load_run_adapter(tiny_neox(), _run_folder(tmp_path / "ok", "preproj_skip")), type(tiny_neox()))
+    assert isinstance(
+        load_run_adapter(tiny_neox(), _run_folder(tmp_path / "ok", "preproj_skip")), type(tiny_neox())
+    )

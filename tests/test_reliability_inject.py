@@ -50,7 +50,9 @@ def test_container_save_set_fused_report_disabled(tmp_path, tokens):
     model, _ = _injected()
     container = nn.ModuleDict({"lm": model})
     mmpreproj.save_adapter(container, tmp_path / "a")
-    assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(mmpreproj.adapter_state_dict(model))
+    assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
+        mmpreproj.adapter_state_dict(model)
+    )
     mmpreproj.set_fused(container, True)
     assert all(w.fused_forward is not None for w in mmpreproj.injected_modules(model))
     assert mmpreproj.trainable_report(container) == mmpreproj.trainable_report(model)
@@ -91,8 +93,11 @@ def test_peft_wrapped_model_unloads_fully(tmp_path, tokens):
     lora = {n for n, _ in pm.named_parameters() if "lora_" in n}
     assert lora  # peft's own layers stay; only mmpreproj's are gone
     base = {n: g for n, g in base_grads.items()}
-    now = {n.replace("base_model.model.", "").replace(".base_layer", ""): p.requires_grad
-           for n, p in pm.named_parameters() if "lora_" not in n}
+    now = {
+        n.replace("base_model.model.", "").replace(".base_layer", ""): p.requires_grad
+        for n, p in pm.named_parameters()
+        if "lora_" not in n
+    }
     assert now == base
 
 
@@ -153,7 +158,9 @@ def test_inner_width_zero_is_refused():
 
 
 def test_empty_layers_is_refused():
-    with pytest.raises(ValueError, match=r"PreProjConfig.layers=\[\]; must be None \(every block\) or a non-empty list"):
+    with pytest.raises(
+        ValueError, match=r"PreProjConfig.layers=\[\]; must be None \(every block\) or a non-empty list"
+    ):
         PreProjConfig(layers=[])
 
 
@@ -164,7 +171,9 @@ def test_load_adapter_into_meta_model_is_refused(tmp_path):
 
     with torch.device("meta"):
         meta = GPTNeoXForCausalLM(model.config)
-    with pytest.raises(ValueError, match="load_adapter: the model has .* on the meta device .* materialise it first"):
+    with pytest.raises(
+        ValueError, match="load_adapter: the model has .* on the meta device .* materialise it first"
+    ):
         mmpreproj.load_adapter(meta, tmp_path / "a")
     assert not mmpreproj.is_injected(meta)
 
@@ -191,7 +200,9 @@ def test_overwritten_tensor_bytes_are_refused(tmp_path):
     raw = bytearray(weights.read_bytes())
     raw[-4096:] = b"\xff" * 4096  # header intact, the last tensor's bytes are NaN patterns
     weights.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"adapter weights .* tensor blocks\.\d\.\w+\.(\w+\.)?weight holds \d+ non-finite"):
+    with pytest.raises(
+        ValueError, match=r"adapter weights .* tensor blocks\.\d\.\w+\.(\w+\.)?weight holds \d+ non-finite"
+    ):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
 
@@ -201,9 +212,13 @@ def test_save_adapter_refuses_non_finite_weights_and_keeps_the_old_pair(tmp_path
     before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")}
     with torch.no_grad():
         mmpreproj.injected_modules(model)[0].preproj.up.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="save_adapter: refusing to write .* tensor blocks.0.preproj.up.weight"):
+    with pytest.raises(
+        ValueError, match="save_adapter: refusing to write .* tensor blocks.0.preproj.up.weight"
+    ):
         mmpreproj.save_adapter(model, tmp_path / "a")
-    assert {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")} == before
+    assert {
+        p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")
+    } == before
 
 
 def test_adapter_config_whose_config_is_a_string(tmp_path):
@@ -211,7 +226,9 @@ def test_adapter_config_whose_config_is_a_string(tmp_path):
     mmpreproj.save_adapter(model, tmp_path / "a")
     cfg = tmp_path / "a" / "adapter_config.json"
     cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"config": "preproj"}))
-    with pytest.raises(ValueError, match=r"corrupt adapter config .*adapter_config.json: 'config' must be an object"):
+    with pytest.raises(
+        ValueError, match=r"corrupt adapter config .*adapter_config.json: 'config' must be an object"
+    ):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
 
@@ -230,7 +247,9 @@ def test_save_pretrained_of_an_injected_model_refuses_and_says_what_to_call(tmp_
     model = tiny_neox()
     ref = model(tokens).logits
     mmpreproj.inject(model)
-    with pytest.raises(RuntimeError, match=r"mmpreproj.save_adapter\(model, ADAPTER_DIR\).*mmpreproj.unload\(model\)"):
+    with pytest.raises(
+        RuntimeError, match=r"mmpreproj.save_adapter\(model, ADAPTER_DIR\).*mmpreproj.unload\(model\)"
+    ):
         model.save_pretrained(tmp_path / "full")
     assert not (tmp_path / "full").exists()
     assert "save_pretrained" not in vars(tiny_neox())  # only the injected instance is guarded

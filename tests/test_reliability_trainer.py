@@ -38,8 +38,11 @@ def finished_run(tmp_path_factory) -> Path:
     text = root / "train.txt"
     text.write_text("".join(f" line {i} " + "word " * (12 + i) + "\n" for i in range(12)))
     out = root / "run"
-    train(_cfg(out, data=str(text), data_config=None, max_len=48, steps=2, save_every=1),
-          tiny_neox(vocab_size=257), byte_tokenizer())
+    train(
+        _cfg(out, data=str(text), data_config=None, max_len=48, steps=2, save_every=1),
+        tiny_neox(vocab_size=257),
+        byte_tokenizer(),
+    )
     return out
 
 
@@ -58,7 +61,9 @@ def _cfg_of(run: Path, **kw) -> TrainConfig:
 
 @pytest.mark.parametrize("lr", [float("inf"), float("nan"), 0.0, -1e-3])
 def test_a_learning_rate_that_is_not_finite_and_positive_is_refused_before_any_work(tmp_path, lr):
-    with pytest.raises(ValueError, match=r"TrainConfig.lr=(inf|nan|0.0|-0.001)( \(float\))?; must be a finite number"):
+    with pytest.raises(
+        ValueError, match=r"TrainConfig.lr=(inf|nan|0.0|-0.001)( \(float\))?; must be a finite number"
+    ):
         _cfg(tmp_path / "run", lr=lr)
     assert not (tmp_path / "run").exists()
 
@@ -87,7 +92,8 @@ def test_last_good_checkpoint_holds_finite_weights_and_resumes_bit_identical(tmp
         train(cfg, tiny_neox(), examples=DATA)
     monkeypatch.undo()
     kept = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
-    assert kept["step"] == 2 and err.value.checkpoint == str(tmp_path / "b" / "checkpoint.pt")  # not step 3's inf
+    assert kept["step"] == 2  # not step 3's inf weights
+    assert err.value.checkpoint == str(tmp_path / "b" / "checkpoint.pt")
     assert all(torch.isfinite(t).all() for t in kept["trainable"].values())
     resumed = train(cfg.replace(resume=True), tiny_neox(), examples=DATA)
     assert (resumed.steps, resumed.metrics["resumed_from"]) == (5, 2)
@@ -117,7 +123,11 @@ def test_resume_with_a_typo_in_data_changes_nothing(finished_run, tmp_path):
     run = _copy_run(finished_run, tmp_path)
     before = _files(run)
     with pytest.raises(ValueError, match="cannot resume .*the config changed \\(data: .*typo.txt'\\)"):
-        train(_cfg_of(run, resume=True, data=str(tmp_path / "typo.txt")), tiny_neox(vocab_size=257), byte_tokenizer())
+        train(
+            _cfg_of(run, resume=True, data=str(tmp_path / "typo.txt")),
+            tiny_neox(vocab_size=257),
+            byte_tokenizer(),
+        )
     assert _files(run) == before
 
 
@@ -147,12 +157,19 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_started(finished_run,
     run = _copy_run(finished_run, tmp_path)
     before = _files(run)
     with pytest.raises(DataUnavailableError, match="typo.txt"):
-        train(_cfg_of(run, overwrite=True, data=str(tmp_path / "typo.txt")), tiny_neox(vocab_size=257), byte_tokenizer())
+        train(
+            _cfg_of(run, overwrite=True, data=str(tmp_path / "typo.txt")),
+            tiny_neox(vocab_size=257),
+            byte_tokenizer(),
+        )
     with pytest.raises(ValueError, match="no attention blocks|supported|gpt_neox"):  # fails in apply_method
         train(_cfg_of(run, overwrite=True), torch.nn.Sequential(torch.nn.Linear(4, 4)), byte_tokenizer())
     assert _files(run) == before
-    result = train(_cfg_of(run, overwrite=True, steps=1, warmup_steps=0, save_every=0), tiny_neox(vocab_size=257),
-                   byte_tokenizer())
+    result = train(
+        _cfg_of(run, overwrite=True, steps=1, warmup_steps=0, save_every=0),
+        tiny_neox(vocab_size=257),
+        byte_tokenizer(),
+    )
     assert result.steps == 1 and not (run / "checkpoint.pt").exists()  # the old run's checkpoint is gone
     assert [json.loads(x)["step"] for x in (run / "log.jsonl").read_text().splitlines()] == [1]
 
@@ -160,9 +177,14 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_started(finished_run,
 def test_non_utf8_data_file_is_named_and_nothing_is_written(tmp_path):
     data = tmp_path / "latin1.txt"
     data.write_bytes(("word " * 20 + "\n").encode() * 3 + "caf\xe9 ".encode("latin-1") * 20 + b"\n")
-    with pytest.raises(DataUnavailableError, match=r"data file .*latin1.txt is not UTF-8 text \(byte b'\\xe9'"):
-        train(_cfg(tmp_path / "run", data=str(data), data_config=None, max_len=32), tiny_neox(vocab_size=257),
-              byte_tokenizer())
+    with pytest.raises(
+        DataUnavailableError, match=r"data file .*latin1.txt is not UTF-8 text \(byte b'\\xe9'"
+    ):
+        train(
+            _cfg(tmp_path / "run", data=str(data), data_config=None, max_len=32),
+            tiny_neox(vocab_size=257),
+            byte_tokenizer(),
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -185,8 +207,12 @@ with run_lock(sys.argv[1]):
 
 def test_a_second_process_is_refused_and_a_killed_holders_lock_is_taken_over(tmp_path):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUseError, match=f"in use by process {holder.pid} .*{RUN_LOCK_NAME}"):
@@ -210,8 +236,11 @@ def test_a_failed_checkpoint_write_names_the_file_and_why(tmp_path, monkeypatch)
         raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(CheckpointWriteError, match=r"cannot write checkpoint .*checkpoint.pt: RuntimeError: "
-                                                   r"PytorchStreamWriter failed writing file .*previous checkpoint"):
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"cannot write checkpoint .*checkpoint.pt: RuntimeError: "
+        r"PytorchStreamWriter failed writing file .*previous checkpoint",
+    ):
         save_checkpoint(tmp_path / "checkpoint.pt", {"step": 2})
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 1
@@ -247,9 +276,14 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     procs = {}
     for point in ("mid-write", "before-rename"):
         (tmp_path / point).mkdir()
-        save_checkpoint(tmp_path / point / "checkpoint.pt", {"step": 1, "trainable": {"w": torch.zeros(1000)}})
-        procs[point] = subprocess.Popen([sys.executable, "-c", KILLER, str(tmp_path / point / "checkpoint.pt"), point],
-                                        stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        save_checkpoint(
+            tmp_path / point / "checkpoint.pt", {"step": 1, "trainable": {"w": torch.zeros(1000)}}
+        )
+        procs[point] = subprocess.Popen(
+            [sys.executable, "-c", KILLER, str(tmp_path / point / "checkpoint.pt"), point],
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
     for point, proc in procs.items():
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == -signal.SIGKILL and b"finished" not in out, point
@@ -257,5 +291,5 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
         kept = load_checkpoint(folder / "checkpoint.pt")
         assert kept["step"] == 1 and torch.equal(kept["trainable"]["w"], torch.zeros(1000))
         assert len(list(folder.glob(".checkpoint.pt.*.tmp"))) == 1  # the killed write's temp file ...
-        save_checkpoint(folder / "checkpoint.pt", {"step": 3})
-        assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt"]  # ... is removed by the next save
+        save_checkpoint(folder / "checkpoint.pt", {"step": 3})  # ... is removed by the next save
+        assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt"]
