@@ -224,9 +224,17 @@ def unload(model: nn.Module) -> nn.Module:
                     raise RuntimeError(f"unload: the wrapper at .{name} of {type(parent).__name__} lost its base layer")
                 swaps.append((parent, name, child.base_layer))
     owners = [owner for _, owner in injected_owners(model)]
+    params = list(model.parameters())
+    current = {id(p) for p in params}
     for owner in owners:
-        if not isinstance(vars(owner)[STATE_ATTR], InjectionState):
+        state = vars(owner)[STATE_ATTR]
+        if not isinstance(state, InjectionState):
             raise TypeError(f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed")
+        if any(id(p) not in current for p in state.frozen) and any(hasattr(p, "full_tensor") for p in params):
+            raise RuntimeError(
+                "unload: the model's parameters were replaced by sharded ones after inject (FSDP fully_shard), so "
+                "the base's requires_grad flags cannot be restored; nothing was changed. Unload before sharding"
+            )
     for parent, name, base in swaps:  # from here on nothing can fail
         setattr(parent, name, base)
     for owner in owners:

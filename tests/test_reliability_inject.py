@@ -133,6 +133,32 @@ def test_ddp_wrapped_model(tmp_path, tokens):
     assert set(mmpreproj.adapter_state_dict(reloaded)) == set(mmpreproj.adapter_state_dict(_injected()[0]))
 
 
+def test_fsdp2_sharded_model_saves_and_unload_refuses_untouched(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    model, _ = _injected()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for layer in model.gpt_neox.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        mmpreproj.save_adapter(model, tmp_path / "a")  # gathers full tensors
+        mmpreproj.set_fused(model, True)
+        assert mmpreproj.trainable_report(model).injected == 2 * (2 * 32 * 40 + 32 * 32)
+        wrappers = mmpreproj.injected_modules(model)
+        with pytest.raises(
+            RuntimeError, match="replaced by sharded ones after inject .* nothing was changed"
+        ):
+            mmpreproj.unload(model)
+        assert mmpreproj.injected_modules(model) == wrappers and "mmpreproj_state" in vars(model)
+    finally:
+        dist.destroy_process_group()
+    assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
+        mmpreproj.adapter_state_dict(_injected()[0])
+    )
+
+
 def test_torch_compile_wrapped_model(tmp_path):
     model, base_grads = _injected()
     compiled = torch.compile(model)  # not run: only the wrapper's structure matters here
