@@ -43,19 +43,23 @@ def _pending(folder: Path, name: str, token: str) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path, *, required: bool) -> Iterator[bool]:
-    """Hold the folder's exclusive lock; yields False (no lock) where it cannot be taken and not `required`."""
+def _locked(folder: Path, *, writer: bool) -> Iterator[bool]:
+    """Hold the folder's exclusive lock; yields whether it is held.
+
+    A writer creates the lock file; a reader locks only an existing one (so reading never adds a file): no
+    lock file means no writer of this protocol has been here, and a read-only folder has no writer at all.
+    """
     try:
         import fcntl
     except ImportError:  # no flock (Windows): single writer assumed
         yield False
         return
     try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | (os.O_CREAT if writer else 0), 0o644)
     except OSError:
-        if required:
+        if writer:
             raise
-        yield False  # a read-only folder: nobody can be writing to it
+        yield False
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -117,7 +121,7 @@ def write_files(folder: str | Path, writers: dict[str, Callable[[str], object]])
     if bad:
         raise ValueError(f"write_files: file names must be plain names inside the folder, got {bad}")
     folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder, required=True):
+    with _locked(folder, writer=True):
         _roll_forward(folder)
         _remove_leftovers(folder, list(writers))
         token = secrets.token_hex(8)
@@ -150,7 +154,7 @@ def committed_files(folder: str | Path, names: Sequence[str]) -> Iterator[dict[s
     if not folder.is_dir():
         yield {name: folder / name for name in names}
         return
-    with _locked(folder, required=False) as held:
+    with _locked(folder, writer=False) as held:
         if held:
             _roll_forward(folder)
         found = _read_marker(folder)

@@ -123,7 +123,7 @@ def test_a_reader_that_cannot_roll_forward_reads_the_committed_pending_pair(kill
     folder = _copy(killed, f"renamed:{ADAPTER_WEIGHTS_NAME}", tmp_path)  # new weights, old config in place
     assert (folder / adapter_files.COMMIT_MARKER).exists()
 
-    def no_lock(folder, *, required):
+    def no_lock(folder, *, writer):
         from contextlib import nullcontext
 
         return nullcontext(False)  # as in a read-only folder
@@ -155,3 +155,14 @@ def test_a_failing_writer_leaves_the_old_pair_and_no_pending_files(tmp_path, mon
         mmpreproj.save_adapter(blocks, folder)
     assert {n: (folder / n).read_bytes() for n in before} == before
     assert not list(folder.glob(".*.pending"))
+
+
+def test_reading_never_adds_files(tmp_path):
+    old = _old_adapter(tmp_path / "a")
+    plain = tmp_path / "plain"  # an adapter folder as an older version (or a copy tool) left it: no lock file
+    plain.mkdir()
+    for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
+        shutil.copy(old / name, plain / name)
+    read_adapter(plain)
+    mmpreproj.load_adapter(_blocks(), plain)
+    assert sorted(p.name for p in plain.iterdir()) == sorted([ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME])
