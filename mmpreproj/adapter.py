@@ -18,13 +18,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
 from .hosts import HostSpec, find_host, get_host
 from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
-from .io import atomic_write
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
+from .save_guard import guard_save_pretrained, unguard_save_pretrained
+from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
 
 __all__ = [
@@ -208,10 +210,8 @@ def _hosts_with_fused() -> list[HostSpec]:
 
 
 def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch the one-matmul Q/K/V + skip fast path on or off for an injected model."""
-    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
-    if state is None:
-        raise RuntimeError("set_fused: this model has no mmpreproj modules (call mmpreproj.inject first)")
+    """Switch the one-matmul Q/K/V + skip fast path on or off for an injected model (or what wraps it)."""
+    _, state = injected_owner(model, "set_fused")
     fused = get_host(state.host).fused_forward
     if enabled and fused is None:
         raise ValueError(f"host {state.host!r} has no fused path; hosts with one: {[s.name for s in _hosts_with_fused()]}")
@@ -244,6 +244,9 @@ def _adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
 
 
 def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
+    for _, wrapper in plan.placements:  # an inner width of 0 would inject a no-op and save an empty adapter
+        if wrapper.preproj is not None:
+            plan.state.config.inner_width(wrapper.preproj.dim)
     done = []
     try:
         for site, wrapper in plan.placements:
@@ -252,6 +255,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
         for wrapper, block, norm, where, norm_path in plan.seams:
             wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
         model.mmpreproj_state = plan.state
+        guard_save_pretrained(model)
         if plan.state.config.freeze_base:
             _freeze_base(model, plan.state, plan.spec)
         _keep_trainable(model, plan.state)
@@ -264,6 +268,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
             p.requires_grad_(True)
         if plan.state.input_grad_hook is not None:
             plan.state.input_grad_hook.remove()
+        unguard_save_pretrained(model)
         if hasattr(model, "mmpreproj_state"):
             del model.mmpreproj_state
         raise
@@ -301,23 +306,47 @@ def inject(
 
 
 def unload(model: nn.Module) -> nn.Module:
-    """Remove every injected module, restoring the original attention modules and `requires_grad` flags."""
+    """Remove every injected module, restoring the original attention modules and `requires_grad` flags.
+
+    `model` may be the injected model or anything that holds it (a peft `PeftModel`, a container module,
+    DDP/FSDP, `torch.compile`): every injected model inside is restored. Everything is checked before the
+    first change, so a refused call leaves the model as it was.
+    """
     if not is_injected(model):
         raise RuntimeError("this model has no mmpreproj modules to unload")
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
+    swaps = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
             if isinstance(child, PreProjAttention):
-                if child.seam_check is not None:
-                    child.seam_check.close()
-                setattr(parent, name, child.base_layer)
-    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
-    if state is not None:
-        _restore_saved_modules(model, state)
+                if not isinstance(child.base_layer, nn.Module):
+                    raise RuntimeError(f"unload: the wrapper at .{name} of {type(parent).__name__} lost its base layer")
+                swaps.append((parent, name, child.base_layer))
+    owners = [owner for _, owner in injected_owners(model)]
+    params = list(model.parameters())
+    current = {id(p) for p in params}
+    for owner in owners:
+        state = vars(owner)[STATE_ATTR]
+        if not isinstance(state, InjectionState):
+            raise TypeError(f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed")
+        if any(id(p) not in current for p in state.frozen) and any(hasattr(p, "full_tensor") for p in params):
+            raise RuntimeError(
+                "unload: the model's parameters were replaced by sharded ones after inject (FSDP fully_shard), so "
+                "the base's requires_grad flags cannot be restored; nothing was changed. Unload before sharding"
+            )
+    for parent, name, base in swaps:  # from here on nothing can fail
+        wrapper = getattr(parent, name)
+        if wrapper.seam_check is not None:
+            wrapper.seam_check.close()
+        setattr(parent, name, base)
+    for owner in owners:
+        state: InjectionState = vars(owner)[STATE_ATTR]
+        _restore_saved_modules(owner, state)
         for p in state.frozen:
             p.requires_grad_(True)
         if state.input_grad_hook is not None:
             state.input_grad_hook.remove()
-        del model.mmpreproj_state
+        delattr(owner, STATE_ATTR)
+        unguard_save_pretrained(owner)
     return model
 
 
@@ -388,40 +417,54 @@ def save_adapter(
 
     `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
     from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
-    so a crash never leaves a torn file.
+    so a crash never leaves a torn file, and the two files are replaced together (`adapter_files`): a
+    reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
+    `torch.compile`). Non-finite weights are refused before anything is written.
     """
-    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
-    if state is None:
-        raise RuntimeError("save_adapter: this model has no mmpreproj modules (call mmpreproj.inject first)")
+    _, state = injected_owner(model, "save_adapter")
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     if state_dict is None:
         state_dict = adapter_state_dict(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    _refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     meta = {"format": "pt", "mmpreproj_version": __version__}
-    atomic_write(path / ADAPTER_WEIGHTS_NAME, lambda f: save_file(tensors, f, metadata=meta))
     text = json.dumps(state.describe(), indent=2, sort_keys=True) + "\n"
-    atomic_write(path / ADAPTER_CONFIG_NAME, lambda f: Path(f).write_text(text))
+    write_files(path, {
+        ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
+        ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
+    })
     return path
 
 
+def _refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    for k, v in tensors.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            bad = int((~torch.isfinite(v)).sum())
+            raise ValueError(f"{what}: tensor {k} holds {bad} non-finite value(s) (nan/inf) of {v.numel()}")
+
+
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files."""
+    """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files,
+    a config that is not an object and weights that are not finite (the tensor is named)."""
     path = Path(path)
-    cfg_file, weights_file = path / ADAPTER_CONFIG_NAME, path / ADAPTER_WEIGHTS_NAME
-    for f in (cfg_file, weights_file):
-        if not f.is_file():
-            raise FileNotFoundError(f"adapter file missing: {f}")
-    try:
-        desc = json.loads(cfg_file.read_text())
-        if not isinstance(desc, dict) or "config" not in desc:
-            raise ValueError("no 'config' key")
-    except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"corrupt adapter config {cfg_file}: {e}") from None
-    try:
-        tensors = load_file(str(weights_file))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"corrupt adapter weights {weights_file}: {e}") from None
+    with committed_files(path, (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME)) as files:
+        cfg_file, weights_file = files[ADAPTER_CONFIG_NAME], files[ADAPTER_WEIGHTS_NAME]
+        for f in (cfg_file, weights_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"adapter file missing: {path / f.name}")
+        try:
+            desc = json.loads(cfg_file.read_text(encoding="utf-8"))
+            if not isinstance(desc, dict) or "config" not in desc:
+                raise ValueError("no 'config' key")
+            if not isinstance(desc["config"], dict):
+                raise ValueError(f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}")
+        except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: {e}") from None
+        try:
+            tensors = load_file(str(weights_file))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
+    _refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
     return desc, tensors
 
 
@@ -453,6 +496,7 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
     host reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another
     host, parts the model does not have, another hidden size or block count, or weights that do not match.
     """
+    refuse_meta_parameters(model, "load_adapter")
     path = Path(path)
     desc, tensors = read_adapter(path)
     config = PreProjConfig.from_dict(desc["config"])

@@ -104,6 +104,69 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _count(flag: str, value: int | None, minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise ValueError(f"{flag} {value}; must be an integer >= {minimum}")
+
+
+def _names(flag: str, value: str | None, allowed: Sequence[str]) -> list[str] | None:
+    """A comma-separated list of names from `allowed` (None when the flag was not given)."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if not names or unknown:
+        raise ValueError(f"{flag} {value!r}: {'unknown ' + str(unknown) if unknown else 'empty'}; allowed: {', '.join(allowed)}")
+    return names
+
+
+def _output_file(flag: str, value: str | None) -> None:
+    """A file the command will write: not an existing folder, and its folder not an existing file."""
+    if value is None:
+        return
+    p = Path(value)
+    if p.is_dir():
+        raise ValueError(f"{flag} {value}: is a folder; pass a file name")
+    parent = next((a for a in p.parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{flag} {value}: {parent} is a file, not a folder")
+
+
+def _output_folder(flag: str, value: str | None) -> None:
+    if value is not None and Path(value).exists() and not Path(value).is_dir():
+        raise ValueError(f"{flag} {value}: is a file; pass a folder")
+
+
+def _existing(flag: str, value: str | None) -> None:
+    if value is not None and not Path(value).exists():
+        raise ValueError(f"{flag} {value}: no such file or folder")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every path, count and list option, checked before any work starts."""
+    from .eval import TASKS
+    from .train.config import METHODS
+
+    if args.command == "train":
+        _output_folder("--out", args.out)
+    elif args.command == "eval":
+        _names("--tasks", args.tasks, TASKS)
+        _output_file("--json", args.json)
+        _existing("--adapter", args.adapter)
+        _count("--batch-size", args.batch_size, 1)
+        _count("--limit", args.limit, 1)
+    elif args.command == "analyze":
+        for run in args.runs:
+            _existing("run folder", run)
+        _output_folder("--out", args.out)
+        _count("--texts", args.texts, 0)
+    else:  # reproduce, demo
+        _names("--methods", args.methods, METHODS)
+        _output_folder("--out", args.out)
+        _count("--limit", args.limit, 1)
+        _count("--steps", args.steps, 1)
+
+
 def _train(args: argparse.Namespace) -> str:
     from .train import get_preset, train
 
@@ -122,6 +185,7 @@ def _train(args: argparse.Namespace) -> str:
 
 def _eval(args: argparse.Namespace) -> str:
     from .eval import evaluate
+    from .io import atomic_write
     from .train import load_model_and_tokenizer, load_run_adapter
     from .train.config import TrainConfig
 
@@ -129,12 +193,13 @@ def _eval(args: argparse.Namespace) -> str:
     if args.adapter:
         model = load_run_adapter(model, args.adapter)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.json:  # checked and its folder made before the work, so the results cannot be lost at the end
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     res = evaluate(model, tok, tasks, protocol=args.protocol, limit=args.limit, data_source=args.data_source,
                    batch_size=args.batch_size, ppl_split=args.ppl_split, progress=not args.no_progress)
     text = json.dumps(res, indent=2)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
+        atomic_write(args.json, lambda f: Path(f).write_text(text + "\n", encoding="utf-8"))
     print(text)
     parts = [f"{t}: " + ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float)) for t, r in res.items()]
     return "; ".join(p for p in parts)
@@ -194,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        _check_args(args)
         if args.command == "train":
             summary = _train(args)
         elif args.command == "eval":

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .jsonconfig import JsonConfig
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from .validate import check_choice, check_field_types, check_rule
 from .version import __version__
 
 __all__ = ["PreProjConfig"]
@@ -48,30 +49,34 @@ class PreProjConfig(JsonConfig):
     library_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if not (self.preproj or self.skip):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"PreProjConfig.activation={self.activation!r}; allowed values: {sorted(ACTIVATIONS)}"
-            )
-        if self.init not in PREPROJ_INITS:
-            raise ValueError(f"PreProjConfig.init={self.init!r}; allowed values: {list(PREPROJ_INITS)}")
-        if not self.expansion > 0:
-            raise ValueError(f"PreProjConfig.expansion must be > 0, got {self.expansion}")
-        if self.skip_init_std < 0:
-            raise ValueError(f"PreProjConfig.skip_init_std must be >= 0, got {self.skip_init_std}")
+        check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
+        check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
+        check_rule(self.expansion > 0, "PreProjConfig", "expansion", self.expansion, "a finite number > 0")
+        check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
         for name in ("parts", "modules_to_save"):
             value = getattr(self, name)
             if value is not None:
-                if isinstance(value, str) or not all(isinstance(v, str) and v for v in value) or not value:
-                    raise ValueError(f"PreProjConfig.{name} must be None or a non-empty list of names, got {value!r}")
+                check_rule(bool(value) and all(value), "PreProjConfig", name, value,
+                           "None or a non-empty list of non-empty names")
                 if len(set(value)) != len(value):
                     raise ValueError(f"PreProjConfig.{name} has duplicates: {value}")
-                setattr(self, name, list(value))
         if isinstance(self.layers, dict):
-            self.layers = {str(k): _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
+            self.layers = {k: _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
         elif self.layers is not None:
             self.layers = _layer_list(self.layers, "layers")
+
+    def inner_width(self, dim: int) -> int:
+        """The pre-projection's inner width at model width `dim`; refuses a width of 0."""
+        width = int(self.expansion * dim)
+        if width < 1:
+            raise ValueError(
+                f"PreProjConfig.expansion={self.expansion} gives an inner width of int({self.expansion} * {dim}) = "
+                f"{width} at hidden size {dim}; use expansion >= {1 / dim:.4g}"
+            )
+        return width
 
     def resolve_layers(self, num_blocks: int, part: str | None = None) -> list[int]:
         """The sorted, non-negative block indices this config selects among `num_blocks` blocks.
@@ -100,6 +105,10 @@ def _layer_list(value: object, name: str) -> list[int]:
         type(i) is int for i in value
     ):
         raise ValueError(f"PreProjConfig.{name} must be None or a list of ints, got {value!r}")
+    if not value:
+        raise ValueError(
+            f"PreProjConfig.{name}=[]; must be None (every block) or a non-empty list of block indices"
+        )
     if len(set(value)) != len(value):
         raise ValueError(f"PreProjConfig.{name} has duplicates: {list(value)}")
     return list(value)

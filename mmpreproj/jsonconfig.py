@@ -33,6 +33,8 @@ class JsonConfig:
     @classmethod
     def from_dict(cls: type[C], d: dict[str, Any]) -> C:
         """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{cls.__name__}: expected a JSON object (a dict of fields), got {type(d).__name__}: {d!r:.80}")
         known = {f.name for f in dataclasses.fields(cls)} - {"library_version"}
         unknown = sorted(set(d) - known - {"library_version"})
         if unknown:
@@ -45,4 +47,12 @@ class JsonConfig:
 
     @classmethod
     def from_json(cls: type[C], path: str | Path) -> C:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a file written by `to_json`; a file that is not a JSON object is refused, naming the file."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{cls.__name__}: {path} is not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{cls.__name__}: {path} holds a JSON {type(d).__name__}, expected an object of fields")
+        return cls.from_dict(d)

@@ -100,8 +100,14 @@ def evaluate(
     Unknown task, protocol or data source names raise `ValueError` naming the allowed values.
     """
     tasks = list(tasks)
+    if not tasks:
+        raise ValueError(f"no task to evaluate; expected some of {', '.join(TASKS)}")
     for task in tasks:
         _check_choice("task", task, TASKS)
+    for name, value, none_ok in (("limit", limit, True), ("batch_size", batch_size, False),
+                                 ("max_length", max_length, False), ("doc_max_length", doc_max_length, True)):
+        if not ((value is None and none_ok) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+            raise ValueError(f"{name}={value!r}; must be {'None or ' if none_ok else ''}an int >= 1")
     _check_choice("protocol", protocol, PROTOCOLS)
     _check_choice("data source", data_source, DATA_SOURCES)
     results: dict[str, dict[str, Any]] = {}

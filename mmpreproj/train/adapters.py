@@ -86,14 +86,18 @@ def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = No
     `PeftModel` for LoRA methods); the base stays frozen.
     """
     path = Path(path)
+    named_by = "method="
     if (path / ADAPTER_DIR).is_dir():  # a run folder
         if method is None and (path / CONFIG_NAME).is_file():
-            method = json.loads((path / CONFIG_NAME).read_text()).get("method")
+            method, named_by = _read_json(path / CONFIG_NAME).get("method"), f"{path / CONFIG_NAME} names method "
         path = path / ADAPTER_DIR
+    found = _method_of(path)
     if method is None:
-        method = _method_of(path)
+        method = found
     if method not in METHODS:
-        raise ValueError(f"method={method!r}; allowed values: {list(METHODS)}")
+        raise ValueError(f"{named_by}{method!r}; allowed values: {list(METHODS)}")
+    if method != found:
+        raise ValueError(f"{named_by}{method!r}, but the adapter in {path} holds {found!r} weights; nothing was loaded")
     spec = METHOD_SPECS[method]
     if spec.preproj or spec.skip:
         model = _adapter.load_adapter(model, path)
@@ -104,17 +108,30 @@ def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = No
     return model
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} holds a JSON {type(d).__name__}, expected an object")
+    return d
+
+
 def _method_of(path: Path) -> str:
-    """Guess the method of an adapter folder: peft's adapter_config has `peft_type`, ours has `config`."""
+    """The method an adapter folder holds: peft's adapter_config has `peft_type`, ours has `config`."""
     cfg_file = path / _adapter.ADAPTER_CONFIG_NAME
     if not cfg_file.is_file():
         raise FileNotFoundError(f"no adapter in {path} (missing {cfg_file.name})")
-    desc = json.loads(cfg_file.read_text())
+    desc = _read_json(cfg_file)
     if "peft_type" in desc:
         return "lora"
-    cfg = desc.get("config", {})
+    cfg = desc.get("config")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"corrupt adapter config {cfg_file}: 'config' must be an object, got {type(cfg).__name__}")
     if (path / LORA_SUBDIR).is_dir():
         return "preproj_lora"
-    return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[
-        (bool(cfg.get("preproj")), bool(cfg.get("skip")))
-    ]
+    parts = (cfg.get("preproj") is True, cfg.get("skip") is True)
+    if parts == (False, False):
+        raise ValueError(f"corrupt adapter config {cfg_file}: neither preproj nor skip is true")
+    return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[parts]

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..io import atomic_write
+from ..io import atomic_write, remove_stale_temps
 from ..version import __version__
+from .errors import CheckpointWriteError
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -82,9 +83,20 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> No
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """`torch.save(state)` to `path` atomically: a crash leaves the previous checkpoint intact."""
+    """`torch.save(state)` to `path` atomically: a crash leaves the previous checkpoint intact.
+    The temp files of killed earlier writes are removed first (one writer per run folder: `runlock`). A
+    failed write raises `CheckpointWriteError` naming the file and the reason.
+    """
+    path = Path(path)
     payload = {"format": CHECKPOINT_FORMAT, "library_version": __version__, **state}
-    return atomic_write(path, lambda f: torch.save(payload, f))
+    try:
+        remove_stale_temps(path)
+        return atomic_write(path, lambda f: torch.save(payload, f))
+    except (OSError, RuntimeError) as err:
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {path}: {type(err).__name__}: {why} (the previous checkpoint, if any, is kept)"
+        ) from err
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

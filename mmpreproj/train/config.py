@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..jsonconfig import JsonConfig
+from ..validate import check_choice, check_field_types, check_rule
 
 __all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
 
@@ -23,13 +24,11 @@ RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "s
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"TrainConfig.{name}={value!r}; allowed values: {list(allowed)}")
+    check_choice("TrainConfig", name, value, allowed)
 
 
 def _check(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"TrainConfig.{name}={value!r}; must be {rule}")
+    check_rule(ok, "TrainConfig", name, value, rule)
 
 
 @dataclass
@@ -109,25 +108,26 @@ class TrainConfig(JsonConfig):
     preset: str | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         _choice("method", self.method, METHODS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("model_dtype", self.model_dtype, MODEL_DTYPES)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("parallel", self.parallel, PARALLEL)
+        for name in ("model", "data", "data_split", "text_field", "out", "device"):
+            value = getattr(self, name)
+            _check(bool(value.strip()), name, value, "a non-empty string")
         for name in ("num_lines", "steps", "batch_size", "grad_accum"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, name, value, "a positive int")
-        _check(isinstance(self.max_len, int) and self.max_len >= 2, "max_len", self.max_len, "an int >= 2")
-        _check(self.min_chars >= 0, "min_chars", self.min_chars, ">= 0")
+            _check(value > 0, name, value, "a positive int")
+        _check(self.max_len >= 2, "max_len", self.max_len, "an int >= 2")
+        _check(self.min_chars >= 0, "min_chars", self.min_chars, "an int >= 0")
+        _check(0 <= self.seed < 2**32, "seed", self.seed, "an int in [0, 2**32)")
         _check(0 <= self.warmup_steps <= self.steps, "warmup_steps", self.warmup_steps, f"in [0, steps={self.steps}]")
-        _check(self.lr > 0, "lr", self.lr, "> 0")
+        _check(self.lr > 0, "lr", self.lr, "a finite number > 0")
         _check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        self.adam_betas = tuple(self.adam_betas)
-        _check(
-            len(self.adam_betas) == 2 and all(0.0 <= b < 1.0 for b in self.adam_betas),
-            "adam_betas", self.adam_betas, "two floats in [0, 1)",
-        )
+        _check(all(0.0 <= b < 1.0 for b in self.adam_betas), "adam_betas", self.adam_betas, "two floats in [0, 1)")
         _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
         _check(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0")
         _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
@@ -142,7 +142,7 @@ class TrainConfig(JsonConfig):
         )
         for name in ("lora_r", "lora_alpha"):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and value > 0), name, value, "None or a positive int")
+            _check(value is None or value > 0, name, value, "None or a positive int")
             if value is not None and "lora" not in self.method:
                 raise ValueError(
                     f"TrainConfig.{name}={value!r} only applies to methods 'lora' and 'preproj_lora', "
@@ -155,8 +155,6 @@ class TrainConfig(JsonConfig):
                 raise ValueError(
                     f"TrainConfig.device={self.device!r}; allowed values: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'"
                 ) from None
-        if not self.data:
-            raise ValueError("TrainConfig.data is empty; pass a hub dataset id or a local text file")
 
     @property
     def effective_batch(self) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["DataUnavailableError", "ModelUnavailableError", "NonFiniteLossError"]
+__all__ = ["CheckpointWriteError", "DataUnavailableError", "ModelUnavailableError", "NonFiniteLossError"]
 
 
 from ..data.hub import DataUnavailableError  # one class for "data cannot be reached", shared with eval
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, permissions, ...); the message names the file and why."""
 
 
 class ModelUnavailableError(RuntimeError):

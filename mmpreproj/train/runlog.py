@@ -58,7 +58,8 @@ class StepLog:
                 if rec.get("step", 0) <= step:
                     kept.append(rec)
         self.records = kept
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        atomic_write(self.path, lambda f: Path(f).write_text(text, encoding="utf-8"))  # a crash keeps the old log
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)

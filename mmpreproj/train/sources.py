@@ -43,13 +43,28 @@ def read_lines(
     if local is not None:
         if not local.is_file():
             raise DataUnavailableError(f"data path {source!r} is not a file; pass a text file, one example per line")
-        opener = gzip.open if local.suffix == ".gz" else open
-        with opener(local, "rt", encoding="utf-8-sig") as f:
-            yield from f
+        yield from _file_lines(local)
         return
     if _looks_like_path(source):
         raise DataUnavailableError(f"data file not found: {source}")
     yield from _hub_rows(source, config, split, text_field)
+
+
+def _file_lines(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    n = 0  # lines read so far, to say where the file stops being text
+    try:
+        with opener(path, "rt", encoding="utf-8-sig") as f:
+            for line in f:
+                n += 1
+                yield line
+    except UnicodeDecodeError as e:
+        raise DataUnavailableError(
+            f"data file {path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} after line {n} cannot be "
+            "decoded); convert it to UTF-8"
+        ) from None
+    except (gzip.BadGzipFile, EOFError, OSError) as e:
+        raise DataUnavailableError(f"cannot read data file {path}: {e}") from None
 
 
 def _hub_rows(name: str, config: str | None, split: str, text_field: str) -> Iterator[str]:

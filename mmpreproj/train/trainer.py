@@ -5,7 +5,11 @@
 One optimizer step = `grad_accum` micro-batches of `batch_size` lines on every rank. The loss is the mean
 over all label tokens of the step (all micro-batches, all ranks), so accumulation and data parallelism
 give the same update as one big batch. A NaN/inf loss or gradient norm stops the run before the optimizer
-step (`NonFiniteLossError`), leaving the last checkpoint as it was. Resuming restores weights, optimizer,
+step (`NonFiniteLossError`), leaving the last good checkpoint as it was: a checkpoint is written only for
+finite weights whose own loss was finite (the next step's loss; after the last step, a loss measured on the
+next step's batches without gradients). Nothing on disk changes before the run is set up (model, data,
+method, checkpoint all loaded); an overwritten run is cleared only then, and one process at a time trains
+into a run folder (`runlock`). Resuming restores weights, optimizer,
 scheduler, RNG states and the data position, so the resumed run ends bit-identical to an uninterrupted one
 (on CPU; same world size). With `parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`);
 the adapter is gathered on every rank and written by rank 0; there are no checkpoints.
@@ -13,11 +17,13 @@ the adapter is gathered on every rank and written by rank 0; there are no checkp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +63,7 @@ from .methods import apply_method, count_trainable
 from .models import enable_checkpointing, load_model, load_tokenizer
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
+from .runlock import RunInUseError, run_lock
 from .runlog import CONFIG_NAME, LOG_NAME, METRICS_NAME, StepLog, write_json
 from .schedule import make_scheduler
 
@@ -110,15 +117,34 @@ def train(
     """
     ctx = init_distributed(config.device)
     try:
-        return _train(config, ctx, model, tokenizer, examples)
+        with _locked(Path(config.out), ctx):
+            return _train(config, ctx, model, tokenizer, examples)
     finally:
         shutdown(ctx)
 
 
-def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> dict[str, Any] | None:
-    """Check the run folder and return the checkpoint to resume from (None = fresh start)."""
+@contextlib.contextmanager
+def _locked(out: Path, ctx: DistContext) -> Iterator[None]:
+    """Rank 0 holds the run folder's lock; every rank fails alike when another process holds it."""
+    with contextlib.ExitStack() as stack:
+        error = None
+        if ctx.is_main:
+            try:
+                stack.enter_context(run_lock(out))
+            except (RunInUseError, NotADirectoryError) as e:
+                error = (type(e), str(e))
+        errors = all_gather_objects(error, ctx)
+        if errors[0] is not None:
+            kind, message = errors[0]
+            raise kind(message)
+        yield
+
+
+def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> tuple[dict[str, Any] | None, bool]:
+    """Check the run folder, changing nothing: (checkpoint to resume from or None, whether an old run must
+    be cleared once the new one has started)."""
     ckpt = out / CHECKPOINT_NAME
-    state = None
+    existing = [name for name in _RUN_FILES if (out / name).exists()]
     if cfg.resume and ckpt.is_file():
         state = load_checkpoint(ckpt)
         saved = TrainConfig.from_dict(state["config"])
@@ -130,22 +156,34 @@ def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> dict[str, Any
             raise ValueError(
                 f"cannot resume {ckpt}: it was written with world_size={state['world_size']}, this run has {ctx.world_size}"
             )
-    elif cfg.resume:
+        return state, False
+    if cfg.resume and existing:
+        raise FileExistsError(
+            f"cannot resume {out}: it holds a run ({', '.join(existing)}) but no {CHECKPOINT_NAME} (trained with "
+            "save_every=0, or stopped before its first checkpoint); nothing was changed. Pass overwrite=True "
+            "(--overwrite) instead of resume to start it over"
+        )
+    if cfg.resume:
         log.info("resume: no checkpoint in %s, starting from step 0", out)
-    elif not cfg.overwrite and any((out / name).exists() for name in _RUN_FILES):
+    elif existing and not cfg.overwrite:
         raise FileExistsError(
             f"{out} already holds a run; pass resume=True (--resume) to continue it, overwrite=True (--overwrite) to start over, "
             "or choose another folder"
         )
-    barrier(ctx)  # every rank has decided before rank 0 clears anything
-    if state is None and ctx.is_main:
+    return None, bool(existing)
+
+
+def _clear_old_run(out: Path, ctx: DistContext) -> None:
+    """Remove the files of the run being overwritten (rank 0), once the new one has started."""
+    barrier(ctx)  # every rank has set up before rank 0 clears anything
+    if ctx.is_main:
         for name in _RUN_FILES:
             p = out / name
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
-    return state
+    barrier(ctx)
 
 
 def _label_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -184,10 +222,17 @@ class _Run:
 
 
 def _setup(
-    cfg: TrainConfig, ctx: DistContext, model: nn.Module | None, tokenizer: Any, examples: LMExamples | None
-) -> tuple[_Run, LMExamples, dict[str, Any] | None]:
-    """Prepare the folder, load, apply the method, build the optimizer; restore a checkpoint if resuming."""
-    resume = _prepare_out(cfg, Path(cfg.out), ctx)
+    cfg: TrainConfig,
+    ctx: DistContext,
+    model: nn.Module | None,
+    tokenizer: Any,
+    examples: LMExamples | None,
+    resume: dict[str, Any] | None,
+) -> tuple[_Run, LMExamples]:
+    """Check the folder, load, apply the method, build the optimizer; restore a checkpoint if resuming.
+
+    Nothing on disk changes here: an overwritten run is cleared by the caller once this has succeeded.
+    """
     seed_everything(cfg.seed)
     if model is None:
         model = load_model(cfg.model, cfg.model_dtype)
@@ -215,12 +260,17 @@ def _setup(
         run.checkpoint = str(run.out / CHECKPOINT_NAME)
     if cfg.parallel == "ddp":
         run.ddp = wrap_ddp(model, ctx)
-    return run, examples, resume
+    return run, examples
 
 
-def _save(run: _Run) -> None:
-    """Write `checkpoint.pt` (rank 0) with every rank's RNG state; all ranks must call it."""
-    rng = all_gather_objects(capture_rng(), run.ctx)
+def _save(run: _Run, rng: list[dict[str, Any]]) -> None:
+    """Write `checkpoint.pt` (rank 0) with every rank's RNG state `rng`; all ranks must call it.
+
+    Called only for weights known good: finite, and their own loss (the next step's) was finite.
+    """
+    bad = [n for n, p in run.model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+    if bad:
+        raise NonFiniteLossError(run.step, f"weight {bad[0]}", math.nan, run.checkpoint)
     if run.ctx.is_main:
         save_checkpoint(
             run.out / CHECKPOINT_NAME,
@@ -241,8 +291,11 @@ def _save(run: _Run) -> None:
     run.checkpoint = str(run.out / CHECKPOINT_NAME)
 
 
-def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
-    """Accumulate the gradients of one optimizer step; returns (mean loss per label token, real tokens), global."""
+def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]], *, backward: bool = True) -> tuple[float, int]:
+    """Accumulate the gradients of one optimizer step; returns (mean loss per label token, real tokens), global.
+
+    `backward=False` only measures the loss (call it under `torch.no_grad()`).
+    """
     ctx, cfg = run.ctx, run.cfg
     counts = torch.tensor(
         [sum(_label_tokens(b) for b in batches), sum(int(b["attention_mask"].sum()) for b in batches)],
@@ -254,13 +307,27 @@ def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> tupl
     for i, batch in enumerate(batches):
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         last = i == len(batches) - 1
-        with grad_sync(run.ddp, ctx, sync=last):
+        with grad_sync(run.ddp, ctx, sync=last) if backward else contextlib.nullcontext():
             with autocast(cfg.precision, ctx.device):
                 out = run.ddp(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             s = _loss_sum(out.logits, batch["labels"])
-            (s * ctx.world_size / max(n_labels, 1)).backward()  # DDP/FSDP average ranks: sum / all labels
+            if backward:
+                (s * ctx.world_size / max(n_labels, 1)).backward()  # DDP/FSDP average ranks: sum / all labels
         loss_sum += s.detach().double()
     return all_reduce_sum(loss_sum, ctx).item() / max(n_labels, 1), n_tokens
+
+
+def _probe_loss(run: _Run, batches: list[dict[str, torch.Tensor]]) -> float:
+    """The loss of the current weights on `batches`, in eval mode, without gradients or RNG draws."""
+    modes = [(m, m.training) for m in run.ddp.modules()]
+    devices = [run.ctx.device] if run.ctx.device.type == "cuda" else []
+    try:
+        run.ddp.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            return _forward_backward(run, batches, backward=False)[0]
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def _check_finite(run: _Run, what: str, value: float) -> None:
@@ -273,7 +340,10 @@ def _check_finite(run: _Run, what: str, value: float) -> None:
 def _train(
     cfg: TrainConfig, ctx: DistContext, model: nn.Module | None, tokenizer: Any, examples: LMExamples | None
 ) -> RunResult:
-    run, examples, resume = _setup(cfg, ctx, model, tokenizer, examples)
+    resume, clear = _prepare_out(cfg, Path(cfg.out), ctx)  # checks only: nothing on disk changes before setup
+    run, examples = _setup(cfg, ctx, model, tokenizer, examples, resume)
+    if clear:
+        _clear_old_run(run.out, ctx)  # overwrite: the new run has started
     steplog = StepLog(run.out / LOG_NAME, enabled=ctx.is_main)
     if resume is not None:
         restore_rng(resume["rng"][ctx.rank])  # last, after everything that draws random numbers
@@ -284,17 +354,24 @@ def _train(
     order = ShardedOrder(len(examples), cfg.seed, ctx.rank, ctx.world_size)
     bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.is_main), desc=f"train {cfg.method}")
     max_norm = cfg.max_grad_norm or math.inf
+    pending = None  # RNG states of a checkpoint due after the last step, written once its loss proved finite
+
+    def step_batches() -> list[dict[str, torch.Tensor]]:
+        first = run.step * cfg.grad_accum  # micro-batch position in this rank's data stream
+        return [examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding) for i in range(cfg.grad_accum)]
+
     while run.step < end:
         t0 = time.perf_counter()
-        first = run.step * cfg.grad_accum  # micro-batch position in this rank's data stream
-        batches = [examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding) for i in range(cfg.grad_accum)]
-        loss, n_tokens = _forward_backward(run, batches)
+        loss, n_tokens = _forward_backward(run, step_batches())
         _check_finite(run, "loss", loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
         _check_finite(run, "gradient norm", grad_norm)
+        if pending is not None:  # weights, optimizer and counters are still those of the last step
+            _save(run, pending)
+            pending = None
         lr = run.optimizer.param_groups[0]["lr"]
         run.optimizer.step()
         run.scheduler.step()
@@ -308,7 +385,10 @@ def _train(
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
         if cfg.save_every and (run.step % cfg.save_every == 0 or run.step == end):
-            _save(run)
+            pending = all_gather_objects(capture_rng(), ctx)
+    if pending is not None:  # the last weights have no next step: measure their loss on its batches
+        _check_finite(run, "loss", _probe_loss(run, step_batches()))
+        _save(run, pending)
     bar.close()
     status = "completed" if run.step >= cfg.steps else "stopped"
     metrics = _metrics(cfg, ctx, run.model, steplog.records, status, run.step, start, run.tokens, run.elapsed)

@@ -1,0 +1,168 @@
+"""Several files in one folder replaced together: a reader sees the old set or the new set, never a mix.
+
+    write_files(folder, {"a.safetensors": write_a, "a.json": write_b})
+    with committed_files(folder, ["a.safetensors", "a.json"]) as paths: read(paths["a.json"])
+
+How a write goes (each file atomic on its own is not enough: a kill between two renames would pair new
+weights with an old config):
+  1. every new file is written to a hidden pending name `.NAME.TOKEN.pending` and flushed to disk;
+  2. a commit marker `.mmpreproj-commit.json` naming TOKEN and the files is written atomically: from this
+     moment the new set is the committed one;
+  3. each pending file is renamed onto its final name; 4. the marker is removed.
+A reader that finds a marker rolls it forward (step 3-4) before reading, so a kill at any point leaves
+either the old set (before 2) or the new set (from 2 on). Writers and readers of one folder take an
+exclusive `flock` on `.mmpreproj.lock` (released by the OS when a process dies); a writer first removes
+the pending and temp files that killed writers left, so they never accumulate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from glob import escape as glob_escape
+from pathlib import Path
+
+from .io import atomic_write, fsync_dir, fsync_file, remove_stale_temps
+
+__all__ = ["COMMIT_MARKER", "LOCK_NAME", "committed_files", "write_files"]
+
+COMMIT_MARKER = ".mmpreproj-commit.json"
+LOCK_NAME = ".mmpreproj.lock"
+
+
+def _fault_point(point: str) -> None:
+    """Called at each step of a write ("written:NAME", "committed", "renamed:NAME"); tests replace it to kill
+    the process at a chosen point."""
+
+
+def _pending(folder: Path, name: str, token: str) -> Path:
+    return folder / f".{name}.{token}.pending"
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, *, writer: bool) -> Iterator[bool]:
+    """Hold the folder's exclusive lock; yields whether it is held.
+
+    A writer creates the lock file; a reader locks only an existing one (so reading never adds a file): no
+    lock file means no writer of this protocol has been here, and a read-only folder has no writer at all.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): single writer assumed
+        yield False
+        return
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | (os.O_CREAT if writer else 0), 0o644)
+    except OSError:
+        if writer:
+            raise
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_marker(folder: Path) -> tuple[str, list[str]] | None:
+    marker = folder / COMMIT_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+        token, names = info["token"], info["files"]
+        if not (isinstance(token, str) and isinstance(names, list) and all(_plain_name(n) for n in names)):
+            raise ValueError("unexpected content")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"corrupt commit marker {marker}: {e}; delete it to keep the files as they are"
+        ) from None
+    return token, names
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
+def _roll_forward(folder: Path) -> None:
+    """Finish a committed write that a kill interrupted (steps 3-4); a no-op without a marker."""
+    found = _read_marker(folder)
+    if found is None:
+        return
+    token, names = found
+    for name in names:
+        src = _pending(folder, name, token)
+        if src.exists():
+            os.replace(src, folder / name)
+            _fault_point(f"renamed:{name}")
+    fsync_dir(folder)
+    (folder / COMMIT_MARKER).unlink()
+    fsync_dir(folder)
+
+
+def _remove_leftovers(folder: Path, names: Sequence[str]) -> None:
+    """Pending files of killed writers, and temp files of killed `atomic_write`s, for these names."""
+    for name in names:
+        for p in folder.glob(f".{glob_escape(name)}.*.pending"):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    for name in (*names, COMMIT_MARKER):
+        remove_stale_temps(folder / name)
+
+
+def write_files(folder: str | Path, writers: dict[str, Callable[[str], object]]) -> Path:
+    """Replace the files `writers` names in `folder` together; `writers[name](tmp_path)` fills one file."""
+    folder = Path(folder)
+    bad = [n for n in writers if not _plain_name(n)]
+    if bad:
+        raise ValueError(f"write_files: file names must be plain names inside the folder, got {bad}")
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder, writer=True):
+        _roll_forward(folder)
+        _remove_leftovers(folder, list(writers))
+        token = secrets.token_hex(8)
+        pending = {name: _pending(folder, name, token) for name in writers}
+        try:
+            for name, write in writers.items():
+                write(str(pending[name]))
+                fsync_file(pending[name])
+                _fault_point(f"written:{name}")
+        except BaseException:
+            for p in pending.values():
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            raise
+        marker = json.dumps({"token": token, "files": list(writers)})
+        atomic_write(folder / COMMIT_MARKER, lambda f: Path(f).write_text(marker, encoding="utf-8"))
+        _fault_point("committed")
+        _roll_forward(folder)
+    return folder
+
+
+@contextlib.contextmanager
+def committed_files(folder: str | Path, names: Sequence[str]) -> Iterator[dict[str, Path]]:
+    """{name: path to read} of the committed set, held stable (locked) while the block runs.
+
+    A write that a kill interrupted after its commit is finished first; in a folder this process cannot
+    write to, the pending files of such a write are read in place.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        yield {name: folder / name for name in names}
+        return
+    with _locked(folder, writer=False) as held:
+        if held:
+            _roll_forward(folder)
+        found = _read_marker(folder)
+        paths = {name: folder / name for name in names}
+        # Not rolled forward (a read-only folder): the committed files are the pending ones.
+        if found is not None:
+            token, committed = found
+            for name in names:
+                if name in committed and _pending(folder, name, token).exists():
+                    paths[name] = _pending(folder, name, token)
+        yield paths
