@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .jsonconfig import JsonConfig
+from .modules.compute import COMPUTE_DTYPES
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from .version import __version__
 
@@ -26,6 +27,7 @@ class PreProjConfig(JsonConfig):
         freeze_base: freeze every parameter of the host so only injected weights train.
         fuse_qkv_skip: compute Q/K/V and the skip in one matmul where the host has a fast path
             (GPT-NeoX, native blocks); same outputs up to float rounding.
+        compute_dtype: "input" (fp32 weights computing in the host's/autocast's dtype) or "float32".
     """
 
     preproj: bool = True
@@ -37,6 +39,7 @@ class PreProjConfig(JsonConfig):
     layers: list[int] | None = None
     freeze_base: bool = True
     fuse_qkv_skip: bool = False
+    compute_dtype: str = "input"
     library_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +51,10 @@ class PreProjConfig(JsonConfig):
             )
         if self.init not in PREPROJ_INITS:
             raise ValueError(f"PreProjConfig.init={self.init!r}; allowed values: {list(PREPROJ_INITS)}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"PreProjConfig.compute_dtype={self.compute_dtype!r}; allowed values: {list(COMPUTE_DTYPES)}"
+            )
         if not self.expansion > 0:
             raise ValueError(f"PreProjConfig.expansion must be > 0, got {self.expansion}")
         if self.skip_init_std < 0:
