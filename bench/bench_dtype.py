@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import os
 import statistics
 import time
 
 import torch
-from common import PYTHIA_SHAPES, count_flops, machine
+from bench_train import saved_activation_bytes
+from common import PYTHIA_SHAPES, count_flops, machine, write_json
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import mmpreproj
@@ -72,20 +72,8 @@ def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[floa
 
 def saved_bytes(model, ids, autocast: bool) -> int:
     """Bytes autograd saves for backward during one training forward (each storage once; weights excluded)."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in weights:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-    del loss
-    return sum(seen.values())
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return saved_activation_bytes(model, lambda backward=False: model(input_ids=ids, labels=ids, use_cache=False).loss)
 
 
 def train_memory(cfg: GPTNeoXConfig, seqs: tuple[int, int] = (128, 256)) -> dict:
@@ -172,9 +160,7 @@ def main() -> dict:
             b = r["activation_bytes_per_token_layer"]
             print(f"  {k:<42} activations {b:.0f} B/token/layer (= {b / cfg.hidden_size:.1f} bytes x d), "
                   f"per step {r['per_step_saved_mb']:.0f} MB saved casts + {r['grads_adam_mb']:.0f} MB grads+AdamW")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 
