@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["PYTHIA_SHAPES", "interleaved_medians", "count_flops", "machine"]
+__all__ = ["PYTHIA_SHAPES", "interleaved_medians", "count_flops", "machine", "write_json"]
 
 # GPTNeoXConfig kwargs of the paper's two Pythia shapes (random weights; vocab 50304, rotary_pct 0.25 added by users).
 PYTHIA_SHAPES = {
@@ -43,3 +43,12 @@ def machine() -> str:
     import platform
 
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """Write a bench script's results to `path` (its `--json`), when given."""
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU measurement (NVIDIA): bf16 frozen-probe training tokens/s + MFU for the Pythia-160M and
-# 410M shapes, and inference overhead; random weights, no downloads, well under 8 minutes on an H100/H200.
+# 410M shapes, inference overhead, and bf16-host forward/decode ratios of fp32 modules vs host-dtype compute vs
+# bf16 modules, with and without autocast; random weights, no downloads, well under 8 minutes on an H100/H200.
 # Usage: bash bench/gpu.sh [OUT_DIR]   (needs torch with CUDA, transformers, peft, einops, safetensors)
 set -euo pipefail
 cd "$(dirname "$0")/.."

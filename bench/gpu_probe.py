@@ -1,5 +1,7 @@
 """GPU measurements (run by bench/gpu.sh): bf16 frozen-probe training tokens/s and model FLOP utilisation
-for the Pythia-160M and 410M shapes, and inference overhead of the injected model. Random weights.
+for the Pythia-160M and 410M shapes, inference overhead of the injected model, and (`dtype_case`) forward and
+decode of the three ways to run the injected modules on a bf16 host, with bf16 weights and no autocast (the
+common inference setup) as well as an fp32 host under autocast. Random weights.
 
     python bench/gpu_probe.py [--steps 10] [--peak-tflops 989] [--json out.json]
 
@@ -14,6 +16,7 @@ import copy
 import json
 
 import torch
+from bench_dtype import variants
 from common import PYTHIA_SHAPES
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -67,6 +70,33 @@ def infer_case(base, ids: torch.Tensor, steps: int) -> dict:
     return {"base_ms": out["base"], "injected_ratio": out["injected"] / out["base"], "fused_ratio": out["fused"] / out["base"]}
 
 
+def dtype_case(dims: dict, steps: int) -> dict:
+    """Forward (8 x 512) and decode (32 steps after 128) over the base: bf16 weights without autocast, and
+    fp32 weights under bf16 autocast; fp32 modules vs host-dtype compute vs modules cast to bf16."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50304, (8, 512), device="cuda")
+    out = {}
+    for setup, host_dtype, autocast in (("bf16 weights", torch.bfloat16, False), ("fp32 + autocast", torch.float32, True)):
+        base = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **dims)).cuda().to(host_dtype).eval()
+        models = variants(base)
+
+        def decode(m):
+            o = m(ids[:1, :128], use_cache=True)
+            for _ in range(32):
+                o = m(o.logits[:, -1:].argmax(-1), cache=o.cache, use_cache=True)
+
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            fwd = {k: cuda_ms(lambda m=m: m(ids, use_cache=False), steps) for k, m in models.items()}
+            dec = {k: cuda_ms(lambda m=m: decode(m), max(2, steps // 4), warmup=1) for k, m in models.items()}
+        out[setup] = {k: {"forward_ratio": fwd[k] / fwd["base"], "decode_ratio": dec[k] / dec["base"],
+                          "forward_ms": fwd[k], "decode_ms": dec[k]} for k in models}
+        for k, r in out[setup].items():
+            print(f"{setup:<16} {k:<13} forward {r['forward_ratio']:.3f}  decode {r['decode_ratio']:.3f}", flush=True)
+        del base, models
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10)
@@ -76,6 +106,7 @@ def main() -> None:
     assert torch.cuda.is_available(), "bench/gpu_probe.py needs a CUDA GPU"
     torch.manual_seed(0)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    res["dtype_160m"] = dtype_case(PYTHIA_SHAPES["160m"], a.steps)  # first: the cheapest, most wanted figure
     for shape, (dims, micro) in SHAPES.items():
         base = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **dims)).cuda().eval()
         ids = torch.randint(0, 50304, (micro, 512), device="cuda")

@@ -1,10 +1,10 @@
 """Every ratio the project tracks, measured side by side in one run; writes bench/results/latest.{json,md}.
 
-    python bench/run_all.py [--quick]
+    python bench/run_all.py [--quick] [--runs 3]
 
 Runs each bench script in its own process (same machine, one after another) with `--json`, then joins the
-figures into one markdown table: inference overhead vs FLOP ratio (GPT-NeoX 160M/410M shapes, ViT-B/16),
-KV-cache bytes ratio, fused vs unfused Q/K/V + skip, training tokens/s vs peft LoRA at the paper's rank,
+figures into one markdown table (with `--runs N`, the whole set N times: each cell is the median, with the range): inference overhead vs FLOP ratio (GPT-NeoX 160M/410M shapes, ViT-B/16),
+a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, fused vs unfused Q/K/V + skip, training tokens/s vs peft LoRA at the paper's rank,
 RoPE apply vs reference implementations, compiled vs eager. Random weights; no downloads.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,47 +34,80 @@ def _run(script: str, args: list[str]) -> dict:
     return data
 
 
+def rows(res: dict) -> list[tuple[str, float, str]]:
+    """(what, measured value, reference) for every line of the table, from one run's results."""
+    out = []
+    for key, name in (("neox160", "GPT-NeoX 160M"), ("neox410", "GPT-NeoX 410M")):
+        r = res[key]
+        out.append((f"{name} forward, injected / base (seq {r['seq']})", r["latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
+        out.append((f"{name} forward, fused Q/K/V+skip / base", r["fused_latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
+        out.append((f"{name} KV-cache bytes, injected / base", r["kv_bytes_ratio"], "1.000"))
+    d = res["dtype"]
+    for k in ("fp32 modules", "host dtype", "bf16 modules"):
+        out.append((f"bf16 GPT-NeoX 160M forward, {k} / base (seq {d['seq']})", d["forward"][k]["ratio"],
+                    f"FLOP ratio {d['flop_ratio']:.3f}"))
+        out.append((f"bf16 GPT-NeoX 160M decode ({d['decode_steps']} steps), {k} / base", d["decode"][k]["ratio"],
+                    f"FLOP ratio {d['flop_ratio']:.3f}"))
+    for k, r in d.get("train_memory", {}).items():
+        out.append((f"160M frozen-probe activations over the base, {k} (bytes/token/layer)",
+                    r["activation_bytes_per_token_layer"],
+                    f"+{r['per_step_saved_mb']:.0f} MB casts, {r['grads_adam_mb']:.0f} MB grads+AdamW per step"))
+    v = res["vit"]
+    for k in ("preproj_skip", "rope2d", "rope2d_preproj"):
+        out.append((f"ViT-B/16 forward, {k} / base", v["latency_ratio"][k], f"FLOP ratio {v['flop_ratio'][k]:.3f}"))
+    t = res["train"]["rows"]
+    for k in ("preproj_skip", "lora"):
+        out.append((f"160M frozen-probe step tokens/s, {k} / base fwd-bwd", t[k]["speed_vs_base"],
+                    f"memory {t[k]['memory_vs_base']:.2f}x"))
+    out.append((f"160M training tokens/s, preproj_skip / LoRA r={res['train']['lora_r']}",
+                t["preproj_skip"]["tokens_per_s"] / t["lora"]["tokens_per_s"],
+                f"params {t['preproj_skip']['trainable_params'] / t['lora']['trainable_params']:.3f}"))
+    for r in res["rope"]["rows"]:
+        out.append((f"{r['case']} (N={r['N']}) apply time", r["ratio"], "1.00 = peer"))
+    for r in res["compile"]["rows"]:
+        out.append((f"{r['model']}: compiled / eager", r["compiled_vs_eager"], f"compile {r['compile_s']:.0f} s"))
+    return out
+
+
+def run_once(quick: bool) -> dict:
+    rep = ["--repeats", "2" if quick else "5"]
+    seq = "128" if quick else "512"
+    return {
+        "neox160": _run("bench_inject_neox.py", ["--shape", "160m", "--seq", seq, *rep]),
+        "neox410": _run("bench_inject_neox.py", ["--shape", "410m", "--seq", seq, *rep]),
+        "dtype": _run("bench_dtype.py", ["--seq", seq, "--decode", "4" if quick else "16", *rep]),
+        "vit": _run("bench_vit.py", ["--batch", "2" if quick else "8", *rep]),
+        "train": _run("bench_train.py", ["--shape", "160m", "--seq", "128" if quick else "256", *rep]),
+        "rope": _run("bench_rope.py", ["--runs", "5" if quick else "21"]),
+        "compile": _run("bench_compile.py", ["--seq", "64" if quick else "256", *rep]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="shorter sequences and fewer repeats (smoke run)")
+    ap.add_argument("--runs", type=int, default=1, help="run the whole set this many times; report median and range")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args()
-    rep = ["--repeats", "2" if a.quick else "5"]
-    seq = "128" if a.quick else "512"
-    t0 = time.time()
-    res = {
-        "neox160": _run("bench_inject_neox.py", ["--shape", "160m", "--seq", seq, *rep]),
-        "neox410": _run("bench_inject_neox.py", ["--shape", "410m", "--seq", seq, *rep]),
-        "vit": _run("bench_vit.py", ["--batch", "2" if a.quick else "8", *rep]),
-        "train": _run("bench_train.py", ["--shape", "160m", "--seq", "128" if a.quick else "256", *rep]),
-        "rope": _run("bench_rope.py", ["--runs", "5" if a.quick else "21"]),
-        "compile": _run("bench_compile.py", ["--seq", "64" if a.quick else "256", *rep]),
-    }
-    md = [f"Machine: {res['neox160']['machine']}; load average at the end {os.getloadavg()[0]:.1f}; "
-          f"{time.time() - t0:.0f} s in all; ratios measured side by side in one process each.", "",
-          "| what | measured ratio | reference |", "|---|---|---|"]
-    for key, name in (("neox160", "GPT-NeoX 160M"), ("neox410", "GPT-NeoX 410M")):
-        r = res[key]
-        md.append(f"| {name} forward, injected / base (seq {r['seq']}) | {r['latency_ratio']:.3f} | FLOP ratio {r['flop_ratio']:.3f} |")
-        md.append(f"| {name} forward, fused Q/K/V+skip / base | {r['fused_latency_ratio']:.3f} | FLOP ratio {r['flop_ratio']:.3f} |")
-        md.append(f"| {name} KV-cache bytes, injected / base | {r['kv_bytes_ratio']:.3f} | 1.000 |")
-    v = res["vit"]
-    for k in ("preproj_skip", "rope2d", "rope2d_preproj"):
-        md.append(f"| ViT-B/16 forward, {k} / base | {v['latency_ratio'][k]:.3f} | FLOP ratio {v['flop_ratio'][k]:.3f} |")
-    t = res["train"]["rows"]
-    for k in ("preproj_skip", "lora"):
-        md.append(f"| 160M frozen-probe step tokens/s, {k} / base fwd-bwd | {t[k]['speed_vs_base']:.3f} | "
-                  f"memory {t[k]['memory_vs_base']:.2f}x |")
-    md.append(f"| 160M training tokens/s, preproj_skip / LoRA r={res['train']['lora_r']} | "
-              f"{t['preproj_skip']['tokens_per_s'] / t['lora']['tokens_per_s']:.3f} | "
-              f"params {t['preproj_skip']['trainable_params'] / t['lora']['trainable_params']:.3f} |")
-    for r in res["rope"]["rows"]:
-        md.append(f"| {r['case']} (N={r['N']}) apply time | {r['ratio']:.2f} | 1.00 = peer |")
-    for r in res["compile"]["rows"]:
-        md.append(f"| {r['model']}: compiled / eager | {r['compiled_vs_eager']:.3f} | compile {r['compile_s']:.0f} s |")
+    t0, loads, runs = time.time(), [os.getloadavg()[0]], []
+    for _ in range(a.runs):
+        runs.append(run_once(a.quick))
+        loads.append(os.getloadavg()[0])
+    table: dict[str, list] = {}
+    for res in runs:
+        for what, value, ref in rows(res):
+            table.setdefault(what, [[], ref])[0].append(value)
+    md = [f"Machine: {runs[0]['neox160']['machine']}; {a.runs} run(s) of the whole set, {time.time() - t0:.0f} s "
+          f"in all; 1-min load average {', '.join(f'{x:.1f}' for x in loads)} (start, after each run); ratios "
+          "measured side by side in one process each; median (min-max) over the runs.", "",
+          "| what | measured | reference |", "|---|---|---|"]
+    for what, (values, ref) in table.items():
+        fmt = ".0f" if "bytes/token" in what else ".3f"
+        spread = f" ({min(values):{fmt}}-{max(values):{fmt}})" if len(values) > 1 else ""
+        md.append(f"| {what} | {statistics.median(values):{fmt}}{spread} | {ref} |")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "latest.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "latest.json").write_text(json.dumps({"load_avg_1min": loads, "runs": runs}, indent=2) + "\n")
     (out / "latest.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -170,11 +170,13 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         device = _device_of(site.block)
         dim = site.width
         preproj = (
-            PreProjection(dim, config.expansion, config.activation, config.init, device=device)
+            PreProjection(dim, config.expansion, config.activation, config.init,
+                          compute_dtype=config.compute_dtype, device=device)
             if config.preproj
             else None
         )
-        skip = ContentSkip(dim, config.skip_init_std, device=device) if config.skip else None
+        skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
+                if config.skip else None)
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, fused_forward=fused, part=site.part
         )
@@ -227,16 +229,46 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
         if id(p) not in injected and p.requires_grad:
             p.requires_grad_(False)
             state.frozen.append(p)
-    # With every base weight frozen, a checkpointed block's input would not require grad and
-    # (reentrant) gradient checkpointing would silently give the injected weights no gradient.
+    # With every base weight frozen, a block's input does not require grad, and reentrant gradient
+    # checkpointing would silently give the injected weights no gradient. The hook makes the embedding output
+    # require grad, only while reentrant checkpointing is on: otherwise that would cost a backward through
+    # the frozen ops ahead of the first injected module (2.7% of a step) for nothing.
     emb = spec.input_embeddings(model)
     if emb is not None:
-        state.input_grad_hook = emb.register_forward_hook(_make_output_require_grad)
+        from functools import partial
+
+        # a partial, not a closure: deepcopy and pickle carry it over to the copied model
+        state.input_grad_hook = emb.register_forward_hook(partial(_make_output_require_grad, model))
 
 
-def _make_output_require_grad(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-    if isinstance(output, torch.Tensor) and output.is_floating_point() and torch.is_grad_enabled():
-        output.requires_grad_(True)
+def _make_output_require_grad(model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly.
+
+    Switches read: transformers' `gradient_checkpointing` with its `use_reentrant` keyword; timm's
+    `grad_checkpointing` with `timm.layers.use_reentrant_ckpt()`; open_clip's (always non-reentrant). Any
+    other `gradient_checkpointing`/`grad_checkpointing` flag that is on counts as reentrant (the safe side).
+    """
+    import sys
+
+    if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
+        return
+    if output.requires_grad:
+        return
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True and m.training:  # transformers (train mode only)
+            keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
+            reentrant = keywords.get("use_reentrant", True)
+        elif getattr(m, "grad_checkpointing", False) is True:  # timm, open_clip
+            family = type(m).__module__.split(".")[0]
+            if family == "timm" and "timm.layers" in sys.modules:
+                reentrant = sys.modules["timm.layers"].use_reentrant_ckpt()
+            else:
+                reentrant = family != "open_clip"
+        else:
+            continue
+        if reentrant:
+            output.requires_grad_(True)
+            return
 
 
 def _adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:

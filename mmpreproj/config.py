@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .jsonconfig import JsonConfig
+from .modules.compute import COMPUTE_DTYPES
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from .validate import check_choice, check_field_types, check_rule
 from .version import __version__
@@ -33,6 +34,7 @@ class PreProjConfig(JsonConfig):
         freeze_base: freeze every parameter of the host so only injected weights train.
         fuse_qkv_skip: compute Q/K/V and the skip in one matmul where the host has a fast path
             (GPT-NeoX, native blocks); same outputs up to float rounding.
+        compute_dtype: "input" (fp32 weights computing in the host's/autocast's dtype) or "float32".
     """
 
     preproj: bool = True
@@ -46,6 +48,7 @@ class PreProjConfig(JsonConfig):
     modules_to_save: list[str] | None = None
     freeze_base: bool = True
     fuse_qkv_skip: bool = False
+    compute_dtype: str = "input"
     library_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +57,7 @@ class PreProjConfig(JsonConfig):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
         check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
         check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
+        check_choice("PreProjConfig", "compute_dtype", self.compute_dtype, list(COMPUTE_DTYPES))
         check_rule(self.expansion > 0, "PreProjConfig", "expansion", self.expansion, "a finite number > 0")
         check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
         for name in ("parts", "modules_to_save"):

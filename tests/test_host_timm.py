@@ -13,7 +13,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from host_contract import IDENTITY, HostCase, HostContract, assert_same_snapshot, injected_params, snapshot
-from timm.models._manipulate import checkpoint_seq
+from timm.layers import set_reentrant_ckpt, use_reentrant_ckpt
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.eva import Eva
 from timm.models.vision_transformer import (
@@ -237,11 +237,17 @@ def test_fused_and_manual_attention_agree(name):
 
 
 def test_reentrant_checkpointing_gets_gradients_with_frozen_base():
-    """The row's `input_embeddings` (patch_embed) makes the block input require grad for reentrant ckpt."""
+    """The row's `input_embeddings` (patch_embed) makes the block input require grad while timm's
+    checkpointing is on and reentrant (the hook reads those switches; see tests/test_precision.py)."""
     model = _perturbed(BUILDERS["vit"]()).train()
+    model.set_grad_checkpointing(True)
     (x,) = images()
-    h = model.norm_pre(model._pos_embed(model.patch_embed(x)))
-    checkpoint_seq(model.blocks, h, use_reentrant=True).square().mean().backward()
+    before = use_reentrant_ckpt()
+    set_reentrant_ckpt(True)
+    try:
+        model.forward_features(x).square().mean().backward()
+    finally:
+        set_reentrant_ckpt(before)
     for n, p in injected_params(model).items():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
 

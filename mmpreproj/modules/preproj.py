@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
+
+from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
 
 __all__ = ["PreProjection", "ACTIVATIONS", "PREPROJ_INITS"]
 
@@ -27,9 +31,12 @@ class PreProjection(nn.Module):
         activation: one of `ACTIVATIONS` (paper: "silu").
         init: "paper" draws both weights from N(0, 0.01) (near-identity); "identity" zeroes
             `W_down`, so the module is exactly the identity at start and still trains.
+        compute_dtype: "input" computes in the input's dtype (or autocast's), like a host linear layer, and
+            returns `x~` in that dtype; "float32" casts the input to the weights' dtype and back (the
+            earlier behaviour). Either way the weights stay float32 (the master copy the optimizer updates).
 
-    Weights are kept in their own dtype (float32 by default) whatever the input dtype: the input is
-    cast to the weight dtype and the result cast back, so a bf16 host keeps fp32 master weights.
+    In training the activation is recomputed in backward (`_Bottleneck`): per token it saves `x^` and
+    `W_up·x^`, not the activation's output as well.
     """
 
     def __init__(
@@ -39,12 +46,14 @@ class PreProjection(nn.Module):
         activation: str = "silu",
         init: str = "paper",
         *,
+        compute_dtype: str = "input",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         _check_choice("activation", activation, ACTIVATIONS)
         _check_choice("init", init, PREPROJ_INITS)
+        _check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         if expansion <= 0:
@@ -52,6 +61,8 @@ class PreProjection(nn.Module):
         self.dim = dim
         self.inner_dim = int(expansion * dim)
         self.activation_name = activation
+        self.compute_dtype = compute_dtype
+        self.casts = WeightCasts()
         factory = {"device": device, "dtype": dtype or torch.float32}
         self.up = nn.Linear(dim, self.inner_dim, bias=False, **factory)
         self.act = ACTIVATIONS[activation]()
@@ -70,9 +81,62 @@ class PreProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., d) -> (..., d)
-        h = x.to(self.up.weight.dtype) if not torch.is_autocast_enabled(x.device.type) else x
-        h = h + self.down(self.act(self.up(h)))
-        return h.to(x.dtype)
+        w_up, w_down = self.up.weight, self.down.weight
+        if self.compute_dtype == "float32":  # the earlier behaviour, rounding included
+            h = x.to(w_up.dtype) if not torch.is_autocast_enabled(x.device.type) else x
+            return (h + self._delta(h, w_up, w_down)).to(x.dtype)
+        dtype = resolve_compute_dtype(self.compute_dtype, x, w_up)
+        delta = self._delta(x.to(dtype), self.casts(w_up, dtype), self.casts(w_down, dtype))
+        return (x + delta.to(x.dtype)).to(dtype)  # x^ + delta rounded once, into the dtype computed in
+
+    def _apply(self, fn, *args, **kwargs):
+        self.casts.clear()  # `.to()`, `.cuda()`, `.float()`: new weights, possibly at a freed address
+        return super()._apply(fn, *args, **kwargs)
+
+    def _delta(self, h: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+        needs_grad = h.requires_grad or w_up.requires_grad or w_down.requires_grad
+        if torch.is_grad_enabled() and needs_grad and type(self.act) in _ACT_BACKWARD:
+            return _Bottleneck.apply(h, w_up, w_down, self.act)
+        return F.linear(self.act(F.linear(h, w_up)), w_down)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, inner_dim={self.inner_dim}, activation={self.activation_name!r}"
+        return (f"dim={self.dim}, inner_dim={self.inner_dim}, activation={self.activation_name!r}, "
+                f"compute_dtype={self.compute_dtype!r}")
+
+
+class _Bottleneck(torch.autograd.Function):
+    """`W_down · act(W_up · x)` saving `x` and `u = W_up · x` for backward; `act(u)` is recomputed there.
+
+    Autograd alone would also keep `act(u)` (for `W_down`'s gradient): 1.25 d more values per token. The
+    weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        u = F.linear(x, w_up)  # (..., inner)
+        ctx.act = act
+        ctx.save_for_backward(x, w_up, w_down, u)
+        return F.linear(act(u), w_down)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, w_up, w_down, u = ctx.saved_tensors
+        grad_s = grad @ w_down.to(grad.dtype)  # (..., inner)
+        grad_u = _ACT_BACKWARD[type(ctx.act)](ctx.act, grad_s, u)
+        grad_x = grad_u @ w_up.to(grad.dtype) if ctx.needs_input_grad[0] else None
+        grad_up = _flat(grad_u).T @ _flat(x).to(grad.dtype) if ctx.needs_input_grad[1] else None
+        grad_down = _flat(grad).T @ _flat(ctx.act(u)).to(grad.dtype) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_up, grad_down, None
+
+
+# d act(u) / du applied to a gradient, as autograd computes it (aten ops: traceable by torch.compile)
+_ACT_BACKWARD = {
+    nn.SiLU: lambda act, g, u: torch.ops.aten.silu_backward(g, u),
+    nn.GELU: lambda act, g, u: torch.ops.aten.gelu_backward(g, u, approximate=act.approximate),
+    nn.ReLU: lambda act, g, u: torch.ops.aten.threshold_backward(g, u, 0),
+}
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])  # (..., n) -> (tokens, n)

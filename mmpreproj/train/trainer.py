@@ -247,7 +247,9 @@ def _setup(
     if cfg.parallel == "fsdp":
         model = wrap_fsdp(model, ctx)  # in place, before the optimizer sees the (now sharded) parameters
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    fused = cfg.parallel != "fsdp" and all(p.device.type in ("cpu", "cuda") for p in params)  # one kernel per step
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay, fused=fused or None)
     scheduler = make_scheduler(
         optimizer, warmup=cfg.warmup_steps, total=cfg.steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio
     )

@@ -1,0 +1,63 @@
+"""Which dtype the injected modules compute in, and their weights cast to it (fp32 master weights).
+
+The injected weights stay float32, the copy the optimizer updates. With `compute_dtype="input"` the modules
+compute like one of the host's own linear layers: in the dtype of the activations they receive, or in the
+autocast dtype when autocast is on, so a bf16 host pays bf16 matmuls only. `"float32"` is the earlier
+behaviour: inputs are cast to the weights' dtype (autocast, when on, still decides the matmul dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["COMPUTE_DTYPES", "WeightCasts", "resolve_compute_dtype"]
+
+COMPUTE_DTYPES = ("input", "float32")
+
+
+def resolve_compute_dtype(mode: str, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype a module computes in for input `x`: autocast's when on, else `x`'s ("input") or the weight's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if mode == "input" else weight.dtype
+
+
+class WeightCasts:
+    """A module's weights in a compute dtype.
+
+    While a gradient is needed the cast is an autograd op, so gradients land in the fp32 parameters and no
+    stale copy is ever used in training; such a forward also drops every kept cast, since an optimizer step
+    follows it (fused AdamW updates in place without bumping version counters). Otherwise (inference,
+    `generate`) each weight is cast once per dtype and kept, keyed on the parameter's storage, in-place version
+    and device: `load_state_dict`/`load_adapter` (in-place copies) and foreach/for-loop optimizer steps make a
+    new cast, and the modules drop their casts on `.to()`. Writes that bypass version counters without a training forward first
+    (through `.data`, a fused optimizer stepping on gradients set by hand) need `clear()`. A plain attribute,
+    never in a state dict.
+    """
+
+    def __init__(self) -> None:
+        self._casts: dict[tuple[int, torch.dtype], tuple[tuple, torch.Tensor]] = {}
+
+    def clear(self) -> None:
+        self._casts.clear()
+
+    def __call__(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if weight.dtype == dtype:
+            return weight
+        if torch.is_grad_enabled() and weight.requires_grad:
+            self._casts.clear()
+            return weight.to(dtype)
+        key = (weight.data_ptr(), weight._version, weight.device, weight.shape)
+        slot = (id(weight), dtype)
+        hit = self._casts.get(slot)
+        if hit is None or hit[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
+                hit = (key, weight.detach().to(dtype))
+            self._casts[slot] = hit
+        return hit[1]
+
+    def __deepcopy__(self, memo: dict) -> WeightCasts:
+        return WeightCasts()  # a copy's weights are new tensors: nothing cached applies to them
+
+    def __getstate__(self) -> dict:
+        return {"_casts": {}}  # pickling a module (torch.save) never carries casts
