@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
 
     for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
-                           ("demo", "the offline main job: `reproduce --preset mini`")):
+                           ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods")):
         p = sub.add_parser(name, help=helptext)
         from .train.config import METHODS
         from .train.presets import PRESETS
@@ -193,8 +193,10 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
     out = args.out or f"runs/{preset}"
     kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress,
                               "seeds": args.seeds, "command": _command_line()}
-    if methods:
-        kwargs["methods"] = methods
+    if methods or args.command == "demo":
+        from .reproduce import DEMO_METHODS
+
+        kwargs["methods"] = methods or DEMO_METHODS
     if args.limit is not None:
         kwargs["eval_settings"] = {"limit": args.limit}
     kwargs["train_overrides"] = _repro_overrides(args)

@@ -77,8 +77,8 @@ def lr_sweep(
     base_row, _, _ = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
     points: dict[str, dict[float, dict[str, Any]]] = {}
     reused_n = 0
-    for method in methods:
-        for lr in lrs:
+    for lr in lrs:  # LR-major: a sweep cut short still compares the methods at the LRs it reached
+        for method in methods:
             run_dir = out / method / f"lr-{lr:g}"
             cfg = get_preset(preset, method=method, lr=lr, out=str(run_dir), progress=progress, **overrides)
 
@@ -98,6 +98,7 @@ def lr_sweep(
             reused_n += reused
             log.info("%s lr %g: %s", method, lr, "read back" if reused else "trained and evaluated")
             points.setdefault(method, {})[lr] = row
+    points = {m: dict(sorted(points[m].items())) for m in methods}
     seconds = time.time() - t0
     baseline_ppl = base_row.get("ppl.ppl")
     table = format_sweep_table(points, baseline_ppl)

@@ -120,6 +120,8 @@ def plot_results(panels: Mapping[str, Mapping[str, tuple[float, float]]], path: 
                  title: str | None = None, refs: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """One bar panel per metric: `{metric label: {method: (mean, std)}}`, error bars = std over seeds.
     `refs` (`{metric label: {method: value}}`) are drawn as black ticks (e.g. the paper's figures)."""
+    if not panels:
+        raise ValueError("plot_results needs at least one metric panel")
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.8), dpi=120, squeeze=False)
     for ax, (label, values) in zip(axes[0], panels.items()):
@@ -136,8 +138,9 @@ def plot_results(panels: Mapping[str, Mapping[str, tuple[float, float]]], path: 
         ax.grid(alpha=0.3, axis="y")
         lo = min(m - s for m, s in zip(means, stds))
         hi = max(m + s for m, s in zip(means, stds))
-        if lo > 0 and hi / lo < 3:  # zoom in when the bars would otherwise look equal
-            ax.set_ylim(lo - 0.15 * (hi - lo) - 1e-9, hi + 0.15 * (hi - lo) + 1e-9)
+        if 0 < lo < hi < 3 * lo:  # zoom in when the bars would otherwise look equal
+            ax.set_ylim(lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo))
+        ax.ticklabel_format(axis="y", useOffset=False)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)
