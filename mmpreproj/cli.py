@@ -132,8 +132,20 @@ def _train(args: argparse.Namespace) -> str:
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)
+    _loss_curve_png(out)
     m = result.metrics
     return f"trained {cfg.method} on {cfg.model}: {m.get('steps')} steps, final loss {m.get('final_loss'):.4f} -> {out}"
+
+
+def _loss_curve_png(run: str) -> None:
+    """The run folder's loss_curve.png (rank 0 only; skipped without matplotlib, the `plot` extra)."""
+    import importlib.util
+    import os
+
+    if os.environ.get("RANK", "0") == "0" and (Path(run) / "log.jsonl").is_file() and importlib.util.find_spec("matplotlib"):
+        from .analysis import plot_loss_curve
+
+        plot_loss_curve(run)
 
 
 def _eval(args: argparse.Namespace) -> str:
