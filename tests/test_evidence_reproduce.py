@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import mmpreproj.arms as arms
 from mmpreproj.reproduce import reproduce
@@ -15,22 +14,6 @@ from mmpreproj.sweep import lr_sweep
 REAL_TRAIN = arms.train
 FAST = {"steps": 2, "warmup_steps": 1, "max_len": 32, "batch_size": 2, "num_lines": 16, "save_every": 1}
 EVAL = {"limit": 6}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
-
-    from mmpreproj.data import asset_path
-
-    path = tmp_path_factory.mktemp("tiny-neox")
-    tok = AutoTokenizer.from_pretrained(str(asset_path("mini-pythia")))
-    torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, rotary_pct=0.25, max_position_embeddings=64)
-    GPTNeoXForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 class Killed(Exception):
@@ -57,10 +40,10 @@ def _is_png(path) -> bool:
     return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
 
 
-def test_stopped_reproduction_resumes_without_recomputing(tiny_dir, tmp_path, monkeypatch):
+def test_stopped_reproduction_resumes_without_recomputing(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "rep"
     kw = dict(methods=("skip", "lora_matched"), seeds="0,1", eval_settings=EVAL, progress=False,
-              train_overrides={"model": str(tiny_dir), **FAST})
+              train_overrides={"model": str(tiny_model_dir), **FAST})
     calls = _spy(monkeypatch, fail_after=3)
     with pytest.raises(Killed):  # killed while training the 4th arm
         reproduce("mini", out, **kw)
@@ -105,10 +88,10 @@ def test_stopped_reproduction_resumes_without_recomputing(tiny_dir, tmp_path, mo
     assert arms.read_arm(done.parent, changed) is None  # a changed setting is recomputed, never mixed in
 
 
-def test_sweep_writes_plot_and_reads_points_back(tiny_dir, tmp_path, monkeypatch):
+def test_sweep_writes_plot_and_reads_points_back(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     kw = dict(methods=("skip",), lrs=(1e-4, 1e-2), eval_settings=EVAL, progress=False,
-              train_overrides={"model": str(tiny_dir), **FAST})
+              train_overrides={"model": str(tiny_model_dir), **FAST})
     points = lr_sweep("mini", out, **kw)
     assert sorted(points["skip"]) == [1e-4, 1e-2] and all(r["ppl.ppl"] > 1 for r in points["skip"].values())
     assert _is_png(out / "lr_sweep.png") and _is_png(out / "skip" / "lr-0.01" / "loss_curve.png")
