@@ -248,7 +248,9 @@ def _write_outputs(out: Path, preset: str, rows: list[dict[str, Any]], items: di
     summary = summarize(rows, methods)
     comps = comparisons(rows, items, methods, seeds)
     table = format_summary_table(summary, preset)
-    (out / "table.md").write_text(table + "\n")
+    reading = [f"- {s}" for s in noise_sentences(comps)]
+    (out / "table.md").write_text(table + ("\n\nLarger than the noise (95% paired intervals, see report.md):\n"
+                                           + "\n".join(reading) if reading else "") + "\n")
     compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows)
     results = {"preset": preset, "seeds": seeds, "methods": list(methods), "eval": settings,
                "seconds": seconds, "compute_seconds": compute_s, "reused": reused, "command": command,
@@ -275,7 +277,7 @@ def _write_outputs(out: Path, preset: str, rows: list[dict[str, Any]], items: di
                   "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
                   "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
                   "replicates). A difference is called beyond the noise when every interval excludes zero.", ""]
-        lines += [f"- {s}" for s in noise_sentences(comps)] + ["", format_comparisons(comps), ""]
+        lines += reading + ["", format_comparisons(comps), ""]
     if figs:
         lines += ["## Figures", ""]
         for name, caption in figs:
