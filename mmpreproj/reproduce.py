@@ -105,7 +105,9 @@ def comparisons(rows: list[dict[str, Any]], items: dict[tuple[str, int | None], 
         if len({r.get(metric) for r in rows if r.get(metric) is not None}) < 2:
             continue  # absent, or the same for every arm (mini's LAMBADA accuracy is 0 everywhere): nothing to compare
         for method in methods:
-            for ref in (r for r in REFERENCES if r != method and (r == "baseline" or r in methods)):
+            # a reference arm meets only the references before it (lora_matched - lora, not also lora - lora_matched)
+            refs = REFERENCES[: REFERENCES.index(method)] if method in REFERENCES else REFERENCES
+            for ref in (r for r in refs if r == "baseline" or r in methods):
                 a, b = values(method, metric), values(ref, metric)
                 if a and b:
                     out.append(compare(a, b, method=method, reference=ref, metric=metric,
