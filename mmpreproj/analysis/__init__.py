@@ -1,4 +1,5 @@
-"""Reading a trained adapter: skip norms per layer, how much each layer routes around attention."""
+"""Reading a trained adapter (skip norms per layer, how much each layer routes around attention), the statistics
+of a multi-seed reproduction (`stats`) and the figures (`plot`)."""
 
 from .plot import (
     plot_loss_curve,
