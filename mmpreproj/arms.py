@@ -27,7 +27,7 @@ from .train.checkpoint import CHECKPOINT_NAME
 from .train.config import RESUME_FREE_FIELDS, TrainConfig
 from .train.runlog import write_json
 
-__all__ = ["ARM_FILE", "arm_key", "eval_arm", "read_arm", "run_arm", "train_arm"]
+__all__ = ["ARM_FILE", "arm_key", "eval_arm", "finish_curve", "read_arm", "run_arm", "skip_rows", "train_arm"]
 
 ARM_FILE = "eval.json"
 
