@@ -1,4 +1,4 @@
-"""The `mmpreproj` command: train, eval, analyze, reproduce, demo (also `python -m mmpreproj`)."""
+"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, demo (also `python -m mmpreproj`)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
 
     for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
-                           ("demo", "the offline main job: `reproduce --preset mini`")):
+                           ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods")):
         p = sub.add_parser(name, help=helptext)
         from .train.config import METHODS
         from .train.presets import PRESETS
@@ -101,6 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
         p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
         p.add_argument("--data", default=None, help="override the preset's training data (hub id or local file)")
+        p.add_argument("--seeds", default=None,
+                       help="K (the preset's seed and the next K-1) or a list such as 0,3,7 (default: the preset's seed)")
+
+    p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
+    from .sweep import DEFAULT_LRS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
+    p.add_argument("--methods", default="preproj_skip,lora", help="comma-separated (default: %(default)s)")
+    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="peak LRs (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="override the preset's seed")
+    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
+    p.add_argument("--limit", type=int, default=None, help="PPL rows (default: the protocol's 300)")
+    p.add_argument("--data-source", choices=("local", "hub"), default="local")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap
 
 
@@ -179,8 +195,20 @@ def _train(args: argparse.Namespace) -> str:
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)
+    _loss_curve_png(out)
     m = result.metrics
     return f"trained {cfg.method} on {cfg.model}: {m.get('steps')} steps, final loss {m.get('final_loss'):.4f} -> {out}"
+
+
+def _loss_curve_png(run: str) -> None:
+    """The run folder's loss_curve.png (rank 0 only; skipped without matplotlib, the `plot` extra)."""
+    import importlib.util
+    import os
+
+    if os.environ.get("RANK", "0") == "0" and (Path(run) / "log.jsonl").is_file() and importlib.util.find_spec("matplotlib"):
+        from .analysis import plot_loss_curve
+
+        plot_loss_curve(run)
 
 
 def _eval(args: argparse.Namespace) -> str:
@@ -240,19 +268,41 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
 
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
     out = args.out or f"runs/{preset}"
-    kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress}
-    if methods:
-        kwargs["methods"] = methods
+    kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress,
+                              "seeds": args.seeds, "command": _command_line()}
+    if methods or args.command == "demo":
+        from .reproduce import DEMO_METHODS
+
+        kwargs["methods"] = methods or DEMO_METHODS
     if args.limit is not None:
         kwargs["eval_settings"] = {"limit": args.limit}
-    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k) is not None}
-    if args.steps is not None:
-        overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
-    if overrides:
-        kwargs["train_overrides"] = overrides
+    kwargs["train_overrides"] = _repro_overrides(args)
     rows = reproduce(preset, out, **kwargs)
     print((Path(out) / "table.md").read_text())
-    return f"{len(rows)} rows -> {out}/table.md, results.json, skip_norms.png"
+    return f"{len(rows)} rows -> {out}/report.md (table, intervals, figures), results.json"
+
+
+def _repro_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k, None) is not None}
+    if args.steps is not None:
+        overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
+    return overrides
+
+
+def _command_line() -> str:
+    return "mmpreproj " + " ".join(sys.argv[1:]) if sys.argv and "pytest" not in sys.argv[0] else "mmpreproj"
+
+
+def _sweep(args: argparse.Namespace) -> str:
+    from .sweep import lr_sweep, parse_lrs
+
+    out = args.out or f"runs/{args.preset}-lr-sweep"
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    lr_sweep(args.preset, out, methods, parse_lrs(args.lrs), seed=args.seed, data_source=args.data_source,
+             eval_settings={"limit": args.limit} if args.limit is not None else None,
+             train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
+    print((Path(out) / "sweep.md").read_text())
+    return f"{out}/report.md, lr_sweep.png"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -266,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _eval(args)
         elif args.command == "analyze":
             summary = _analyze(args)
+        elif args.command == "sweep":
+            summary = _sweep(args)
         else:
             summary = _reproduce(args, "mini" if args.command == "demo" else args.preset)
     except KeyboardInterrupt:

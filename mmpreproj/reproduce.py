@@ -1,128 +1,124 @@
-"""`reproduce`: the paper's Table 2 for one preset — baseline plus every frozen-probe method, one table.
+"""`reproduce`: the paper's Table 2 for one preset — baseline plus every frozen-probe method, per seed, with
+spread and paired intervals, figures and a `report.md`.
 
-    rows = reproduce("mini", out="runs/demo")            # offline, CPU, minutes
-    rows = reproduce("pythia-160m", out="runs/160m")     # online, GPU, the paper's protocol
+    rows = reproduce("mini", out="runs/demo")                      # offline, CPU, one seed, ~10 minutes
+    rows = reproduce("mini", out="runs/mini-3seeds", seeds=3)      # seeds 42, 43, 44 (the preset's seed + i)
+    rows = reproduce("pythia-160m", out="runs/160m")               # online, GPU, the paper's protocol
 
-Steps: load the base once; evaluate it; for each method train a fresh copy of the base (frozen probe),
-evaluate it, and read its skip norms and routing ratios; write `results.json`, `table.md` and
-`skip_norms.png` under `out`.
+Steps: load the base once and evaluate it; for each seed and method train a fresh copy of the base (the seed
+drives the adapter init and the data order), evaluate it with per-item scores, read its skip norms and
+routing ratios. Each arm is recorded in `out/<method>/seed-<s>/eval.json` beside its run folder, so a stopped
+reproduction restarts where it was: finished arms are read back, not recomputed (`mmpreproj.arms`).
+Writes under `out`: results.json, table.md, report.md, loss_curves.png, results.png, skip_norms.png,
+skip_growth.png, and loss_curve.png in every run folder.
 """
 
 from __future__ import annotations
 
-import copy
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .analysis import PAPER_SKIP_NORMS, plot_skip_norms, routing_ratios, skip_norms
-from .eval import evaluate
-from .paper import PAPER_TABLE2, TABLE_METRICS
-from .report import trainable_report
-from .train import get_preset, load_model_and_tokenizer, train
+from .analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
+from .analysis.plot import read_losses
+from .analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
+from .config import PreProjConfig
+from .paper import PAPER_TABLE2
+from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
+from .train import get_preset, load_model_and_tokenizer
 from .train.config import METHODS
 
-__all__ = ["reproduce", "format_table", "DEMO_EVAL"]
+__all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
 
+log = logging.getLogger("mmpreproj.reproduce")
+
+DEFAULT_METHODS = ("preproj", "skip", "preproj_skip", "lora", "lora_matched", "preproj_lora")
+DEMO_METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")  # the paper's five: `demo` stays ~10 min
 # What the offline demo evaluates: train on WikiText valid lines, so PPL is measured on test rows.
 DEMO_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag"), "ppl_split": "test", "limit": None}
 PAPER_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag", "arc_easy"), "ppl_split": "validation", "limit": None}
+METRICS = ("lambada.acc", "hellaswag.acc", "arc_easy.acc", "ppl.ppl", "lambada.ppl")
+REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared with these (when present)
+# Paper Figure-2 widths, to divide its norms by their init value (std 1e-4 * d for a d x d weight).
+PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
 
 
-def _cell(value: Any, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
+def parse_seeds(text: str | int | Sequence[int] | None, default: int) -> list[int]:
+    """"3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default]."""
+    if text is None:
+        return [default]
+    if isinstance(text, int) or (isinstance(text, str) and "," not in text):
+        k = int(text)
+        if k < 1:
+            raise ValueError(f"seeds={text!r}; a count must be >= 1 (or pass a list such as 0,3,7)")
+        return [default + i for i in range(k)]
+    seeds = [int(s) for s in text.split(",") if s.strip()] if isinstance(text, str) else [int(s) for s in text]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds={text!r}; must be distinct integers, e.g. 0,3,7")
+    return seeds
 
 
 def format_table(rows: list[dict[str, Any]], preset: str) -> str:
-    """A markdown table in the paper's Table 2 layout (plus LAMBADA target perplexity, lm-eval's);
-    paper figures in brackets for paper presets."""
-    paper = PAPER_TABLE2.get(preset, {})
-    head = "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL | LAMBADA ppl |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        cells = [_cell(row.get(f"{task}.{metric}"), ".1f" if metric == "ppl" else ".3f") for task, metric in TABLE_METRICS]
-        params = f"{row['params'] / 1e6:.1f}M" if row["params"] else "-"
-        ref = paper.get(row["method"])
-        if ref:
-            cells = [f"{c} ({_cell(p, '.1f' if i == 3 else '.3f')})" for i, (c, p) in enumerate(zip(cells, ref[1:]))]
-            params += f" ({ref[0] or '-'})"
-        cells.append(_cell(row.get("lambada.ppl"), ".4g"))
-        lines.append(f"| {preset} | {row['method']} | {params} | " + " | ".join(cells) + " |")
-    if paper:
-        lines.append("\nIn brackets: the paper's Table 2 (500-sample evaluations, line-level PPL).")
-    return "\n".join(lines)
+    """The Table-2 layout for one row per method (one seed), paper figures in brackets for paper presets."""
+    summary = {r["method"]: {"params": r.get("params"),
+                             **{m: (r[m], 0.0, 1) if r.get(m) is not None else None for m in METRICS}} for r in rows}
+    return format_summary_table(summary, preset)
 
 
-def _flatten(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {f"{task}.{k}": v for task, metrics in results.items() for k, v in metrics.items()}
+def summarize(rows: list[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """{method: {"params", metric: (mean, std, n) or None}} over the seeds of each method (baseline first)."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in ("baseline", *methods):
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"params": mine[0].get("params")}
+        for m in METRICS:
+            vals = [r[m] for r in mine if r.get(m) is not None]
+            entry[m] = mean_std(vals) if vals else None
+        out[method] = entry
+    return out
 
 
-def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.device):
+def comparisons(rows: list[dict[str, Any]], items: dict[tuple[str, int | None], dict], methods: Sequence[str],
+                seeds: Sequence[int]) -> list[Comparison]:
+    """Every method against baseline and the LoRA arms, on every metric with per-item scores."""
+    def values(method: str, metric: str) -> dict[int, float]:
+        if method == "baseline":
+            base = next(r for r in rows if r["method"] == "baseline")
+            return {s: base[metric] for s in seeds} if base.get(metric) is not None else {}
+        return {r["seed"]: r[metric] for r in rows if r["method"] == method and r.get(metric) is not None}
+
+    def item_scores(method: str, metric: str) -> dict[int, list[float]] | None:
+        task, key, _ = ITEM_METRICS[metric]
+        got = {s: items.get((method, None if method == "baseline" else s), {}).get(task, {}).get(key) for s in seeds}
+        return None if any(v is None for v in got.values()) else got  # type: ignore[return-value]
+
+    out = []
+    for metric in ("ppl.ppl", "lambada.ppl", "hellaswag.acc", "lambada.acc", "arc_easy.acc"):
+        if len({r.get(metric) for r in rows if r.get(metric) is not None}) < 2:
+            continue  # absent, or the same for every arm (mini's LAMBADA accuracy is 0 everywhere): nothing to compare
+        for method in methods:
+            # a reference arm meets only the references before it (lora_matched - lora, not also lora - lora_matched)
+            refs = REFERENCES[: REFERENCES.index(method)] if method in REFERENCES else REFERENCES
+            for ref in (r for r in refs if r == "baseline" or r in methods):
+                a, b = values(method, metric), values(ref, metric)
+                if a and b:
+                    out.append(compare(a, b, method=method, reference=ref, metric=metric,
+                                       items=item_scores(method, metric), ref_items=item_scores(ref, metric)))
+    return out
+
+
+def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.device) -> Iterator[dict]:
     for text in texts:
         enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_len)
         yield {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-
-
-def reproduce(
-    preset: str,
-    out: str | Path,
-    methods: Sequence[str] = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora"),
-    *,
-    eval_settings: dict[str, Any] | None = None,
-    data_source: str = "local",
-    protocol: str = "paper",
-    train_overrides: dict[str, Any] | None = None,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    """Run baseline + `methods` for `preset` and write results.json, table.md and skip_norms.png to `out`."""
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; allowed values: {list(METHODS)}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))
-    tasks, limit, ppl_split = settings["tasks"], settings["limit"], settings["ppl_split"]
-    base_cfg = get_preset(preset, **(train_overrides or {}))
-    base, tokenizer = load_model_and_tokenizer(base_cfg)
-
-    def run_eval(model) -> dict[str, Any]:
-        res = evaluate(model, tokenizer, tasks, protocol=protocol, limit=limit, data_source=data_source,
-                       ppl_split=ppl_split, progress=progress)
-        return _flatten(res)
-
-    t0 = time.time()
-    rows: list[dict[str, Any]] = [{"method": "baseline", "params": 0, **run_eval(base)}]
-    norms: dict[str, list[float]] = {}
-    texts = _ratio_texts(data_source, ppl_split)
-    for method in methods:
-        cfg = get_preset(preset, method=method, out=str(out / method), overwrite=True,
-                         progress=progress, **(train_overrides or {}))
-        result = train(cfg, model=copy.deepcopy(base), tokenizer=tokenizer)
-        model = result.model
-        row = {"method": method, "params": trainable_report(model).trainable, **run_eval(model),
-               "train_loss": result.final_loss, "train_seconds": result.metrics.get("train_seconds")}
-        sn = skip_norms(model)
-        if sn:
-            row["skip_norms"] = list(sn.values())
-            norms[method] = row["skip_norms"]
-            device = next(model.parameters()).device
-            row["routing_ratios"] = list(routing_ratios(model, _ratio_batches(tokenizer, texts, base_cfg.max_len, device)).values())
-        rows.append(row)
-        del model, result
-    table = format_table(rows, preset)
-    (out / "table.md").write_text(table + "\n")
-    summary = {"preset": preset, "protocol": protocol, "eval": settings, "seconds": time.time() - t0, "rows": rows}
-    (out / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    if norms:
-        series = dict(norms)
-        if preset in PAPER_SKIP_NORMS:
-            series["paper"] = PAPER_SKIP_NORMS[preset]
-        plot_skip_norms(series, out / "skip_norms.png", title=f"||W_skip||_F per layer ({preset})")
-    return rows
 
 
 def _ratio_texts(data_source: str, split: str, n: int = 32) -> list[str]:
@@ -130,3 +126,172 @@ def _ratio_texts(data_source: str, split: str, n: int = 32) -> list[str]:
     from .data import wikitext_lines
 
     return [line for line in wikitext_lines(split, data_source) if len(line.strip()) > 50][:n]
+
+
+def reproduce(
+    preset: str,
+    out: str | Path,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    *,
+    seeds: str | int | Sequence[int] | None = None,
+    eval_settings: dict[str, Any] | None = None,
+    data_source: str = "local",
+    protocol: str = "paper",
+    train_overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> list[dict[str, Any]]:
+    """Run baseline + `methods` x `seeds` for `preset`; write the tables, figures and report.md to `out`.
+
+    Returns one row per arm (baseline first, then seed by seed). `command` is quoted in the report.
+    """
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"unknown method {m!r}; allowed values: {list(METHODS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))
+    settings["tasks"] = list(settings["tasks"])
+    base_cfg = get_preset(preset, **(train_overrides or {}))
+    seed_list = parse_seeds(seeds, base_cfg.seed)
+    base, tokenizer = load_model_and_tokenizer(base_cfg)
+    device = next(base.parameters()).device
+    eval_key = {**settings, "protocol": protocol, "data_source": data_source}
+    texts = _ratio_texts(data_source, settings["ppl_split"])
+    t0 = time.time()
+
+    def run_eval(model):
+        return eval_arm(model, tokenizer, settings, data_source=data_source, protocol=protocol, progress=progress)
+
+    def baseline(fresh: bool):
+        row, its = run_eval(base)
+        return {"method": "baseline", "seed": None, "params": 0, **row}, its
+
+    row, its, reused = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
+    log.info("baseline: %s", "read back" if reused else "evaluated")
+    rows, items, reused_arms = [row], {("baseline", None): its}, []
+    for seed in seed_list:
+        for method in methods:
+            run_dir = out / method / f"seed-{seed}"
+            cfg = get_preset(preset, method=method, seed=seed, out=str(run_dir), progress=progress,
+                             **(train_overrides or {}))
+
+            def compute(fresh: bool, cfg=cfg, run_dir=run_dir):
+                model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
+                metrics, its = run_eval(model)
+                row.update(metrics)
+                skip_rows(model, row, lambda: _ratio_batches(tokenizer, texts, base_cfg.max_len, device))
+                finish_curve(run_dir, row, cfg.steps, f"{cfg.method}, seed {cfg.seed}, LR {cfg.lr:g}")
+                return row, its
+
+            row, its, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
+            if reused:
+                reused_arms.append(f"{method}/seed-{seed}")
+            log.info("%s seed %d: %s", method, seed, "read back" if reused else "trained and evaluated")
+            rows.append(row)
+            items[(method, seed)] = its
+    _write_outputs(out, preset, rows, items, methods, seed_list, settings, base_cfg, base,
+                   seconds=time.time() - t0, reused=reused_arms, command=command)
+    return rows
+
+
+def _figures(out: Path, preset: str, rows: list[dict[str, Any]], methods: Sequence[str],
+             summary: dict[str, dict[str, Any]], hidden: int, init_std: float) -> list[tuple[str, str]]:
+    """Write the figures; returns (file name, caption) of each."""
+    figs = []
+    curves = {m: [read_losses(out / m / f"seed-{r['seed']}") for r in rows if r["method"] == m
+                  and (out / m / f"seed-{r['seed']}" / "log.jsonl").is_file()] for m in methods}
+    curves = {m: c for m, c in curves.items() if c}
+    if curves:
+        plot_loss_curves(curves, out / "loss_curves.png", title=f"train loss, 10-step mean ({preset}; one line per seed)")
+        figs.append(("loss_curves.png", "Train loss of every arm (10-step mean), one line per seed."))
+    panels = {}
+    for m in ("ppl.ppl", "lambada.ppl", "hellaswag.acc", "arc_easy.acc", "lambada.acc"):
+        vals = {k: v[m][:2] for k, v in summary.items() if v.get(m) is not None}
+        if vals and not (m == "lambada.acc" and all(v[0] == 0 for v in vals.values())):
+            panels[METRIC_LABELS[m]] = vals
+    paper = PAPER_TABLE2.get(preset, {})
+    refs = {METRIC_LABELS[m]: {k: v[i] for k, v in paper.items() if v[i] is not None}
+            for m, i in (("lambada.acc", 1), ("hellaswag.acc", 2), ("arc_easy.acc", 3), ("ppl.ppl", 4))}
+    if panels:
+        n = len({r.get("seed") for r in rows if r["method"] != "baseline"})
+        plot_results(panels, out / "results.png", refs=refs,
+                     title=f"{preset}: mean over {n} seed(s), error bars = std over seeds"
+                     + ("; black ticks = paper" if paper else ""))
+        figs.append(("results.png", "Each metric per method; error bars are the standard deviation over seeds."))
+    norms = {m: [r["skip_norms"] for r in rows if r["method"] == m and r.get("skip_norms")] for m in methods}
+    norms = {m: [sum(col) / len(col) for col in zip(*v)] for m, v in norms.items() if v}
+    if norms:
+        series = dict(norms)
+        if preset in PAPER_SKIP_NORMS:
+            series["paper"] = PAPER_SKIP_NORMS[preset]
+        plot_skip_norms(series, out / "skip_norms.png", title=f"||W_skip||_F per layer ({preset}, mean over seeds)")
+        figs.append(("skip_norms.png", "||W_skip||_F per layer (mean over seeds)."))
+        growth = {f"{m} ({preset})": [v / (init_std * hidden) for v in vals] for m, vals in norms.items()}
+        for p, width in PAPER_WIDTHS.items():
+            growth[f"paper {p.removeprefix('pythia-')}"] = [v / (1e-4 * width) for v in PAPER_SKIP_NORMS[p]]
+        plot_skip_growth(growth, out / "skip_growth.png")
+        figs.append(("skip_growth.png", f"||W_skip||_F per layer divided by its value at init (std x d = "
+                     f"{init_std:g} x {hidden}; the paper's: 1e-4 x 768 and 1e-4 x 1024), against relative depth."))
+    return figs
+
+
+def _arm_times(rows: list[dict[str, Any]]) -> str:
+    """"baseline eval 1.0 min; a trained arm 2.1-2.6 min" (train + eval wall per arm)."""
+    base = next((r for r in rows if r["method"] == "baseline"), {})
+    arms = [(r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows if r["method"] != "baseline"]
+    text = f"baseline eval {(base.get('eval_seconds') or 0) / 60:.1f} min"
+    return text + (f"; a trained arm {min(arms) / 60:.1f}-{max(arms) / 60:.1f} min" if arms else "")
+
+
+def _write_outputs(out: Path, preset: str, rows: list[dict[str, Any]], items: dict, methods: Sequence[str],
+                   seeds: list[int], settings: dict[str, Any], base_cfg, base, *, seconds: float,
+                   reused: list[str], command: str | None) -> None:
+    summary = summarize(rows, methods)
+    comps = comparisons(rows, items, methods, seeds)
+    table = format_summary_table(summary, preset)
+    reading = [f"- {s}" for s in noise_sentences(comps)]
+    (out / "table.md").write_text(table + ("\n\nLarger than the noise (95% paired intervals, see report.md):\n"
+                                           + "\n".join(reading) if reading else "") + "\n")
+    compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows)
+    results = {"preset": preset, "seeds": seeds, "methods": list(methods), "eval": settings,
+               "seconds": seconds, "compute_seconds": compute_s, "reused": reused, "command": command,
+               "rows": rows, "summary": summary,
+               "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps]}
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    init_std = PreProjConfig().skip_init_std
+    figs = _figures(out, preset, rows, methods, summary, int(base.config.hidden_size), init_std)
+    train = {k: v for k, v in base_cfg.to_dict().items()
+             if k in ("model", "data", "num_lines", "max_len", "steps", "warmup_steps", "lr", "schedule", "batch_size",
+                      "grad_accum", "precision", "max_grad_norm")}
+    lines = [f"# Reproduction: {preset}, {len(seeds)} seed(s)", "",
+             f"Command: `{command or f'mmpreproj reproduce --preset {preset}'}`", "",
+             f"Seeds: {', '.join(map(str, seeds))} (each seed drives the adapter init and the data order; the "
+             "untrained baseline does not depend on it).", "",
+             f"Time: {compute_s / 60:.1f} min summed over the arms' own train + eval wall times ({_arm_times(rows)}); "
+             f"{seconds / 60:.1f} min wall for this invocation" + (f", which read {len(reused)} arm(s) back from an "
+                                                                   "earlier run" if reused else "") + ".", "",
+             "Training: " + ", ".join(f"{k}={v}" for k, v in train.items()) + ".", "",
+             "Evaluation: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " (the paper's evaluators).", "",
+             "## Table", "", table, ""]
+    if comps:
+        lines += ["## Differences and noise", "",
+                  "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
+                  "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
+                  "replicates). A difference is called beyond the noise when every interval excludes zero.", ""]
+        lines += reading + ["", format_comparisons(comps), ""]
+    if figs:
+        lines += ["## Figures", ""]
+        for name, caption in figs:
+            lines += [f"![{name}]({name})", "", caption, ""]
+    skips = [r for r in rows if r.get("skip_norms")]
+    if skips:
+        lines += ["## Skip norms and routing ratios (per seed)", "", "| method | seed | ||W_skip||_F per layer | "
+                  "||W_skip x~|| / ||attn_out|| |", "|---|---|---|---|"]
+        for r in skips:
+            ratios = ", ".join(f"{v:.2f}" for v in r.get("routing_ratios", []))
+            lines.append(f"| {r['method']} | {r['seed']} | {', '.join(f'{v:.3f}' for v in r['skip_norms'])} | {ratios} |")
+        lines.append("")
+    lines += ["Each run folder (`<method>/seed-<s>/`) holds the adapter, `log.jsonl`, `metrics.json`, `eval.json` "
+              "(metrics and per-item scores) and `loss_curve.png`.", ""]
+    (out / "report.md").write_text("\n".join(lines))

@@ -13,7 +13,7 @@ from mmpreproj.train.schedule import lr_factor
 @pytest.mark.parametrize(
     ("field", "value", "expect"),
     [
-        ("method", "adapter", "allowed values: ['preproj', 'skip', 'preproj_skip', 'lora', 'preproj_lora']"),
+        ("method", "adapter", "allowed values: ['preproj', 'skip', 'preproj_skip', 'lora', 'preproj_lora', 'lora_matched']"),
         ("precision", "fp16", "allowed values: ['bf16', 'fp32']"),
         ("model_dtype", "float16", "allowed values: ['float32', 'bfloat16']"),
         ("schedule", "linear", "allowed values: ['cosine', 'constant']"),

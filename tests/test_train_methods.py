@@ -37,7 +37,8 @@ def test_counts_on_meta_models_match_the_paper(tables, size):
     counts = tables[size]
     for method in METHODS:
         assert counts[method] == expected_trainable(method, d, layers), method
-        assert round(counts[method] / 1e6, 1) == PAPER_M[size][method], (method, counts[method])
+        if method in PAPER_M[size]:  # lora_matched is ours, not in the paper's tables
+            assert round(counts[method] / 1e6, 1) == PAPER_M[size][method], (method, counts[method])
 
 
 def test_exact_figures_and_lora_ranks(tables):
@@ -58,7 +59,8 @@ def test_only_the_methods_weights_train(method):
     model = apply_method(tiny_neox(), method)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     kinds = {k for k in ("preproj", "skip", "lora_") if any(k in n for n in trainable)}
-    want = {"preproj_lora": {"preproj", "lora_"}, "lora": {"lora_"}, "preproj_skip": {"preproj", "skip"}}
+    want = {"preproj_lora": {"preproj", "lora_"}, "lora": {"lora_"}, "lora_matched": {"lora_"},
+            "preproj_skip": {"preproj", "skip"}}
     assert kinds == want.get(method, {method})
     assert trainable == _names(model, ".preproj.") | _names(model, ".skip.") | _names(model, "lora_")
     assert count_trainable(model) == expected_trainable(method, 32, 2)

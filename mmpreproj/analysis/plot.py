@@ -1,10 +1,40 @@
-"""A Figure-2-style plot of per-layer skip norms (matplotlib, headless)."""
+"""Figures (matplotlib, headless, PNG): skip norms (Figure-2 style), loss curves, results with error bars,
+skip growth relative to init, and PPL against learning rate."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["plot_skip_norms"]
+__all__ = [
+    "plot_loss_curve",
+    "plot_loss_curves",
+    "plot_lr_sweep",
+    "plot_results",
+    "plot_skip_growth",
+    "plot_skip_norms",
+    "read_losses",
+    "smooth",
+]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    _pyplot().close(fig)
+    return path
 
 
 def plot_skip_norms(
@@ -12,12 +42,9 @@ def plot_skip_norms(
     ylabel: str = "Frobenius norm",
 ) -> Path:
     """Plot one line per named series (x = relative depth when depths differ) and save a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for name, values in series.items():
         ax.plot(range(len(values)), values, marker="o", label=name)
@@ -27,9 +54,137 @@ def plot_skip_norms(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def read_losses(run_dir: str | Path) -> tuple[list[int], list[float]]:
+    """(steps, train losses) from a run folder's log.jsonl."""
+    steps, losses = [], []
+    for line in (Path(run_dir) / "log.jsonl").read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            steps.append(int(rec["step"]))
+            losses.append(float(rec["loss"]))
+    return steps, losses
+
+
+def smooth(values: Sequence[float], window: int = 10) -> list[float]:
+    """Trailing moving average over up to `window` values (the first values average what exists)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def plot_loss_curve(
+    run_dir: str | Path, path: str | Path | None = None, *, heldout: tuple[int, float] | None = None,
+    title: str | None = None,
+) -> Path:
+    """`run_dir/loss_curve.png`: train loss per step (raw and a 10-step average) and, when given, the held-out
+    loss `(step, value)` measured after training (the line-PPL evaluator's mean row loss)."""
+    steps, losses = read_losses(run_dir)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.plot(steps, losses, color="C0", alpha=0.3, lw=0.8, label="train loss")
+    ax.plot(steps, smooth(losses), color="C0", lw=1.6, label="train loss, 10-step mean")
+    if heldout is not None:
+        ax.plot([heldout[0]], [heldout[1]], "s", color="C3", label="held-out loss (mean row loss, end)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.set_title(title or Path(run_dir).name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, Path(run_dir) / "loss_curve.png" if path is None else path)
+
+
+def plot_loss_curves(curves: Mapping[str, Sequence[tuple[Sequence[int], Sequence[float]]]], path: str | Path,
+                     title: str = "train loss (10-step mean)") -> Path:
+    """Every arm on one figure: `{label: [(steps, losses) per seed]}`, one colour per label, one line per seed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for i, (label, runs) in enumerate(curves.items()):
+        for j, (steps, losses) in enumerate(runs):
+            ax.plot(steps, smooth(losses), color=f"C{i}", lw=1.2, alpha=0.85, label=label if j == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_results(panels: Mapping[str, Mapping[str, tuple[float, float]]], path: str | Path,
+                 title: str | None = None, refs: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+    """One bar panel per metric: `{metric label: {method: (mean, std)}}`, error bars = std over seeds.
+    `refs` (`{metric label: {method: value}}`) are drawn as black ticks (e.g. the paper's figures)."""
+    if not panels:
+        raise ValueError("plot_results needs at least one metric panel")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.8), dpi=120, squeeze=False)
+    for ax, (label, values) in zip(axes[0], panels.items()):
+        names = list(values)
+        means = [values[n][0] for n in names]
+        stds = [values[n][1] for n in names]
+        ax.bar(range(len(names)), means, yerr=stds, capsize=4, color=[f"C{i}" for i in range(len(names))])
+        for i, n in enumerate(names):
+            ref = (refs or {}).get(label, {}).get(n)
+            if ref is not None:
+                ax.plot([i - 0.4, i + 0.4], [ref, ref], color="k", lw=2)
+        ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        lo = min(m - s for m, s in zip(means, stds))
+        hi = max(m + s for m, s in zip(means, stds))
+        if 0 < lo < hi < 3 * lo:  # zoom in when the bars would otherwise look equal
+            ax.set_ylim(lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo))
+        ax.ticklabel_format(axis="y", useOffset=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_skip_growth(series: Mapping[str, Sequence[float]], path: str | Path,
+                     title: str = "||W_skip||_F per layer / its value at init") -> Path:
+    """Skip norm per layer divided by its init value, x = relative depth (layer / (L - 1)) so models of
+    different depth share the axis; log y (a mini model grows its skip far more than the paper's 160M)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    for name, values in series.items():
+        n = len(values)
+        xs = [i / (n - 1) if n > 1 else 0.0 for i in range(n)]
+        ax.plot(xs, values, marker="o", ms=4, label=f"{name} ({n} layers)",
+                ls="--" if name.startswith("paper") else "-")
+    ax.set_yscale("log")
+    ax.set_xlabel("relative depth (layer / (L - 1))")
+    ax.set_ylabel("norm / norm at init")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lr_sweep(points: Mapping[str, Sequence[tuple[float, float]]], path: str | Path, *,
+                  baseline: float | None = None, ylabel: str = "PPL", title: str = "final PPL vs learning rate",
+                  marks: Mapping[str, float] | None = None) -> Path:
+    """`{method: [(lr, value), ...]}` on log-log axes; `baseline` as a horizontal line, `marks` as vertical
+    lines (e.g. {"paper LR": 1e-5, "mini preset": 1e-3})."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    for name, pts in points.items():
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    if baseline is not None:
+        ax.axhline(baseline, color="k", ls=":", label="untrained base")
+    for i, (label, lr) in enumerate((marks or {}).items()):
+        ax.axvline(lr, color=f"C{7 + i}", ls="--", lw=1, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

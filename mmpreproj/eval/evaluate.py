@@ -79,6 +79,7 @@ def evaluate(
     doc_max_length: int | None = None,
     skip_unavailable: bool = True,
     progress: bool = True,
+    per_item: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate `model` on `tasks` and return `{task: {metric: value}}`.
 
@@ -98,6 +99,8 @@ def evaluate(
     whose data cannot be reached gets `{"unavailable": <one-line reason>}` (also logged) when
     `skip_unavailable`, else its `DataUnavailableError` / `LmEvalUnavailableError` is raised.
     Unknown task, protocol or data source names raise `ValueError` naming the allowed values.
+    `per_item=True` adds each paper-protocol task's per-example scores (`row_loss`, `item_logprob`,
+    `item_correct`), from which `mmpreproj.analysis.stats` bootstraps intervals.
     """
     tasks = list(tasks)
     if not tasks:
@@ -137,7 +140,8 @@ def evaluate(
             else:
                 n = limit if limit is not None else PAPER_LIMITS[task]
                 results[task] = _paper_task(
-                    model, tokenizer, task, n, data_source, ppl_split=ppl_split, max_length=max_length, **opts
+                    model, tokenizer, task, n, data_source, ppl_split=ppl_split, max_length=max_length,
+                    per_item=per_item, **opts
                 )
         except DataUnavailableError as err:
             unavailable(task, err)

@@ -22,6 +22,7 @@ def lambada_accuracy(
     max_length: int = 512,
     batch_size: int = 8,
     progress: bool = True,
+    per_item: bool = False,
 ) -> dict[str, Any]:
     """Accuracy over `{"context", "target"}` examples (from `mmpreproj.data.lambada_examples`).
 
@@ -33,7 +34,8 @@ def lambada_accuracy(
 
     Returns `{"acc", "ppl", "correct", "total", "skipped"}` with acc = correct / total and ppl =
     exp(-mean over examples of the summed log-likelihood of the target), lm-eval's `lambada_openai`
-    perplexity (informative where a small model's accuracy is 0).
+    perplexity (informative where a small model's accuracy is 0). With `per_item`, also `"item_logprob"` and
+    `"item_correct"` per counted example (for bootstrap intervals).
     """
     requests = []
     skipped = 0
@@ -49,5 +51,8 @@ def lambada_accuracy(
     correct = sum(s.greedy for s in scores)
     total = len(scores)
     ppl = math.exp(-sum(s.logprob for s in scores) / total) if total else float("nan")
-    return {"acc": correct / total if total else 0.0, "ppl": ppl, "correct": correct, "total": total,
-            "skipped": skipped}
+    out = {"acc": correct / total if total else 0.0, "ppl": ppl, "correct": correct, "total": total,
+           "skipped": skipped}
+    if per_item:
+        out.update(item_logprob=[s.logprob for s in scores], item_correct=[int(s.greedy) for s in scores])
+    return out

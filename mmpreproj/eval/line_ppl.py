@@ -24,6 +24,7 @@ def line_perplexity(
     min_tokens: int = 10,
     batch_size: int = 8,
     progress: bool = True,
+    per_item: bool = False,
 ) -> dict[str, Any]:
     """Line-level perplexity as in the paper's `evaluate_perplexity` (REFERENCE.md section 3).
 
@@ -33,7 +34,8 @@ def line_perplexity(
     the first, and PPL = exp(mean of row losses): rows count equally, whatever their length, which is why
     this is much higher than token-weighted document PPL.
 
-    Returns `{"ppl", "mean_loss", "rows" (scored), "skipped", "tokens" (scored)}`.
+    Returns `{"ppl", "mean_loss", "rows" (scored), "skipped", "tokens" (scored)}`, plus `"row_loss"` (each
+    scored row's mean loss, for bootstrap intervals) when `per_item`.
     """
     requests = []
     skipped = 0
@@ -48,10 +50,11 @@ def line_perplexity(
     scores = score_continuations(model, requests, batch_size, progress=progress, desc="line ppl")
     losses = [-s.logprob / s.n_tokens for s in scores]
     mean_loss = sum(losses) / len(losses)
-    return {
+    out = {
         "ppl": math.exp(mean_loss),
         "mean_loss": mean_loss,
         "rows": len(losses),
         "skipped": skipped,
         "tokens": sum(s.n_tokens for s in scores),
     }
+    return {**out, "row_loss": losses} if per_item else out

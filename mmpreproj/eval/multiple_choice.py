@@ -35,12 +35,13 @@ def multiple_choice_accuracy(
     batch_size: int = 8,
     progress: bool = True,
     desc: str = "multiple choice",
+    per_item: bool = False,
 ) -> dict[str, Any]:
     """Accuracy over `(context, choices, label)` items: each choice is scored as `context + " " + choice` by
     its mean token log-prob and the prediction is the first argmax. A choice with nothing left to score
     scores 0.0, as in the paper's code (`sum / max(n, 1)`).
 
-    Returns `{"acc", "correct", "total"}`.
+    Returns `{"acc", "correct", "total"}`, plus `"item_correct"` (0/1 per item) when `per_item`.
     """
     requests: list[tuple[list[int], list[int]]] = []
     slots: list[tuple[int, int]] = []  # (item, choice) of each request
@@ -55,9 +56,10 @@ def multiple_choice_accuracy(
     for (i, j), s in zip(slots, scores):
         table[i][j] = s.logprob / s.n_tokens
     preds = [max(range(len(row)), key=row.__getitem__) for row in table]
-    correct = sum(int(p == label) for p, (_, _, label) in zip(preds, items))
-    total = len(items)
-    return {"acc": correct / total if total else 0.0, "correct": correct, "total": total}
+    hits = [int(p == label) for p, (_, _, label) in zip(preds, items)]
+    correct, total = sum(hits), len(items)
+    out = {"acc": correct / total if total else 0.0, "correct": correct, "total": total}
+    return {**out, "item_correct": hits} if per_item else out
 
 
 def hellaswag_accuracy(

@@ -13,7 +13,7 @@ from ..validate import check_choice, check_field_types, check_rule
 
 __all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
 
-METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")
+METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora", "lora_matched")
 PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
 MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
 SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0

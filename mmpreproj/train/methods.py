@@ -7,9 +7,11 @@
 | preproj_skip  | pre-projection + content skip                                    | 24.8M   | 88.1M   |
 | lora          | peft LoRA on query_key_value + dense, r = int(P / (L*2*d*2))     | 26.5M   | 94.4M   |
 | preproj_lora  | pre-projection + LoRA r=64, alpha=128 on the same modules        | 21.2M   | 72.4M   |
+| lora_matched  | LoRA as `lora`, r = round(preproj_skip params / (6*d*L)) (ours)  | 24.8M   | 88.1M   |
 
 P = 2*d*int(1.25d)*L is the pre-projection's parameter count, so r = 480 (d=768, L=12) and 640 (d=1024, L=24);
-LoRA uses alpha = 2r and dropout 0 (peft, as the paper).
+LoRA uses alpha = 2r and dropout 0 (peft, as the paper). `lora_matched` is not in the paper: its rank makes
+LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 160M, 597 at 410M, 149 on mini).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "expected_trainable",
     "meta_model",
     "method_param_table",
+    "matched_lora_rank",
     "paper_lora_rank",
     "preproj_params",
     "resolve_lora",
@@ -51,7 +54,7 @@ class MethodSpec:
     preproj: bool
     skip: bool
     lora: bool
-    lora_rank: str | int | None = None  # "paper" = r from the parameter-matching formula
+    lora_rank: str | int | None = None  # "paper" = the paper's rule; "matched" = as many params as preproj_skip
 
 
 METHOD_SPECS: dict[str, MethodSpec] = {
@@ -60,6 +63,7 @@ METHOD_SPECS: dict[str, MethodSpec] = {
     "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
     "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
     "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
+    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched"),
 }
 assert tuple(METHOD_SPECS) == METHODS
 
@@ -80,6 +84,15 @@ def paper_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) 
     return int(preproj_params(hidden_size, num_layers, expansion) / (num_layers * 2 * hidden_size * 2))
 
 
+def matched_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
+    """The LoRA rank whose trainable count (r * 6d per block) is nearest pre-proj + skip's (P + d*d*L)."""
+    target = preproj_params(hidden_size, num_layers, expansion) + hidden_size * hidden_size * num_layers
+    return max(1, round(target / (6 * hidden_size * num_layers)))
+
+
+_RANK_RULES = {"paper": paper_lora_rank, "matched": matched_lora_rank}
+
+
 def resolve_lora(
     method: str, hidden_size: int, num_layers: int, r: int | None = None, alpha: int | None = None
 ) -> tuple[int, int]:
@@ -88,7 +101,8 @@ def resolve_lora(
     if not spec.lora:
         raise ValueError(f"method {method!r} has no LoRA")
     if r is None:
-        r = paper_lora_rank(hidden_size, num_layers) if spec.lora_rank == "paper" else int(spec.lora_rank)
+        rule = _RANK_RULES.get(spec.lora_rank)  # type: ignore[arg-type]
+        r = rule(hidden_size, num_layers) if rule else int(spec.lora_rank)
     return r, 2 * r if alpha is None else alpha
 
 

@@ -1,0 +1,166 @@
+"""Spread over seeds and paired intervals of differences, for `reproduce --seeds K`.
+
+Two sources of noise are measured apart, both on differences paired by seed (a method and its reference
+trained with the same seed, scored on the same evaluation items):
+
+- seeds: a Student-t 95% interval of the per-seed differences (needs 2+ seeds);
+- items: a paired bootstrap over evaluation items: every replicate draws the same item indices for the method
+  and its reference within each seed, recomputes the metric (e.g. PPL = exp(mean row loss)) and averages the
+  difference over seeds; the 2.5/97.5 percentiles are the interval.
+
+A difference is called larger than the noise when every interval available excludes zero.
+
+    summary = mean_std([227.5, 230.1, 224.0])             # (mean, std with ddof=1, n)
+    lo, hi = t_interval([-10.7, -9.1, -12.0])              # 95% interval of the mean difference
+    lo, hi = paired_bootstrap([(losses_a, losses_b)], "ppl.ppl")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "ITEM_METRICS",
+    "LOWER_IS_BETTER",
+    "Comparison",
+    "compare",
+    "mean_std",
+    "paired_bootstrap",
+    "t_interval",
+    "t_quantile",
+]
+
+# Two-sided 97.5% quantiles of Student's t by degrees of freedom (beyond 30: the normal 1.960).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042}
+
+
+def _exp_mean(x: np.ndarray) -> np.ndarray:
+    return np.exp(x.mean(axis=-1))
+
+
+def _exp_neg_mean(x: np.ndarray) -> np.ndarray:
+    return np.exp(-x.mean(axis=-1))
+
+
+def _mean(x: np.ndarray) -> np.ndarray:
+    return x.mean(axis=-1)
+
+
+# metric -> (task, per-item key written by `evaluate(per_item=True)`, metric from items along the last axis)
+ITEM_METRICS: dict[str, tuple[str, str, Callable[[np.ndarray], np.ndarray]]] = {
+    "ppl.ppl": ("ppl", "row_loss", _exp_mean),  # line PPL = exp(mean row loss)
+    "lambada.ppl": ("lambada", "item_logprob", _exp_neg_mean),  # exp(-mean target log-likelihood)
+    "lambada.acc": ("lambada", "item_correct", _mean),
+    "hellaswag.acc": ("hellaswag", "item_correct", _mean),
+    "arc_easy.acc": ("arc_easy", "item_correct", _mean),
+}
+LOWER_IS_BETTER = frozenset({"ppl.ppl", "lambada.ppl"})
+
+
+def t_quantile(df: int) -> float:
+    """Student's t 97.5% quantile for `df` degrees of freedom (two-sided 95%)."""
+    if df < 1:
+        raise ValueError(f"df={df}; must be >= 1")
+    return _T975.get(df, 1.960)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, sample standard deviation with ddof=1 (0.0 for one value), n)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("mean_std of no values")
+    return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0, int(x.size)
+
+
+def t_interval(diffs: Sequence[float]) -> tuple[float, float] | None:
+    """95% Student-t interval of the mean of `diffs` (paired per-seed differences); None for fewer than 2."""
+    mean, std, n = mean_std(diffs)
+    if n < 2:
+        return None
+    half = t_quantile(n - 1) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def paired_bootstrap(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+    metric: str,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95% percentile interval of mean over seeds of metric(method items) - metric(reference items).
+
+    `pairs`: one `(method_items, reference_items)` per seed, both over the same evaluation items in the
+    same order; `metric` names the statistic in `ITEM_METRICS` (e.g. "ppl.ppl").
+    """
+    if not pairs:
+        raise ValueError("paired_bootstrap needs at least one (method, reference) pair")
+    stat = ITEM_METRICS[metric][2]
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_boot)
+    for a, b in pairs:
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if a.shape != b.shape or a.size == 0:
+            raise ValueError(f"paired items must be non-empty and of one length, got {a.shape} and {b.shape}")
+        idx = rng.integers(0, a.size, size=(n_boot, a.size))  # (replicate, item)
+        total += stat(a[idx]) - stat(b[idx])
+    lo, hi = np.percentile(total / len(pairs), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`method` minus `reference` on `metric`: mean paired difference, its intervals and the verdict."""
+
+    method: str
+    reference: str
+    metric: str
+    diff: float
+    seeds: tuple[float, float] | None  # Student-t over per-seed differences (None with one seed)
+    items: tuple[float, float] | None  # paired bootstrap over evaluation items (None without item scores)
+
+    @property
+    def beyond_noise(self) -> bool:
+        """Every available interval excludes zero (False when none is available)."""
+        ivs = [iv for iv in (self.seeds, self.items) if iv is not None]
+        return bool(ivs) and all(lo > 0 or hi < 0 for lo, hi in ivs)
+
+    @property
+    def better(self) -> bool:
+        return self.diff < 0 if self.metric in LOWER_IS_BETTER else self.diff > 0
+
+    def words(self) -> str:
+        """e.g. "better than lora, beyond the noise" or "within the noise of baseline"."""
+        if not self.beyond_noise:
+            return f"within the noise of {self.reference}"
+        return f"{'better' if self.better else 'worse'} than {self.reference}, beyond the noise"
+
+
+def compare(
+    values: Mapping[int, float],
+    ref_values: Mapping[int, float],
+    *,
+    method: str,
+    reference: str,
+    metric: str,
+    items: Mapping[int, Sequence[float]] | None = None,
+    ref_items: Mapping[int, Sequence[float]] | None = None,
+    n_boot: int = 2000,
+) -> Comparison:
+    """Compare a method with a reference over the seeds both have ({seed: value}; a seed-free reference
+    such as the untrained baseline is passed as the same value under every seed)."""
+    seeds = sorted(set(values) & set(ref_values))
+    if not seeds:
+        raise ValueError(f"{method} and {reference} share no seed")
+    diffs = [values[s] - ref_values[s] for s in seeds]
+    boot = None
+    if items is not None and ref_items is not None and all(s in items and s in ref_items for s in seeds):
+        boot = paired_bootstrap([(items[s], ref_items[s]) for s in seeds], metric, n_boot=n_boot)
+    return Comparison(method, reference, metric, float(np.mean(diffs)), t_interval(diffs), boot)

@@ -1,0 +1,119 @@
+"""One arm of an experiment (a method, a seed, a learning rate): train on a copy of the base, evaluate,
+record the result in `arm_dir/eval.json`, and read it back instead of recomputing when it is already there.
+
+    row, reused = run_arm(arm_dir, key, compute)
+
+`key` holds every setting the numbers depend on (the training config less the fields that do not change
+them, the evaluation settings); a saved result whose key differs is recomputed, so changing a setting never
+silently mixes old and new numbers. An arm killed mid-training resumes from its `checkpoint.pt`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .analysis import plot_loss_curve, routing_ratios, skip_norms
+from .eval import evaluate
+from .report import trainable_report
+from .train import train
+from .train.checkpoint import CHECKPOINT_NAME
+from .train.config import RESUME_FREE_FIELDS, TrainConfig
+from .train.runlog import write_json
+
+__all__ = ["ARM_FILE", "arm_key", "eval_arm", "finish_curve", "read_arm", "run_arm", "skip_rows", "train_arm"]
+
+ARM_FILE = "eval.json"
+
+
+def arm_key(cfg: TrainConfig | None, eval_settings: dict[str, Any]) -> dict[str, Any]:
+    """What an arm's numbers depend on: the training config (less bookkeeping fields) and the evaluation."""
+    train_part = None
+    if cfg is not None:
+        train_part = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_FREE_FIELDS | {"library_version"}}
+    return json.loads(json.dumps({"train": train_part, "eval": eval_settings}, default=str))
+
+
+def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved `{"row", "items"}` of a finished arm with this `key`, else None."""
+    path = Path(arm_dir) / ARM_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return saved if saved.get("key") == key else None
+
+
+def run_arm(
+    arm_dir: str | Path, key: dict[str, Any], compute: Callable[[bool], tuple[dict[str, Any], dict[str, Any]]]
+) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(row, per-item scores, reused): read back when finished with the same key, else `compute(fresh)`.
+
+    `fresh` is True when the folder holds a result for other settings (the run must start over rather than
+    resume). After computing, the row is written and the arm's `checkpoint.pt` removed (the adapter stays).
+    """
+    arm_dir = Path(arm_dir)
+    saved = read_arm(arm_dir, key)
+    if saved is not None:
+        return saved["row"], saved.get("items", {}), True
+    fresh = (arm_dir / ARM_FILE).is_file()
+    row, items = compute(fresh)
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    write_json(arm_dir / ARM_FILE, {"key": key, "row": row, "items": items})
+    (arm_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
+    return row, items, False
+
+
+def eval_arm(model: nn.Module, tokenizer, settings: dict[str, Any], *, data_source: str, protocol: str,
+             progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Evaluate; returns (flat metrics `{"task.metric": value}`, per-item scores `{task: {key: list}}`)."""
+    t0 = time.time()
+    res = evaluate(model, tokenizer, settings["tasks"], protocol=protocol, limit=settings["limit"],
+                   data_source=data_source, ppl_split=settings["ppl_split"], progress=progress, per_item=True)
+    flat, items = {}, {}
+    for task, metrics in res.items():
+        for k, v in metrics.items():
+            if isinstance(v, list):
+                items.setdefault(task, {})[k] = v
+            else:
+                flat[f"{task}.{k}"] = v
+    flat["eval_seconds"] = time.time() - t0
+    return flat, items
+
+
+def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> tuple[nn.Module, dict[str, Any]]:
+    """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`); writes the
+    run folder's `loss_curve.png`. Returns the trained model and a row of training facts."""
+    cfg = cfg.replace(resume=not fresh, overwrite=fresh)
+    t0 = time.time()
+    result = train(cfg, model=copy.deepcopy(base), tokenizer=tokenizer)
+    model = result.model
+    row: dict[str, Any] = {
+        "method": cfg.method, "seed": cfg.seed, "lr": cfg.lr, "params": trainable_report(model).trainable,
+        "train_loss": result.final_loss, "train_loss_mean10": result.metrics.get("final_loss_mean10"),
+        "train_seconds": result.metrics.get("train_seconds"), "train_wall_seconds": time.time() - t0,
+    }
+    sn = skip_norms(model)
+    if sn:
+        row["skip_norms"] = list(sn.values())
+    return model, row
+
+
+def skip_rows(model: nn.Module, row: dict[str, Any], ratio_batches: Callable[[], Any] | None) -> None:
+    """Add routing ratios `||W_skip x~|| / ||attn_out||` to `row` for a model with a skip."""
+    if "skip_norms" in row and ratio_batches is not None:
+        row["routing_ratios"] = list(routing_ratios(model, ratio_batches()).values())
+
+
+def finish_curve(run_dir: str | Path, row: dict[str, Any], steps: int, title: str) -> None:
+    """The run folder's loss curve with the held-out mean row loss at the last step (when measured)."""
+    held = row.get("ppl.mean_loss")
+    plot_loss_curve(run_dir, heldout=(steps, held) if held is not None else None, title=title)
