@@ -79,6 +79,11 @@ def run_adapter_dir(path: str | Path) -> Path:
     return path / ADAPTER_DIR if (path / ADAPTER_DIR).is_dir() else path
 
 
+def _kind(method: str) -> tuple[bool, bool, bool]:
+    spec = METHOD_SPECS[method]
+    return spec.preproj, spec.skip, spec.lora
+
+
 def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = None) -> nn.Module:
     """Add the weights saved by `save_run_adapter` to a base `model`; `path` is a run folder or its adapter/.
 
@@ -96,7 +101,7 @@ def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = No
         method = found
     if method not in METHODS:
         raise ValueError(f"{named_by}{method!r}; allowed values: {list(METHODS)}")
-    if method != found:
+    if _kind(method) != _kind(found):  # lora and lora_matched hold the same kind of weights
         raise ValueError(f"{named_by}{method!r}, but the adapter in {path} holds {found!r} weights; nothing was loaded")
     spec = METHOD_SPECS[method]
     if spec.preproj or spec.skip:
