@@ -313,11 +313,10 @@ def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
         module = get_path(model, path)
         for k, v in module.state_dict().items():
             state.saved_originals[f"{name}.{k}"] = v.detach().clone()
+        keep = {id(p) for p in module.parameters()}
         for p in module.parameters():
-            if not p.requires_grad:
-                p.requires_grad_(True)
-                if p in state.frozen:
-                    state.frozen.remove(p)
+            p.requires_grad_(True)
+        state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
 
 
 def inject(

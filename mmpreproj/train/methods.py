@@ -135,7 +135,7 @@ def apply_method(
     except ImportError:
         raise ImportError(f"method {method!r} needs peft: pip install 'mmpreproj[lora]'") from None
     r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha)
-    lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS), bias="none")
+    lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
         peft_model = get_peft_model(model, lora)
@@ -144,6 +144,16 @@ def apply_method(
             if part is not None:
                 part.requires_grad_(True)
     return peft_model
+
+
+def lora_targets(model: nn.Module) -> list[str]:
+    """The attention modules LoRA targets on this host: the host row's, else GPT-NeoX's."""
+    from ..hosts import find_host
+
+    try:
+        return list(find_host(model).lora_targets or LORA_TARGETS)
+    except ValueError:
+        return list(LORA_TARGETS)
 
 
 def count_trainable(model: nn.Module) -> int:

@@ -1,0 +1,99 @@
+"""transformers decoder-only language models: one row per family, all of the form
+
+    h = h + attn(x~) + W_skip·x~ ;  x~ = PreProj(norm(h))          (the MLP branch is untouched)
+
+Every row below is data (`PartSpec`): where the layers are, which attribute is the attention fed by the
+pre-attention norm, and how the layer calls it. transformers 5.x layers call
+`self_attn(hidden_states=..., position_embeddings=(cos, sin), cache=..., ...)` and unpack `(out, weights)`;
+the wrapper swaps `hidden_states` for `x~` and adds the skip to output 0, so the model's own RoPE (applied
+inside attention to Q/K projected from `x~`) and its KV cache are untouched.
+
+Gemma 2/3: the layer applies `post_attention_layernorm` to the attention output before the residual add.
+The skip joins the attention output *before* that norm (the wrapper adds it to output 0), so the norm
+rescales `attn_out + W_skip·x~` as one branch: the same choice as timm's LayerScale and open_clip's `ls_1`
+(whatever the block does to the attention branch applies to the skip), and the one that keeps the skip on
+the scale the base's residual stream expects. `tests/test_host_transformers.py` pins it with a hand-computed
+Gemma 2 layer.
+
+GPT-J (and Cohere, parallel residual): the MLP reads the same normed input as attention; it keeps seeing
+the un-projected `x^`, since only the attention's argument is replaced.
+
+Refused with the reason: OLMo 2 (post-norm: attention receives the raw residual stream, its norm runs after
+attention) and OPT with `do_layer_norm_before=False` (OPT-350m).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..modules.wrapper import AttentionCall
+from .registry import register_host
+from .spec import HostError, HostSpec, PartSpec
+
+__all__ = ["DECODER_ROWS", "hf_decoder_part"]
+
+HF_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=0)  # self_attn(hidden_states=...) -> (out, w)
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def hf_decoder_part(
+    blocks: tuple[str, ...] = ("model.layers", "layers"),
+    attention: str = "self_attn",
+    norm: str = "input_layernorm",
+    name: str = "language",
+) -> PartSpec:
+    """A transformers decoder stack (`*ForCausalLM.model.layers` or the bare `*Model.layers`)."""
+    return PartSpec(name, blocks=blocks, attention=attention, norm=norm, call=HF_CALL)
+
+
+def _row(name: str, model_types: tuple[str, ...], part: PartSpec, lora: tuple[str, ...] = QKVO, **kw) -> HostSpec:
+    return register_host(
+        HostSpec(
+            name=name,
+            description=f"transformers {name} decoders ({', '.join(model_types)})",
+            model_types=model_types,
+            parts=(part,),
+            embeddings="get_input_embeddings()",
+            lora_targets=lora,
+            **kw,
+        )
+    )
+
+
+def _refuse_post_norm(family: str):
+    def check(model: nn.Module) -> None:
+        raise HostError(
+            f"{family} is post-norm: its attention receives the raw residual stream and its norm runs after "
+            "attention, so there is no normed input for the pre-projection to sit on. Not supported"
+        )
+
+    return check
+
+
+def _check_opt(model: nn.Module) -> None:
+    if not getattr(model.config, "do_layer_norm_before", True):
+        raise HostError(
+            "OPT with do_layer_norm_before=False (e.g. OPT-350m) normalises after attention, so attention "
+            "never receives a norm's output; only pre-norm OPT models are supported"
+        )
+
+
+DECODER_ROWS = [
+    _row("llama", ("llama",), hf_decoder_part()),
+    _row("mistral", ("mistral",), hf_decoder_part()),
+    _row("qwen2", ("qwen2",), hf_decoder_part()),
+    _row("qwen3", ("qwen3",), hf_decoder_part()),
+    _row("qwen3_moe", ("qwen3_moe",), hf_decoder_part()),  # attention as Qwen3; the MoE MLP is untouched
+    _row("gemma", ("gemma",), hf_decoder_part()),
+    _row("gemma2", ("gemma2",), hf_decoder_part()),
+    _row("gemma3_text", ("gemma3_text",), hf_decoder_part()),
+    _row("phi3", ("phi3",), hf_decoder_part(), lora=("qkv_proj", "o_proj")),
+    _row("granite", ("granite",), hf_decoder_part()),
+    _row("stablelm", ("stablelm",), hf_decoder_part()),
+    _row("cohere", ("cohere",), hf_decoder_part()),
+    _row("gpt2", ("gpt2",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=("c_attn", "c_proj")),
+    _row("gptj", ("gptj",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=QKVO[:3] + ("out_proj",)),
+    _row("opt", ("opt",), hf_decoder_part(("model.decoder.layers", "decoder.layers"), "self_attn",
+                                          "self_attn_layer_norm"), lora=QKVO[:3] + ("out_proj",), check=_check_opt),
+    _row("olmo2", ("olmo2",), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm("OLMo 2")),
+]

@@ -1,0 +1,90 @@
+"""transformers vision and vision-language models: towers and decoders as parts of one row.
+
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the vision blocks call `attn(norm1(x), cu_seqlens=..., position_embeddings=...)`
+and get a tensor; the pre-projection sits ahead of the tower's 2D RoPE (applied inside attention). The
+decoder layers are the Qwen2 layout, ahead of M-RoPE. Both are token-wise, so Qwen2.5-VL's window
+permutation and Qwen3-VL's deepstack features are untouched. Default parts for a VLM: both ("vision",
+"language"): the paper adds the modules to every attention block, and the mixed use case is a
+pre-projection ahead of each modality's RoPE; `PreProjConfig(parts=["language"])` gives LLaVA-style
+language-only tuning. `modules_to_save=["projector"]` trains the vision-language merger too.
+
+CLIP / SigLIP (whole models or one tower): `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights).
+ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights).
+"""
+
+from __future__ import annotations
+
+from ..modules.wrapper import AttentionCall
+from .registry import register_host
+from .spec import HostSpec, PartSpec
+from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
+
+__all__ = ["VISION_ROWS"]
+
+TENSOR_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=None)
+
+
+def _encoder_part(name: str, *blocks: str, attention: str = "self_attn", norm: str = "layer_norm1") -> PartSpec:
+    return PartSpec(name, blocks=blocks, attention=attention, norm=norm, call=HF_CALL, optional=True)
+
+
+def _qwen_vl(name: str, model_types: tuple[str, ...]) -> HostSpec:
+    return register_host(
+        HostSpec(
+            name=name,
+            description=f"transformers {name} vision-language models (vision tower + language model)",
+            model_types=model_types,
+            parts=(
+                PartSpec("vision", blocks=("model.visual.blocks", "visual.blocks"), attention="attn", norm="norm1",
+                         call=TENSOR_CALL),
+                hf_decoder_part(("model.language_model.layers", "language_model.layers")),
+            ),
+            embeddings="get_input_embeddings()",
+            lora_targets=QKVO,
+            trainable_modules={"projector": "model.visual.merger"},
+        )
+    )
+
+
+def _dual(name: str, model_types: tuple[str, ...]) -> HostSpec:
+    return register_host(
+        HostSpec(
+            name=name,
+            description=f"transformers {name} contrastive models and their towers",
+            model_types=model_types,
+            parts=(
+                _encoder_part("vision", "vision_model.encoder.layers"),
+                _encoder_part("text", "text_model.encoder.layers"),
+            ),
+            lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+        )
+    )
+
+
+VISION_ROWS = [
+    _qwen_vl("qwen2_vl", ("qwen2_vl",)),
+    _qwen_vl("qwen2_5_vl", ("qwen2_5_vl",)),
+    _qwen_vl("qwen3_vl", ("qwen3_vl",)),
+    _dual("clip", ("clip", "clip_vision_model", "clip_text_model")),
+    _dual("siglip", ("siglip", "siglip_vision_model", "siglip_text_model")),
+    register_host(
+        HostSpec(
+            name="vit",
+            description="transformers ViTModel / ViTForImageClassification",
+            model_types=("vit",),
+            parts=(_encoder_part("vision", "vit.layers", "layers", "vit.encoder.layer", "encoder.layer", attention="attention",
+                                 norm="layernorm_before"),),
+            lora_targets=QKVO,
+        )
+    ),
+    register_host(
+        HostSpec(
+            name="dinov2",
+            description="transformers Dinov2Model",
+            model_types=("dinov2",),
+            parts=(_encoder_part("vision", "dinov2.layers", "layers", "dinov2.encoder.layer", "encoder.layer", attention="attention",
+                                 norm="norm1"),),
+            lora_targets=QKVO,
+        )
+    ),
+]
