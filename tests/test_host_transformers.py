@@ -75,6 +75,24 @@ def logits(model, inputs):
 CASES = [HostCase(name, name, b, tokens, logits) for name, b in BUILDERS.items()]
 
 
+def check_checkpointing(case: HostCase, reentrant: bool) -> None:
+    """transformers' own gradient checkpointing with the base frozen: same injected gradients as without."""
+
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        model = case.build()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        mmpreproj.inject(model).train()
+        out = case.forward(model, case.inputs())
+        sum(o.square().mean() for o in (out if isinstance(out, tuple) else (out,))).backward()
+        return {n: p.grad for n, p in injected_params(model).items()}
+
+    plain, ckpt = grads(False), grads(True)
+    for n, g in ckpt.items():
+        assert g is not None and g.abs().sum() > 0, f"no gradient for {n} under checkpointing"
+        torch.testing.assert_close(g, plain[n], atol=1e-6, rtol=1e-4)
+
+
 @pytest.fixture(params=CASES, ids=[c.id for c in CASES])
 def case(request):
     return request.param
@@ -98,18 +116,7 @@ class TestContract(HostContract):
         assert (out - ref).abs().max() < (0.2 if case.id == "gemma2" else 0.1) * ref.abs().max()
 
     def test_gradient_checkpointing(self, case):
-        def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
-            model = case.build()
-            if checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-            mmpreproj.inject(model).train()
-            model(*case.inputs()).logits.square().mean().backward()
-            return {n: p.grad for n, p in injected_params(model).items()}
-
-        plain, ckpt = grads(False), grads(True)
-        for n, g in ckpt.items():
-            assert g is not None and g.abs().sum() > 0, f"no gradient for {n} under checkpointing"
-            torch.testing.assert_close(g, plain[n], atol=1e-6, rtol=1e-4)
+        check_checkpointing(case, reentrant=True)
 
 
 GENERATE = ["llama", "gemma2", "gpt2", "opt"]  # one per call convention / layer layout
@@ -320,20 +327,7 @@ class TestVisionContract(HostContract):
         return request.param
 
     def test_gradient_checkpointing(self, case):
-        def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
-            model = case.build()
-            if checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            mmpreproj.inject(model).train()
-            flat_out = case.forward(model, case.inputs())
-            flat_out = flat_out if isinstance(flat_out, tuple) else (flat_out,)
-            sum(o.square().mean() for o in flat_out).backward()
-            return {n: p.grad for n, p in injected_params(model).items()}
-
-        plain, ckpt = grads(False), grads(True)
-        for n, g in ckpt.items():
-            assert g is not None and g.abs().sum() > 0, f"no gradient for {n} under checkpointing"
-            torch.testing.assert_close(g, plain[n], atol=1e-6, rtol=1e-4)
+        check_checkpointing(case, reentrant=False)
 
 
 def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):

@@ -61,30 +61,26 @@ def _dual(name: str, model_types: tuple[str, ...]) -> HostSpec:
     )
 
 
+def _vit(name: str, classes: str, norm: str) -> HostSpec:
+    """A transformers ViT-style encoder: `attention(norm(x))` per layer (`layers`, or `encoder.layer` before 5.x)."""
+    paths = (f"{name}.layers", "layers", f"{name}.encoder.layer", "encoder.layer")
+    return register_host(
+        HostSpec(
+            name=name,
+            description=f"transformers {classes}",
+            model_types=(name,),
+            parts=(_encoder_part("vision", *paths, attention="attention", norm=norm),),
+            lora_targets=QKVO,
+        )
+    )
+
+
 VISION_ROWS = [
     _qwen_vl("qwen2_vl", ("qwen2_vl",)),
     _qwen_vl("qwen2_5_vl", ("qwen2_5_vl",)),
     _qwen_vl("qwen3_vl", ("qwen3_vl",)),
     _dual("clip", ("clip", "clip_vision_model", "clip_text_model")),
     _dual("siglip", ("siglip", "siglip_vision_model", "siglip_text_model")),
-    register_host(
-        HostSpec(
-            name="vit",
-            description="transformers ViTModel / ViTForImageClassification",
-            model_types=("vit",),
-            parts=(_encoder_part("vision", "vit.layers", "layers", "vit.encoder.layer", "encoder.layer", attention="attention",
-                                 norm="layernorm_before"),),
-            lora_targets=QKVO,
-        )
-    ),
-    register_host(
-        HostSpec(
-            name="dinov2",
-            description="transformers Dinov2Model",
-            model_types=("dinov2",),
-            parts=(_encoder_part("vision", "dinov2.layers", "layers", "dinov2.encoder.layer", "encoder.layer", attention="attention",
-                                 norm="norm1"),),
-            lora_targets=QKVO,
-        )
-    ),
+    _vit("vit", "ViTModel / ViTForImageClassification", "layernorm_before"),
+    _vit("dinov2", "Dinov2Model", "norm1"),
 ]
