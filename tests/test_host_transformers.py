@@ -358,3 +358,25 @@ def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
     with pytest.raises(ValueError, match="parts"):
         mmpreproj.load_adapter(vision_only, tmp_path / "clip")
     assert_same_snapshot(snapshot(vision_only), before)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "opt", "gemma2"])
+def test_trace_seams_finds_the_description_that_the_row_has(name):
+    model = BUILDERS[name]()
+    found = mmpreproj.hosts.trace_seams(model, *tokens())  # check=True: identity injection reproduces the model
+    row = mmpreproj.hosts.HOSTS[name].describe(model)["parts"][0]
+    (part,) = found["parts"]
+    assert (part["blocks"], part["attention"], part["norm"]) == (row["blocks"], row["attention"], row["norm"])
+    assert part["call"]["output_index"] == 0
+    # the traced description injects and reloads like a row
+    mmpreproj.inject(model, PreProjConfig(skip_init_std=0.05), host=found)
+    assert len(mmpreproj.injected_modules(model)) == 2
+
+
+def test_trace_seams_on_a_vlm_finds_both_towers():
+    found = mmpreproj.hosts.trace_seams(_qwen2_vl(), *vl_inputs()[:1], pixel_values=vl_inputs()[1],
+                                        image_grid_thw=vl_inputs()[2],
+                                        mm_token_type_ids=(vl_inputs()[0] == VOCAB + 2).long())
+    got = {p["blocks"]: (p["attention"], p["norm"], p["call"]["output_index"]) for p in found["parts"]}
+    assert got == {"model.visual.blocks": ("attn", "norm1", None),
+                   "model.language_model.layers": ("self_attn", "input_layernorm", 0)}

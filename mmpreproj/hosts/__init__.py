@@ -4,5 +4,6 @@
 # extra): they look classes up in sys.modules, as a model is only an instance of an imported library.
 from . import gpt_neox, native, open_clip, timm_vit, transformers_decoders, transformers_vision  # noqa: F401
 from .registry import HOSTS, HostSpec, find_host, get_host, register_host
+from .trace import trace_seams
 
-__all__ = ["HOSTS", "HostSpec", "find_host", "get_host", "register_host"]
+__all__ = ["HOSTS", "HostSpec", "find_host", "get_host", "register_host", "trace_seams"]

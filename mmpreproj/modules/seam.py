@@ -66,7 +66,7 @@ class SeamCheck:
                 f"{self.where}: the attention does not receive the output of {self.norm_path!r} ({why}). "
                 "The host description's norm/attention seam does not match this model's forward: the "
                 "pre-projection must sit between the pre-attention norm and attention. Fix 'norm'/'attention' "
-                "in the description (mmpreproj.hosts.trace_seams finds them), or unload the model."
+                "in the description, or unload the model."
             )
         self.close()
 

@@ -1,0 +1,144 @@
+"""`trace_seams`: find a model's (pre-attention norm -> attention) seams by running one forward.
+
+Hooks record every norm-like module's output and every attention-like module's input; a seam is an
+attention whose first input (positional, or `hidden_states=` / `x=` / `query=`) *is* a norm's output, both
+inside the same block of a `ModuleList`. Seams are grouped by their block list into parts, giving the
+JSON description `inject(model, host=...)` takes. `check=True` injects at identity init into a copy and
+confirms the outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["trace_seams"]
+
+_INPUT_KEYS = ("hidden_states", "x", "query", "input")
+
+
+def _is_norm(name: str, module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+def _is_attention(name: str, module: nn.Module) -> bool:
+    kind = type(module).__name__.lower()
+    leaf = name.rsplit(".", 1)[-1].lower()
+    return ("attention" in kind or "attn" in kind or "attn" in leaf or "attention" in leaf) and any(
+        p.dim() == 2 for p in module.parameters()  # has projections (Linear, Conv1D, in_proj_weight)
+    )
+
+
+def _first_input(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, list]:
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0], [0, _INPUT_KEYS[0]]
+    for key in _INPUT_KEYS:
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return kwargs[key], [0, key]
+    return None, []
+
+
+def _split_block(path: str) -> tuple[str, str] | None:
+    """'model.layers.3.self_attn' -> ('model.layers', '3') for the innermost numbered component."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i].isdigit():
+            return ".".join(parts[:i]), ".".join(parts[: i + 1])
+    return None
+
+
+def trace_seams(model: nn.Module, *args: Any, check: bool = True, **kwargs: Any) -> dict:
+    """The host description of `model` found by running `model(*args, **kwargs)` once (no gradients).
+
+    Raises ValueError if no seam is found. With `check`, a deep copy is injected at identity init with
+    the description and must reproduce the model's outputs (fp32, 1e-5).
+    """
+    norms: dict[int, tuple[weakref.ref, str]] = {}
+    seams: dict[str, dict] = {}
+    handles = []
+    named = dict(model.named_modules())
+    for name, module in named.items():
+        if _is_norm(name, module):
+            def record(m, a, out, name=name):
+                if isinstance(out, torch.Tensor):
+                    norms[id(out)] = (weakref.ref(out), name)
+            handles.append(module.register_forward_hook(record))
+        elif name and _is_attention(name, module):
+            def seen(m, a, kw, name=name):
+                x, slot = _first_input(a, kw)
+                hit = norms.get(id(x)) if x is not None else None
+                if hit is not None and hit[0]() is x and name not in seams:
+                    slot = slot if a and a[0] is x else [0, next(k for k in _INPUT_KEYS if kw.get(k) is x)]
+                    seams[name] = {"norm": hit[1], "slot": slot}
+            handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    parts: dict[str, dict] = {}
+    for attn_name, seam in seams.items():
+        split = _split_block(attn_name)
+        if split is None:
+            continue
+        blocks, block = split
+        if not _split_block(seam["norm"]) or _split_block(seam["norm"])[1] != block:
+            continue
+        part = parts.setdefault(blocks, {
+            "name": blocks.replace(".", "_") or "blocks",
+            "blocks": blocks,
+            "attention": attn_name[len(block) + 1 :],
+            "norm": seam["norm"][len(block) + 1 :],
+            "call": {"inputs": [[0, seam["slot"][1]]], "output_index": None},
+        })
+        probe = named[attn_name]
+        part.setdefault("_probe", probe)
+    if not parts:
+        raise ValueError(
+            f"trace_seams: no attention module of {type(model).__name__} received a norm's output inside a "
+            "numbered block; describe the host by hand (see mmpreproj.hosts.spec)"
+        )
+    for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
+        probe = part.pop("_probe")
+        out = {}
+        h = probe.register_forward_hook(lambda m, a, o, out=out: out.setdefault("o", o))
+        try:
+            with torch.no_grad():
+                model(*args, **kwargs)
+        finally:
+            h.remove()
+        part["call"]["output_index"] = 0 if isinstance(out.get("o"), tuple) else None
+    description = {"name": "traced", "parts": list(parts.values())}
+    if check:
+        _check(model, description, args, kwargs)
+    return description
+
+
+def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:
+    from ..adapter import inject
+    from ..config import PreProjConfig
+
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        ref = model(*args, **kwargs)
+        inject(twin, PreProjConfig(init="identity", skip_init_std=0.0), host=description)
+        got = twin(*args, **kwargs)
+    a, b = _first_tensor(ref), _first_tensor(got)
+    if a is None or not torch.allclose(a.float(), b.float(), atol=1e-5, rtol=0):
+        raise ValueError("trace_seams: the traced description does not reproduce the model at identity init")
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        if isinstance(getattr(out, key, None), torch.Tensor):
+            return getattr(out, key)
+    if isinstance(out, (tuple, list)) and out:
+        return _first_tensor(out[0])
+    return None
