@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -19,6 +19,7 @@ class TrainableReport:
     skip: int
     trainable: int
     total: int
+    parts: dict[str, int] = field(default_factory=dict)  # injected parameters per host part ("vision", ...)
 
     @property
     def injected(self) -> int:
@@ -32,20 +33,25 @@ class TrainableReport:
         return (
             f"trainable params: {self.trainable:,} || all params: {self.total:,} || "
             f"trainable%: {self.percent:.4f} || injected: pre-projection {self.preproj:,} + skip {self.skip:,}"
+            + (" (" + ", ".join(f"{k} {v:,}" for k, v in self.parts.items()) + ")" if len(self.parts) > 1 else "")
         )
 
 
 def trainable_report(model: nn.Module) -> TrainableReport:
     """Count injected (pre-projection, skip), trainable and total parameters (shared weights once)."""
     preproj = skip = 0
+    parts: dict[str, int] = {}
     for w in model.modules():
         if isinstance(w, PreProjAttention):
-            preproj += sum(p.numel() for p in w.preproj.parameters()) if w.preproj is not None else 0
-            skip += sum(p.numel() for p in w.skip.parameters()) if w.skip is not None else 0
+            a = sum(p.numel() for p in w.preproj.parameters()) if w.preproj is not None else 0
+            b = sum(p.numel() for p in w.skip.parameters()) if w.skip is not None else 0
+            preproj, skip = preproj + a, skip + b
+            parts[w.part] = parts.get(w.part, 0) + a + b
     params = list(model.parameters())  # nn.Module.parameters() already yields a shared weight once
     return TrainableReport(
         preproj=preproj,
         skip=skip,
         trainable=sum(p.numel() for p in params if p.requires_grad),
         total=sum(p.numel() for p in params),
+        parts=parts,
     )

@@ -339,6 +339,10 @@ def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
     assert all(p.requires_grad for p in merger.parameters())
     report = mmpreproj.trainable_report(model)
     assert report.trainable == report.injected + sum(p.numel() for p in merger.parameters())
+    assert report.parts == {"language": report.injected}
+    both = mmpreproj.trainable_report(mmpreproj.inject(_qwen2_vl()))
+    assert both.parts == {"vision": 2 * (2 * 64 * 80 + 64 * 64), "language": 2 * (2 * 64 * 80 + 64 * 64)}
+    assert "(vision 28,672, language 28,672)" in str(both)
     with torch.no_grad():
         for p in merger.parameters():
             p.add_(0.01)
