@@ -19,7 +19,7 @@ may also be `*:ClassName`, every submodule of that class in module order. Only b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,9 +37,6 @@ __all__ = [
     "get_path",
     "resolve_sites",
 ]
-
-EMBEDDINGS_METHOD = "get_input_embeddings()"
-
 
 class HostError(ValueError):
     """A model does not fit a host description (a path that does not resolve, a refused block type...)."""
@@ -106,8 +103,6 @@ class PartSpec:
         width: path from a block to its width (an int, a Linear's `in_features`, a tensor's last dim);
             None = the norm's weight, else the attention's first Linear.
         block_types: class names a block (or a base class of it) must have; empty = any.
-        delegate: for composite models (LLaVA): the part is whatever row matches the submodule at the first
-            resolving `blocks` path, re-rooted there (its first part).
         optional: a part that may be absent (CLIPModel has both towers, CLIPVisionModel only one).
     """
 
@@ -118,7 +113,6 @@ class PartSpec:
     call: AttentionCall = field(default_factory=AttentionCall)
     width: str | None = None
     block_types: tuple[str, ...] = ()
-    delegate: bool = False
     optional: bool = False
 
     def to_dict(self) -> dict:
@@ -279,9 +273,6 @@ class HostSpec:
         return cls(name=name, description=d.get("description", f"described host {name!r}"), parts=specs,
                    matches=lambda model: True, embeddings=emb)
 
-    def with_parts(self, parts: tuple[PartSpec, ...]) -> HostSpec:
-        return replace(self, parts=parts)
-
 
 def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
     if path.startswith("*:"):
@@ -311,26 +302,6 @@ def _first_path(model: nn.Module, paths: tuple[str, ...]) -> str | None:
     return None
 
 
-def _delegate(model: nn.Module, part: PartSpec, path: str) -> PartSpec:
-    """The part of the row that matches the submodule at `path`, re-rooted at `path`."""
-    from .registry import HOSTS
-
-    sub = get_path(model, path)
-    for row in HOSTS.values():
-        if row is not None and row.parts and not any(p.delegate for p in row.parts) and row.matches_model(sub):
-            inner = row.parts[0]
-            if row.check is not None:
-                row.check(sub)
-            sub_path = _first_path(sub, inner.blocks)
-            if sub_path is None:
-                continue
-            return replace(inner, name=part.name, blocks=(f"{path}.{sub_path}",), optional=part.optional)
-    raise HostError(
-        f"part {part.name!r}: the module at {path!r} is a {type(sub).__name__}, which no host row covers; "
-        "describe it yourself (see mmpreproj.hosts.HostSpec.from_dict)"
-    )
-
-
 def _resolved_parts(model: nn.Module, spec: HostSpec) -> list[tuple[PartSpec, str, int]]:
     """(part, its resolved blocks path, number of blocks) for every part present in `model`."""
     out = []
@@ -343,9 +314,6 @@ def _resolved_parts(model: nn.Module, spec: HostSpec) -> list[tuple[PartSpec, st
                 f"host {spec.name!r}, part {part.name!r}: none of the block paths {list(part.blocks)} exists "
                 f"in {type(model).__name__}"
             )
-        if part.delegate:
-            part = _delegate(model, part, path)
-            path = part.blocks[0]
         n = len(_block_list(model, path))
         if n == 0 and not part.optional:
             raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks")

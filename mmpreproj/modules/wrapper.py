@@ -95,6 +95,8 @@ class PreProjAttention(BaseLayerWrapper):
                 continue
             if self.seam_check is not None and first is None:
                 self.seam_check.verify(x)
+                if self.seam_check.done:  # checked once: no further cost on the hot path
+                    self.seam_check = None
             if id(x) not in done:
                 done[id(x)] = self.preproj(x) if self.preproj is not None else x
             container[slot] = done[id(x)]
