@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
-from .hosts import HostSpec, find_host, get_host
+from .hosts import HOSTS, HostSpec, find_host, get_host
 from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
@@ -206,8 +206,6 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
 
 
 def _hosts_with_fused() -> list[HostSpec]:
-    from .hosts import HOSTS
-
     return [s for s in HOSTS.values() if s.fused_forward is not None]
 
 
@@ -503,21 +501,15 @@ def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     """The row (by name) or described host an adapter was saved for, checked against `model`."""
     saved = desc.get("host")
     described = desc.get("host_description")
-    if saved in _registered() and _registered()[saved].matches_model(model):
+    if saved in HOSTS and HOSTS[saved].matches_model(model):
         return saved
-    if isinstance(described, dict) and described.get("parts") and saved not in _registered():
+    if isinstance(described, dict) and described.get("parts") and saved not in HOSTS:
         return HostSpec.from_dict(described)  # a user-described host: the file is the description
     try:
         have = find_host(model).name
     except ValueError:
         have = type(model).__name__
     raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
-
-
-def _registered() -> dict[str, HostSpec]:
-    from .hosts import HOSTS
-
-    return HOSTS
 
 
 def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None = None) -> nn.Module:
