@@ -14,6 +14,7 @@ from .adapter import (
     is_injected,
     load_adapter,
     save_adapter,
+    set_adapter_state_dict,
     set_fused,
     unload,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "multimodal_positions",
     "rope",
     "save_adapter",
+    "set_adapter_state_dict",
     "set_fused",
     "trainable_report",
     "unload",

@@ -40,6 +40,7 @@ __all__ = [
     "is_injected",
     "load_adapter",
     "save_adapter",
+    "set_adapter_state_dict",
     "set_fused",
     "unload",
 ]
@@ -437,6 +438,33 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         out.update(_saved_module_tensors(model, state.modules_to_save))
     # FSDP2 DTensor -> full tensor
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in out.items()}
+
+
+def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """Copy adapter weights (keyed as `adapter_state_dict` keys them) into an already injected `model`.
+
+    The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
+    only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
+    shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
+    Not for FSDP2-sharded models (their weights are DTensors).
+    """
+    _, state = injected_owner(model, "set_adapter_state_dict")
+    expected = _wrapper_tensors(injected_modules(model))
+    expected.update(_saved_module_tensors(model, state.modules_to_save))
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"set_adapter_state_dict: the weights do not match this injection: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    for k, dst in expected.items():
+        if tuple(tensors[k].shape) != tuple(dst.shape):
+            raise ValueError(f"set_adapter_state_dict: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+    _refuse_non_finite(tensors, "set_adapter_state_dict")
+    with torch.no_grad():
+        for k, dst in expected.items():
+            dst.copy_(tensors[k])
+    return model
 
 
 def save_adapter(

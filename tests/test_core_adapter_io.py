@@ -155,3 +155,23 @@ def test_error_missing_or_corrupt_files(trained_adapter, damage):
 def test_unload_without_injection_errors():
     with pytest.raises(RuntimeError, match="no mmpreproj"):
         mmpreproj.unload(tiny_neox())
+
+
+def test_set_adapter_state_dict_copies_in_place_and_refuses_mismatches(trained_adapter, tokens):
+    path, trained_logits = trained_adapter
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    params = [p for w in mmpreproj.injected_modules(model) for p in w.parameters()]
+    _, tensors = mmpreproj.adapter.read_adapter(path)
+    snap = _snapshot(model)
+    bad = dict(tensors)
+    bad.pop(next(iter(bad)))
+    with pytest.raises(ValueError, match="missing"):
+        mmpreproj.set_adapter_state_dict(model, bad)
+    wrong = {k: (v[:1] if i == 0 else v) for i, (k, v) in enumerate(tensors.items())}
+    with pytest.raises(ValueError, match="shape"):
+        mmpreproj.set_adapter_state_dict(model, wrong)
+    _assert_unchanged(model, snap)
+    assert not torch.allclose(model(tokens).logits, trained_logits)
+    mmpreproj.set_adapter_state_dict(model, tensors)
+    assert [id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters()] == [id(p) for p in params]
+    torch.testing.assert_close(model(tokens).logits, trained_logits, rtol=0, atol=0)
