@@ -9,7 +9,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
-from mmpreproj.vision import PatchEmbed, VideoViT, ViT, parse_positions
+from mmpreproj.models import PatchEmbed, VideoViT, ViT, parse_positions
 
 IDENTITY = mmpreproj.PreProjConfig(init="identity", skip_init_std=0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mmpreproj.vision.backbones import BackboneUnavailable, load_backbone
+from recipes.kit.backbones import BackboneUnavailable, load_backbone
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

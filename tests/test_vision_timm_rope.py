@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import mmpreproj
 from mmpreproj.rope import RoPE2D
-from mmpreproj.vision import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
+from mmpreproj.timm_rope import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
 
 IDENTITY = mmpreproj.PreProjConfig(init="identity", skip_init_std=0)
 

@@ -32,8 +32,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..modules import PreProjAttention
 from ..rope import RoPE2D
+from .attention import RotaryAttention, supported_attention
 from .grid import GridPositions
-from .rotary_attention import RotaryAttention, supported_attention
 
 __all__ = ["EvaPositions", "RopeState", "add_rope", "has_rope", "remove_rope"]
 
