@@ -26,6 +26,7 @@ from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
 from .save_guard import guard_save_pretrained, unguard_save_pretrained
+from .timm_rope.saved import describe_rope, rope_for_load
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
 
@@ -478,14 +479,18 @@ def save_adapter(
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
     """
-    _, state = injected_owner(model, "save_adapter")
+    owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
     if state_dict is None:
         state_dict = adapter_state_dict(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     _refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     meta = {"format": "pt", "mmpreproj_version": __version__}
-    text = json.dumps(state.describe(), indent=2, sort_keys=True) + "\n"
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
     write_files(path, {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
         ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
@@ -546,6 +551,8 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
     The adapter file carries the host description (parts, paths, call convention), so a user-described
     host reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another
     host, parts the model does not have, another hidden size or block count, or weights that do not match.
+    Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
+    to make (`mmpreproj.timm_rope.saved`).
     """
     refuse_meta_parameters(model, "load_adapter")
     path = Path(path)
@@ -554,6 +561,7 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
     if freeze_base is not None:
         config.freeze_base = freeze_base
     host = _saved_host(model, desc, path)
+    restore_rope = rope_for_load(model, desc.get("rope"), f"adapter at {path}")  # checks only; runs after _apply
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
         plan = _plan(model, config, host)
     saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
@@ -577,6 +585,8 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
         for k, dst in injected.items():
             dst.copy_(tensors[k])
     _apply(model, plan)
+    if restore_rope is not None:
+        restore_rope()
     with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
         for k, dst in expected.items():
             if k.startswith("modules."):

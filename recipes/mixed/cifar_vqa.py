@@ -9,7 +9,7 @@ The method, top to bottom:
   3. train six arms at the same budget (steps, batch, data order, seed, base init):
        mrope+adapter     M-RoPE positions (text 1D, image 2D; Qwen2-VL's chunked frequency layout)
                          + one pre-projection and content skip per decoder block, shared by text and image tokens
-       mrope-il+adapter  the same with Qwen3-VL's interleaved frequency layout (see mmpreproj.mixed.layouts)
+       mrope-il+adapter  the same with Qwen3-VL's interleaved frequency layout (see mmpreproj.rope.layouts)
        1d+adapter        the same with plain 1D positions over image tokens (every token counts up)
        mrope, mrope-il, 1d   the three without the pre-projection / skip
   4. greedy-decode the answer of held-out questions (KV cache) and score exact match per question type;
@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.*`
 from cifar_tasks import (  # noqa: E402
     QUESTION_TYPES,
     Question,
@@ -50,7 +51,7 @@ from cifar_tasks import (  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data.assets import asset_path  # noqa: E402
-from mmpreproj.mixed import (  # noqa: E402
+from recipes.mixed.tinyvlm import (  # noqa: E402
     IMAGE,
     TEXT,
     MixedModel,
