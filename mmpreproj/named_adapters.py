@@ -119,17 +119,23 @@ def add_named_adapter(
             for part, module in (("preproj", preproj), ("skip", skip)):
                 if module is not None:
                     module.to(dtype=ref.dtype)
-                    expected.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
+                    expected.update(
+                        {adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()}
+                    )
             built.append((w, preproj, skip))
     live_modules = _saved_module_tensors(owner, state.modules_to_save)
     expected_keys = set(expected) | set(live_modules)
     missing, unexpected = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
     if missing or unexpected:
-        raise ValueError(f"adapter at {where} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        raise ValueError(
+            f"adapter at {where} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
     for k in sorted(expected_keys):
         dst = expected.get(k, live_modules.get(k))
         if tuple(tensors[k].shape) != tuple(dst.shape):
-            raise ValueError(f"adapter at {where}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+            raise ValueError(
+                f"adapter at {where}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}"
+            )
     with torch.no_grad():
         for k, dst in expected.items():
             dst.copy_(tensors[k])
@@ -173,11 +179,12 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     name, _ = named_adapter(state, check_adapter_name(name))
     if name == state.active_adapter:
         others = [n for n in state.adapter_configs if n != name]
-        hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
+        hint = (
+            f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
+        )
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
     for w in _wrappers(owner):
         w.drop_stored_adapter(name)
     del state.adapter_configs[name]
     state.stored_modules.pop(name, None)
     return model
-

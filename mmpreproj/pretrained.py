@@ -86,16 +86,20 @@ def split_state_dict(
     adapter: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
         parts = key.split(".")
-        prefix = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in wrappers), None)
+        prefix = next(
+            (".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in wrappers), None
+        )
         if prefix is not None:
             rest = key[len(prefix) + 1 :]
             if rest.startswith("base_layer."):
-                base[f"{prefix}.{rest[len('base_layer.'):]}"] = value
+                base[f"{prefix}.{rest[len('base_layer.') :]}"] = value
             elif rest.startswith(("preproj.", "skip.")):
                 module, _, name = rest.partition(".")
                 adapter[adapter_key(wrappers[prefix].block_index, module, name)] = value
             elif not rest.startswith(_WRAPPER_OWN):
-                raise ValueError(f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's")
+                raise ValueError(
+                    f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's"
+                )
             continue
         path = next((p for p in saved if key.startswith(p + ".")), None)
         if path is not None:
@@ -114,8 +118,12 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
     from .adapter import _saved_module_tensors
 
     state = vars(model)[STATE_ATTR]
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, PreProjAttention)]
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PreProjAttention)
+    ]
     live = _saved_module_tensors(model, state.modules_to_save)  # "modules.{name}.{param}" -> tensor
     kept = {k: v.detach().clone() for k, v in live.items()}
     try:
@@ -123,7 +131,7 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, name, wrapper.base_layer)
         with torch.no_grad():
             for k, dst in live.items():
-                dst.copy_(state.saved_originals[k[len("modules."):]])
+                dst.copy_(state.saved_originals[k[len("modules.") :]])
         yield model
     finally:
         with torch.no_grad():
@@ -217,9 +225,17 @@ def from_pretrained(
         folder = None
     else:
         a_source, a_extra = _source(str(adapter))
-        folder = Path(a_source) if Path(a_source).is_dir() else _hub_adapter(
-            a_source, ("", PRETRAINED_ADAPTER_DIR + "/"), bool(a_extra.get("local_files_only")), **download)
-        if folder is None:
+        folder = (
+            adapter_folder(a_source)
+            if Path(a_source).is_dir()
+            else _hub_adapter(
+                a_source,
+                ("", PRETRAINED_ADAPTER_DIR + "/"),
+                bool(a_extra.get("local_files_only")),
+                **download,
+            )
+        )
+        if folder is None or not (folder / ADAPTER_CONFIG_NAME).is_file():
             raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
     model = model_cls.from_pretrained(source, **{**extra, **kwargs})
     return model if folder is None else load_adapter(model, folder)
