@@ -620,10 +620,9 @@ def load_adapter(
     if adapter_name is not None:
         check_adapter_name(adapter_name)
     path = adapter_folder(path)
-    if adapter_name is not None and is_injected(model):
-        desc, tensors = read_adapter(path)
-        return add_named_adapter(model, desc, tensors, adapter_name, path)
     desc, tensors = read_adapter(path)
+    if adapter_name is not None and is_injected(model):
+        return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
