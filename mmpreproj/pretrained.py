@@ -152,8 +152,11 @@ def _save_pretrained(
 ) -> None:
     """`save_pretrained` of an injected model: the base in `save_directory` (plain `from_pretrained` reloads
     it) and the adapter in `save_directory/adapter/`; with `adapter_only=True` only the adapter files, in
-    `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...)."""
-    from .adapter import save_adapter
+    `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...).
+
+    `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
+    `adapter_state_dict` keys it; the base is then read from the model)."""
+    from .adapter import adapter_state_dict, save_adapter
 
     cls_save = type(self).save_pretrained
     if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
@@ -166,7 +169,12 @@ def _save_pretrained(
     folder = Path(save_directory)
     if folder.is_file():
         raise ValueError(f"save_pretrained: {folder} is a file; pass a folder")
-    base_sd, adapter_sd = (None, None) if state_dict is None else split_state_dict(self, state_dict)
+    if state_dict is None:
+        base_sd, adapter_sd = None, None
+    elif set(state_dict) == set(adapter_state_dict(self)):  # already the adapter's (`adapter_state_dict`)
+        base_sd, adapter_sd = None, state_dict
+    else:
+        base_sd, adapter_sd = split_state_dict(self, state_dict)
     if adapter_only:
         if is_main_process:
             save_adapter(self, folder, state_dict=adapter_sd)

@@ -216,3 +216,17 @@ def test_fused_path_and_save_pretrained_with_several_adapters(tmp_path):
     back, info = GPTNeoXForCausalLM.from_pretrained(tmp_path / "full", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert torch.equal(out(mmpreproj.load_adapter(back.eval(), tmp_path / "full")), out(single_b))
+
+
+def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
+    import copy
+
+    a, b = _save(tiny_neox, tmp_path / "a", 1), _save(tiny_neox, tmp_path / "b", 2)
+    model = mmpreproj.load_adapter(tiny_neox(), a)
+    mmpreproj.load_adapter(model, b, adapter_name="b")
+    twin = copy.deepcopy(model)
+    mmpreproj.set_adapter(twin, "b")
+    assert mmpreproj.active_adapter(model) == "default" and mmpreproj.active_adapter(twin) == "b"
+    assert torch.equal(out(twin), out(mmpreproj.load_adapter(tiny_neox(), b)))
+    assert torch.equal(out(model), out(mmpreproj.load_adapter(tiny_neox(), a)))
+    assert twin.mmpreproj_state.config is twin.mmpreproj_state.adapter_configs["b"]

@@ -181,6 +181,9 @@ def test_adapter_only_writes_only_the_adapter(tmp_path):
         "adapter_model.safetensors",
     }
     assert torch.equal(lm_forward(mmpreproj.load_adapter(tiny_neox(), tmp_path)), injected_out)
+    for given in (model.state_dict(), mmpreproj.adapter_state_dict(model)):  # full, or the adapter's alone
+        model.save_pretrained(tmp_path / "given", adapter_only=True, state_dict=given)
+        assert torch.equal(lm_forward(mmpreproj.load_adapter(tiny_neox(), tmp_path / "given")), injected_out)
 
 
 def test_after_unload_save_pretrained_is_the_plain_one(tmp_path):
