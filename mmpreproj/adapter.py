@@ -25,7 +25,7 @@ from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
-from .save_guard import guard_save_pretrained, unguard_save_pretrained
+from .pretrained import PRETRAINED_ADAPTER_DIR, install_save_pretrained, remove_save_pretrained
 from .timm_rope.saved import describe_rope, rope_for_load
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
@@ -36,6 +36,7 @@ __all__ = [
     "InjectionState",
     "adapter_state_dict",
     "adapter_disabled",
+    "adapter_folder",
     "injected_modules",
     "inject",
     "is_injected",
@@ -65,6 +66,14 @@ class InjectionState:
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
+    # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
+    active_adapter: str = "default"
+    adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
+    stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive
+    # name -> its modules_to_save values, keyed as in the file (`modules.{name}.{param}`)
+
+    def __post_init__(self) -> None:
+        self.adapter_configs.setdefault(self.active_adapter, self.config)
 
     def describe(self) -> dict:
         """The JSON-able description saved beside adapter weights."""
@@ -169,16 +178,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
-        device = _device_of(site.block)
-        dim = site.width
-        preproj = (
-            PreProjection(dim, config.expansion, config.activation, config.init,
-                          compute_dtype=config.compute_dtype, device=device)
-            if config.preproj
-            else None
-        )
-        skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
-                if config.skip else None)
+        preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, fused_forward=fused, part=site.part
         )
@@ -205,6 +205,21 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
     )
     return _Plan(spec, state, placements, seams)
+
+
+def new_adapter_modules(
+    dim: int, config: PreProjConfig, device: torch.device
+) -> tuple[PreProjection | None, ContentSkip | None]:
+    """The (pre-projection, skip) `config` asks for at width `dim` (None where it asks for none), float32."""
+    preproj = (
+        PreProjection(dim, config.expansion, config.activation, config.init,
+                      compute_dtype=config.compute_dtype, device=device)
+        if config.preproj
+        else None
+    )
+    skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
+            if config.skip else None)
+    return preproj, skip
 
 
 def _hosts_with_fused() -> list[HostSpec]:
@@ -287,7 +302,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
         for wrapper, block, norm, where, norm_path in plan.seams:
             wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
         model.mmpreproj_state = plan.state
-        guard_save_pretrained(model)
+        install_save_pretrained(model)
         if plan.state.config.freeze_base:
             _freeze_base(model, plan.state, plan.spec)
         _keep_trainable(model, plan.state)
@@ -300,7 +315,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
             p.requires_grad_(True)
         if plan.state.input_grad_hook is not None:
             plan.state.input_grad_hook.remove()
-        unguard_save_pretrained(model)
+        remove_save_pretrained(model)
         if hasattr(model, "mmpreproj_state"):
             del model.mmpreproj_state
         raise
@@ -377,7 +392,7 @@ def unload(model: nn.Module) -> nn.Module:
         if state.input_grad_hook is not None:
             state.input_grad_hook.remove()
         delattr(owner, STATE_ATTR)
-        unguard_save_pretrained(owner)
+        remove_save_pretrained(owner)
     return model
 
 
@@ -469,7 +484,12 @@ def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -
 
 
 def save_adapter(
-    model: nn.Module, path: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    path: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    adapter_name: str | None = None,
+    readme: bool = False,
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
@@ -478,11 +498,18 @@ def save_adapter(
     so a crash never leaves a torn file, and the two files are replaced together (`adapter_files`): a
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
+
+    `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
+    `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
     """
+    from .model_card import card_fields, model_card
+    from .named_adapters import named_adapter
+
     owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
+    name, config = named_adapter(state, adapter_name)
     if state_dict is None:
-        state_dict = adapter_state_dict(model)
+        state_dict = adapter_state_dict(model) if name == state.active_adapter else _stored_tensors(owner, name)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     _refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     meta = {"format": "pt", "mmpreproj_version": __version__}
@@ -490,11 +517,41 @@ def save_adapter(
     rope = describe_rope(owner)
     if rope is not None:  # add_rope positions: load_adapter restores or checks them
         desc["rope"] = rope
+    desc["config"] = config.to_dict()
+    for k, v in card_fields(owner, name, tensors, state).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
     text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
-    write_files(path, {
+    writers = {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
         ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
-    })
+    }
+    if readme:
+        card = model_card(desc)
+        writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
+    write_files(path, writers)
+    return path
+
+
+def _stored_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """A stored (not active) adapter's weights, keyed as `adapter_state_dict` keys the active one's."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    out = {
+        adapter_key(w.block_index, part, k): v
+        for w in injected_modules(owner)
+        for part, module in w.stored_adapters[name].items()
+        for k, v in module.state_dict().items()
+    }
+    out.update(state.stored_modules.get(name, {}))
+    return out
+
+
+def adapter_folder(path: str | Path) -> Path:
+    """The folder holding an adapter's files: `path` itself, or the `adapter/` subfolder a
+    `save_pretrained` folder (and a training run folder) keeps them in."""
+    path = Path(path)
+    sub = path / PRETRAINED_ADAPTER_DIR
+    if not (path / ADAPTER_CONFIG_NAME).is_file() and (sub / ADAPTER_CONFIG_NAME).is_file():
+        return sub
     return path
 
 
@@ -507,8 +564,10 @@ def _refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files,
-    a config that is not an object and weights that are not finite (the tensor is named)."""
-    path = Path(path)
+    a config that is not an object and weights that are not finite (the tensor is named).
+
+    `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""
+    path = adapter_folder(path)
     with committed_files(path, (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME)) as files:
         cfg_file, weights_file = files[ADAPTER_CONFIG_NAME], files[ADAPTER_WEIGHTS_NAME]
         for f in (cfg_file, weights_file):
@@ -545,18 +604,31 @@ def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
 
 
-def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None = None) -> nn.Module:
+def load_adapter(
+    model: nn.Module, path: str | Path, *, freeze_base: bool | None = None, adapter_name: str | None = None
+) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
 
-    The adapter file carries the host description (parts, paths, call convention), so a user-described
-    host reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another
-    host, parts the model does not have, another hidden size or block count, or weights that do not match.
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read). The
+    adapter file carries the host description (parts, paths, call convention), so a user-described host
+    reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
+    parts the model does not have, another hidden size or block count, or weights that do not match.
+
+    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
+    and inactive (`set_adapter` switches to it; see `named_adapters`); on a plain model it names the
+    first adapter (default "default").
     Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
     to make (`mmpreproj.timm_rope.saved`).
     """
+    from .named_adapters import add_named_adapter, check_adapter_name
+
     refuse_meta_parameters(model, "load_adapter")
-    path = Path(path)
+    if adapter_name is not None:
+        check_adapter_name(adapter_name)
+    path = adapter_folder(path)
     desc, tensors = read_adapter(path)
+    if adapter_name is not None and is_injected(model):
+        return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
@@ -584,6 +656,9 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
     with torch.no_grad():
         for k, dst in injected.items():
             dst.copy_(tensors[k])
+    if adapter_name is not None:
+        plan.state.adapter_configs = {adapter_name: plan.state.config}
+        plan.state.active_adapter = adapter_name
     _apply(model, plan)
     if restore_rope is not None:
         restore_rope()

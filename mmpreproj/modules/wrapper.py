@@ -126,6 +126,39 @@ class PreProjAttention(BaseLayerWrapper):
         i = self.call.output_index
         return (*out[:i], out[i] + skip, *out[i + 1 :])
 
+    # --- several named adapters (mmpreproj.named_adapters): the active one is `preproj`/`skip` ---------------
+
+    def store_adapter(self, name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
+        """Keep another adapter's modules beside the active one, frozen, under `name` (`stored_adapters`)."""
+        entry = nn.ModuleDict({k: m for k, m in (("preproj", preproj), ("skip", skip)) if m is not None})
+        for p in entry.parameters():
+            p.requires_grad_(False)
+        if "stored_adapters" not in self._modules:
+            self.stored_adapters = nn.ModuleDict()
+        self.stored_adapters[name] = entry
+
+    def activate_stored_adapter(self, name: str, store_active_as: str) -> None:
+        """Make stored adapter `name` the active one and store the active one as `store_active_as`.
+
+        Modules are swapped, not copied; the new active modules train iff the old ones did.
+        """
+        entry = self.stored_adapters[name]
+        active = [m for m in (self.preproj, self.skip) if m is not None]
+        trainable = any(p.requires_grad for m in active for p in m.parameters())
+        del self.stored_adapters[name]
+        self.store_adapter(store_active_as, self.preproj, self.skip)
+        self.preproj = entry["preproj"] if "preproj" in entry else None  # noqa: SIM401 (ModuleDict has no .get)
+        self.skip = entry["skip"] if "skip" in entry else None  # noqa: SIM401
+        for p in entry.parameters():
+            p.requires_grad_(trainable)
+        self.fused_weights = _fused_cache()  # keyed on tensor ids: never reuse it across adapters
+
+    def drop_stored_adapter(self, name: str) -> None:
+        """Forget stored adapter `name` (the active one is not stored and cannot be dropped here)."""
+        del self.stored_adapters[name]
+        if not len(self.stored_adapters):
+            del self.stored_adapters
+
     def extra_repr(self) -> str:
         return (
             f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}, "
