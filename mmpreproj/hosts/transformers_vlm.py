@@ -72,7 +72,9 @@ def _encoder_part(*blocks: str) -> PartSpec:
     return PartSpec("vision", blocks=blocks, attention="self_attn", norm="layer_norm1", call=HF_CALL)
 
 
-def _vlm(name: str, family: str, vision: PartSpec, language: PartSpec, projector: str, towers=None) -> HostSpec:
+def _vlm(
+    name: str, family: str, vision: PartSpec, language: PartSpec, projector: str, towers=None
+) -> HostSpec:
     return register_host(
         HostSpec(
             name=name,
@@ -81,7 +83,8 @@ def _vlm(name: str, family: str, vision: PartSpec, language: PartSpec, projector
             parts=(vision, language),
             check=_check(family, towers),
             embeddings="get_input_embeddings()",
-            lora_targets=QKVO + ("out_proj",),  # the language model's q/k/v/o_proj, the tower's q/k/v/out_proj
+            # the language model's q/k/v/o_proj, the tower's q/k/v/out_proj
+            lora_targets=QKVO + ("out_proj",),
             trainable_modules={"projector": projector},
         )
     )
