@@ -8,8 +8,8 @@ Call conventions: the LLaVA / Idefics3 / SmolVLM vision parts call `self_attn(hi
 position_embeddings=...)` -> (out, weights) as Llama; Qwen3-VL's vision blocks call `attn(norm1(x),
 cu_seqlens=..., position_embeddings=...)` -> tensor, as Qwen2-VL. Gradient checkpointing runs on LLaVA
 (CLIP + Llama, the `HF_CALL` convention in both parts) and Qwen3-VL (the tensor convention); greedy
-generation with the KV cache on LLaVA only. The parts checks (select, report, record, refuse) run on LLaVA
-and Idefics3.
+generation with the KV cache on LLaVA only. The parts checks (select, report, record, refuse, the projector
+as `modules_to_save`) run on LLaVA, Idefics3 and Qwen3-VL.
 """
 
 from __future__ import annotations
@@ -187,9 +187,10 @@ class TestContract(HostContract):
 
 # --- parts: select, report, record, refuse ----------------------------------------------------------------
 
-PARTS = {
-    "llava": (_llava, llava_inputs, "model.multi_modal_projector"),
-    "idefics3": (_idefics, idefics_inputs, "model.connector"),
+PARTS = {  # build, inputs, forward, the projector's path, the language model's attribute on `.model`
+    "llava": (_llava, llava_inputs, llava_forward, "model.multi_modal_projector", "language_model"),
+    "idefics3": (_idefics, idefics_inputs, llava_forward, "model.connector", "text_model"),
+    "qwen3_vl": (_qwen3_vl, qwen3_vl_inputs, qwen3_vl_forward, "model.visual.merger", "language_model"),
 }
 PER_BLOCK = 2 * 64 * 80 + 64 * 64  # pre-projection + skip at width 64
 
@@ -197,7 +198,7 @@ PER_BLOCK = 2 * 64 * 80 + 64 * 64  # pre-projection + skip at width 64
 @pytest.mark.parametrize("name", PARTS)
 @pytest.mark.parametrize("parts", [["vision"], ["language"], ["vision", "language"]], ids="+".join)
 def test_parts_inject_report_and_record(name, parts, tmp_path):
-    build, inputs, _ = PARTS[name]
+    build, inputs, forward, _, _ = PARTS[name]
     model = mmpreproj.inject(build(), PreProjConfig(parts=parts, skip_init_std=0.05))
     assert {w.part for w in mmpreproj.injected_modules(model)} == set(parts)
     report = mmpreproj.trainable_report(model)
@@ -206,14 +207,14 @@ def test_parts_inject_report_and_record(name, parts, tmp_path):
     state = model.mmpreproj_state
     assert [p["name"] for p in state.parts] == ["vision", "language"]  # the model's parts, injected or not
     assert {p["name"] for p in state.parts if p["layers"]} == set(parts)
-    out = llava_forward(model, inputs())
+    out = forward(model, inputs())
     mmpreproj.save_adapter(model, tmp_path)
     fresh = mmpreproj.load_adapter(build(seed=5), tmp_path)
     assert {w.part for w in mmpreproj.injected_modules(fresh)} == set(parts)
     for k, v in mmpreproj.adapter_state_dict(model).items():
         assert torch.equal(mmpreproj.adapter_state_dict(fresh)[k], v), k
     # other base weights (seed 5), so the outputs differ: the equality above is not vacuous
-    assert not torch.equal(llava_forward(fresh, inputs()), out)
+    assert not torch.equal(forward(fresh, inputs()), out)
 
 
 def test_default_parts_are_both():
@@ -223,16 +224,16 @@ def test_default_parts_are_both():
 
 @pytest.mark.parametrize("name", PARTS)
 def test_load_into_a_model_lacking_a_part_is_refused_untouched(name, tmp_path):
-    build, _, _ = PARTS[name]
+    build, _, _, _, language = PARTS[name]
     mmpreproj.save_adapter(mmpreproj.inject(build(), PreProjConfig(parts=["vision"])), tmp_path)
-    text_only = tf.LlamaForCausalLM(build().config.text_config)  # no vision tower at all
+    text_only = tf.AutoModel.from_config(build().config.text_config)  # the bare language model, no tower
     before = snapshot(text_only)
     with pytest.raises(ValueError):
         mmpreproj.load_adapter(text_only, tmp_path)
     assert_same_snapshot(snapshot(text_only), before)
     # the same model type with its language model removed
     model = build()
-    delattr(model.model, "language_model" if name == "llava" else "text_model")
+    delattr(model.model, language)
     before = snapshot(model)
     with pytest.raises(ValueError, match="language"):
         mmpreproj.load_adapter(model, tmp_path)
@@ -241,7 +242,7 @@ def test_load_into_a_model_lacking_a_part_is_refused_untouched(name, tmp_path):
 
 @pytest.mark.parametrize("name", PARTS)
 def test_projector_trains_saves_and_is_restored_on_unload(name, tmp_path):
-    build, inputs, path = PARTS[name]
+    build, inputs, forward, path, _ = PARTS[name]
     model = build()
     projector = get_path(model, path)
     original = {n: p.detach().clone() for n, p in projector.named_parameters()}
@@ -254,22 +255,20 @@ def test_projector_trains_saves_and_is_restored_on_unload(name, tmp_path):
     model.train()
     for _ in range(2):
         opt.zero_grad()
-        llava_forward(model, inputs()).square().mean().backward()
+        forward(model, inputs()).square().mean().backward()
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in projector.parameters())
         opt.step()
     model.eval()
     assert any(not torch.equal(p, original[n]) for n, p in projector.named_parameters())
-    out = llava_forward(model, inputs())
+    out = forward(model, inputs())
     mmpreproj.save_adapter(model, tmp_path)
     fresh = mmpreproj.load_adapter(build(), tmp_path)
-    torch.testing.assert_close(llava_forward(fresh, inputs()), out, atol=0, rtol=0)
+    torch.testing.assert_close(forward(fresh, inputs()), out, atol=0, rtol=0)
     mmpreproj.unload(model)
     for n, p in projector.named_parameters():
         assert torch.equal(p, original[n]), n
     assert [p.requires_grad for p in model.parameters()] == flags
-    torch.testing.assert_close(
-        llava_forward(model, inputs()), llava_forward(build(), inputs()), atol=0, rtol=0
-    )
+    torch.testing.assert_close(forward(model, inputs()), forward(build(), inputs()), atol=0, rtol=0)
 
 
 def test_llava_feature_layer_minus_two_trains_the_blocks_that_feed_it():
