@@ -15,7 +15,6 @@ from .adapter import (
     load_adapter,
     save_adapter,
     set_adapter_state_dict,
-    set_fused,
     unload,
 )
 from .config import PreProjConfig
@@ -48,7 +47,6 @@ __all__ = [
     "rope",
     "save_adapter",
     "set_adapter_state_dict",
-    "set_fused",
     "trainable_report",
     "unload",
 ]
