@@ -115,7 +115,7 @@ def test_every_list_of_methods_is_read_from_the_one_table():
     from mmpreproj.train import config as train_config
     from mmpreproj.train.methods import METHOD_SPECS, METHODS, PAPER_METHODS, check_methods
 
-    assert METHODS == tuple(METHOD_SPECS) and train_config.METHODS is METHODS
+    assert tuple(METHOD_SPECS) == METHODS and train_config.METHODS is METHODS
     assert reproduce.DEFAULT_METHODS == METHODS and reproduce.DEMO_METHODS == PAPER_METHODS
     assert PAPER_METHODS == ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")  # the paper's five
     for name, spec in METHOD_SPECS.items():  # the core's tag names the same method
@@ -178,7 +178,10 @@ def test_load_adapter_names_a_peft_folder_instead_of_calling_it_corrupt(tmp_path
 def test_adapter_keys_are_built_and_read_by_one_pair_of_functions():
     model = mmpreproj.inject(tiny_neox(), PreProjConfig())
     keys = set(mmpreproj.adapter_state_dict(model))
-    assert "blocks.1.skip.proj.weight" in keys and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
+    assert (
+        "blocks.1.skip.proj.weight" in keys
+        and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
+    )
     for k in keys:
         block, module, param = parse_adapter_key(k)
         assert adapter_key(block, module, param) == k
