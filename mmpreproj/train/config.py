@@ -37,7 +37,7 @@ class TrainConfig(JsonConfig):
 
     Args:
         method: what trains, one of `METHODS` (train/methods.py: "preproj", "skip", "preproj_skip", "lora",
-            "lora_matched", "preproj_lora").
+            "preproj_lora", "lora_matched").
         model: hub id or local folder for `AutoModelForCausalLM` / `AutoTokenizer`.
         data: hub dataset id (read with `datasets`) or a local text file (one example per line).
         data_config, data_split, text_field: hub dataset config, split and text column.
