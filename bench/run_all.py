@@ -4,7 +4,7 @@
 
 Runs each bench script in its own process (same machine, one after another) with `--json`, then joins the
 figures into one markdown table (with `--runs N`, the whole set N times: each cell is the median, with the range): inference overhead vs FLOP ratio (GPT-NeoX 160M/410M shapes, ViT-B/16),
-a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, fused vs unfused Q/K/V + skip, training tokens/s vs peft LoRA at the paper's rank,
+a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, training tokens/s vs peft LoRA at the paper's rank,
 RoPE apply vs reference implementations, compiled vs eager. Random weights; no downloads.
 """
 
@@ -40,7 +40,6 @@ def rows(res: dict) -> list[tuple[str, float, str]]:
     for key, name in (("neox160", "GPT-NeoX 160M"), ("neox410", "GPT-NeoX 410M")):
         r = res[key]
         out.append((f"{name} forward, injected / base (seq {r['seq']})", r["latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
-        out.append((f"{name} forward, fused Q/K/V+skip / base", r["fused_latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
         out.append((f"{name} KV-cache bytes, injected / base", r["kv_bytes_ratio"], "1.000"))
     d = res["dtype"]
     for k in ("fp32 modules", "host dtype", "bf16 modules"):

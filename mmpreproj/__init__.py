@@ -15,7 +15,6 @@ from .adapter import (
     load_adapter,
     save_adapter,
     set_adapter_state_dict,
-    set_fused,
     unload,
 )
 from .config import PreProjConfig
@@ -55,7 +54,6 @@ __all__ = [
     "save_adapter",
     "set_adapter",
     "set_adapter_state_dict",
-    "set_fused",
     "trainable_report",
     "unload",
 ]

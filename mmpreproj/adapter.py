@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
-from .hosts import HOSTS, HostSpec, find_host, get_host
+from .hosts import HOSTS, HostSpec, find_host
 from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
@@ -32,23 +32,26 @@ from .version import __version__
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
+    "ADAPTER_TYPE",
     "ADAPTER_WEIGHTS_NAME",
     "InjectionState",
     "adapter_state_dict",
     "adapter_disabled",
     "adapter_folder",
+    "adapter_key",
     "injected_modules",
     "inject",
     "is_injected",
     "load_adapter",
+    "parse_adapter_key",
     "save_adapter",
     "set_adapter_state_dict",
-    "set_fused",
     "unload",
 ]
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of our adapter_config.json (peft's files carry `peft_type`)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class InjectionState:
     host_description: dict = field(default_factory=dict)  # the resolved row (spec.py), so reload needs no code
     parts: list[dict] = field(default_factory=list)  # per part: name, first block index, blocks, injected layers
     modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
+    base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
@@ -78,6 +82,9 @@ class InjectionState:
     def describe(self) -> dict:
         """The JSON-able description saved beside adapter weights."""
         return {
+            "adapter_type": ADAPTER_TYPE,  # with `method`: what the folder holds, so nothing guesses from its shape
+            "method": self.config.method,
+            "base_model_name_or_path": self.base_model_name_or_path,
             "config": self.config.to_dict(),
             "host": self.host,
             "host_description": self.host_description,
@@ -170,17 +177,13 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     parts, chosen = _select(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
-    fused = spec.fused_forward if config.fuse_qkv_skip else None
-    if config.fuse_qkv_skip and fused is None:
-        raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
-                         f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
     placements, seams = [], []
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
         preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
         wrapper = PreProjAttention(
-            site.attention, site.call, preproj, skip, block_index=site.index, fused_forward=fused, part=site.part
+            site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
         )
         placements.append((site, wrapper))
         if site.norm is not None:
@@ -203,6 +206,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         host_description=description,
         parts=part_rows,
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
+        base_model_name_or_path=_name_or_path(model),
     )
     return _Plan(spec, state, placements, seams)
 
@@ -222,20 +226,11 @@ def new_adapter_modules(
     return preproj, skip
 
 
-def _hosts_with_fused() -> list[HostSpec]:
-    return [s for s in HOSTS.values() if s.fused_forward is not None]
 
-
-def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch the one-matmul Q/K/V + skip fast path on or off for an injected model (or what wraps it)."""
-    _, state = injected_owner(model, "set_fused")
-    fused = get_host(state.host).fused_forward
-    if enabled and fused is None:
-        raise ValueError(f"host {state.host!r} has no fused path; hosts with one: {[s.name for s in _hosts_with_fused()]}")
-    for w in injected_modules(model):
-        w.fused_forward = fused if enabled else None
-    state.config.fuse_qkv_skip = enabled
-    return model
+def _name_or_path(model: nn.Module) -> str | None:
+    """transformers' `name_or_path` (hub id or folder the model was loaded from); None when built in code."""
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if isinstance(name, (str, Path)) and str(name) else None
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
@@ -418,9 +413,26 @@ def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
                 v.copy_(state.saved_originals[f"{name}.{k}"])
 
 
-def adapter_key(block_index: int, module: str, name: str) -> str:
-    """The file key of an injected weight: `blocks.{i}.{preproj|skip}.{param}` (i = the adapter block index)."""
+def adapter_key(block_index: int | None, module: str, name: str) -> str:
+    """The file key of an adapter weight, the one place its format is written:
+    `blocks.{i}.{preproj|skip}.{param}` for an injected weight (i = the adapter block index), or, with
+    `block_index=None`, `modules.{name}.{param}` for a base module of `modules_to_save`."""
+    if block_index is None:
+        return f"modules.{module}.{name}"
     return f"blocks.{block_index}.{module}.{name}"
+
+
+def parse_adapter_key(key: str) -> tuple[int | None, str, str]:
+    """`adapter_key`'s inverse: (block index or None for a saved module, module, param); ValueError otherwise."""
+    kind, _, rest = key.partition(".")
+    first, _, name = rest.partition(".")
+    if kind == "blocks" and first.isdigit() and name:
+        module, _, param = name.partition(".")
+        if param:
+            return int(first), module, param
+    if kind == "modules" and first and name:
+        return None, first, name
+    raise ValueError(f"{key!r} is not an adapter key (blocks.<i>.<preproj|skip>.<param> or modules.<name>.<param>)")
 
 
 def _wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor]:
@@ -435,7 +447,7 @@ def _wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor
 
 def _saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> dict[str, torch.Tensor]:
     return {
-        f"modules.{name}.{k}": v
+        adapter_key(None, name, k): v
         for name, path in modules_to_save.items()
         for k, v in get_path(model, path).state_dict().items()
     }
@@ -575,6 +587,10 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 raise FileNotFoundError(f"adapter file missing: {path / f.name}")
         try:
             desc = json.loads(cfg_file.read_text(encoding="utf-8"))
+            if isinstance(desc, dict) and "config" not in desc and "peft_type" in desc:
+                raise ValueError(f"it is a peft adapter (peft_type={desc['peft_type']!r}): load it with peft")
+            if isinstance(desc, dict) and desc.get("adapter_type", ADAPTER_TYPE) != ADAPTER_TYPE:
+                raise ValueError(f"adapter_type={desc['adapter_type']!r}, expected {ADAPTER_TYPE!r}")
             if not isinstance(desc, dict) or "config" not in desc:
                 raise ValueError("no 'config' key")
             if not isinstance(desc["config"], dict):
@@ -652,7 +668,7 @@ def load_adapter(
     for k, dst in expected.items():
         if tensors[k].shape != dst.shape:
             raise ValueError(f"adapter at {path}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
-    injected = {k: v for k, v in expected.items() if k.startswith("blocks.")}
+    injected = {k: v for k, v in expected.items() if parse_adapter_key(k)[0] is not None}
     with torch.no_grad():
         for k, dst in injected.items():
             dst.copy_(tensors[k])
@@ -664,6 +680,6 @@ def load_adapter(
         restore_rope()
     with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
         for k, dst in expected.items():
-            if k.startswith("modules."):
+            if parse_adapter_key(k)[0] is None:
                 dst.copy_(tensors[k])
     return model

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
                            ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods")):
         p = sub.add_parser(name, help=helptext)
-        from .train.config import METHODS
+        from .train.methods import METHODS
         from .train.presets import PRESETS
 
         if name == "reproduce":
@@ -163,7 +163,7 @@ def _existing(flag: str, value: str | None) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     """Every path, count and list option, checked before any work starts."""
     from .eval import TASKS
-    from .train.config import METHODS
+    from .train.methods import METHODS
 
     if args.command == "train":
         _output_folder("--out", args.out)

@@ -46,15 +46,13 @@ def test_unload_container_restores_the_inner_model(tokens):
     assert torch.equal(model(tokens).logits, ref)
 
 
-def test_container_save_set_fused_report_disabled(tmp_path, tokens):
+def test_container_save_report_disabled(tmp_path, tokens):
     model, _ = _injected()
     container = nn.ModuleDict({"lm": model})
     mmpreproj.save_adapter(container, tmp_path / "a")
     assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
         mmpreproj.adapter_state_dict(model)
     )
-    mmpreproj.set_fused(container, True)
-    assert all(w.fused_forward is not None for w in mmpreproj.injected_modules(model))
     assert mmpreproj.trainable_report(container) == mmpreproj.trainable_report(model)
     with mmpreproj.adapter_disabled(container):
         assert not any(w.adapter_enabled for w in mmpreproj.injected_modules(model))
@@ -82,8 +80,6 @@ def test_peft_wrapped_model_unloads_fully(tmp_path, tokens):
     assert inner is model
     mmpreproj.save_adapter(pm, tmp_path / "a")  # the description comes from the inner model's state
     assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["host"] == "gpt_neox"
-    mmpreproj.set_fused(pm, True)
-    mmpreproj.set_fused(pm, False)
     report = mmpreproj.trainable_report(pm)
     assert report.injected > 0 and report.trainable > 0
     with mmpreproj.adapter_disabled(pm):
@@ -121,7 +117,6 @@ def test_ddp_wrapped_model(tmp_path, tokens):
     try:
         ddp = DistributedDataParallel(model)
         mmpreproj.save_adapter(ddp, tmp_path / "a")
-        mmpreproj.set_fused(ddp, True)
         assert mmpreproj.trainable_report(ddp).injected == mmpreproj.trainable_report(model).injected
         with mmpreproj.adapter_disabled(ddp):
             assert not any(w.adapter_enabled for w in mmpreproj.injected_modules(model))
@@ -144,7 +139,6 @@ def test_fsdp2_sharded_model_saves_and_unload_refuses_untouched(tmp_path):
             fully_shard(layer)
         fully_shard(model)
         mmpreproj.save_adapter(model, tmp_path / "a")  # gathers full tensors
-        mmpreproj.set_fused(model, True)
         assert mmpreproj.trainable_report(model).injected == 2 * (2 * 32 * 40 + 32 * 32)
         wrappers = mmpreproj.injected_modules(model)
         with pytest.raises(
@@ -164,7 +158,6 @@ def test_torch_compile_wrapped_model(tmp_path):
     compiled = torch.compile(model)  # not run: only the wrapper's structure matters here
     assert compiled is not model
     mmpreproj.save_adapter(compiled, tmp_path / "a")
-    mmpreproj.set_fused(compiled, True)
     assert mmpreproj.trainable_report(compiled) == mmpreproj.trainable_report(model)
     mmpreproj.unload(compiled)
     _assert_fully_unloaded(model, base_grads)

@@ -17,6 +17,7 @@ LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +26,15 @@ from torch import nn
 
 from .. import adapter as _adapter
 from ..config import PreProjConfig
-from .config import METHODS
 
 __all__ = [
     "LORA_TARGETS",
+    "METHODS",
+    "PAPER_METHODS",
     "MethodSpec",
     "METHOD_SPECS",
     "apply_method",
+    "check_methods",
     "count_trainable",
     "expected_trainable",
     "meta_model",
@@ -55,17 +58,30 @@ class MethodSpec:
     skip: bool
     lora: bool
     lora_rank: str | int | None = None  # "paper" = the paper's rule; "matched" = as many params as preproj_skip
+    in_paper: bool = True  # one of the paper's five (Table 1/2)
 
 
+# The one definition of the methods: every list of names (CLI choices, TrainConfig, reproduce/sweep defaults,
+# the `method` tag an adapter folder carries) is read from this table.
 METHOD_SPECS: dict[str, MethodSpec] = {
     "preproj": MethodSpec("preproj", preproj=True, skip=False, lora=False),
     "skip": MethodSpec("skip", preproj=False, skip=True, lora=False),
     "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
     "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
     "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
-    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched"),
+    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched",
+                               in_paper=False),
 }
-assert tuple(METHOD_SPECS) == METHODS
+METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
+PAPER_METHODS: tuple[str, ...] = tuple(n for n, s in METHOD_SPECS.items() if s.in_paper)
+
+
+def check_methods(names: Sequence[str]) -> tuple[str, ...]:
+    """`names` as a tuple, or ValueError naming the first unknown one and the allowed values."""
+    for name in names:
+        if name not in METHOD_SPECS:
+            raise ValueError(f"unknown method {name!r}; allowed values: {list(METHODS)}")
+    return tuple(names)
 
 
 def _spec(method: str) -> MethodSpec:
