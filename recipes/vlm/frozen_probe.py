@@ -44,6 +44,16 @@ __all__ = ["ProbeConfig", "build_chats", "evaluate", "load_vlm", "main"]
 
 QUESTION = "What is in the image? Answer with one word."
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+HELP = {
+    "model": "hub id or local folder holding the model and its processor",
+    "data": "folder holding CIFAR-10 {train,test}.zip",
+    "out": "run folder: adapter/ and results.json",
+    "parts": "comma-separated host parts to inject, e.g. vision,language; empty = the host row's default",
+    "dtype": "dtype of the frozen base: float32 or bfloat16 (injected weights stay float32)",
+    "train_per_class": "training images per class (train split)",
+    "test_per_class": "held-out images per class (test split) for the before/after evaluation",
+    "steps": "optimizer steps",
+}
 
 
 @dataclass
@@ -211,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
         kind = {"int": int, "float": float, "str": str}[
             f.type if isinstance(f.type, str) else f.type.__name__
         ]
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
+                            help=f"{HELP.get(f.name, '')} (default: {f.default})".lstrip())  # fmt: skip
     cfg = ProbeConfig(**vars(parser.parse_args(argv)))
     try:
         return run(cfg)
