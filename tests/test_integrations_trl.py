@@ -134,6 +134,9 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
     again = _trained(resumed)
     assert again.keys() == trained.keys() and all(torch.equal(again[k], trained[k]) for k in trained)
 
+    trainable = load_trained(tiny_neox(vocab_size=len(tokenizer)), ckpt, is_trainable=True)
+    assert {n for n, p in trainable.named_parameters() if p.requires_grad} == trained.keys()  # both parts
+
     # reload from a fresh base: the same outputs
     x = torch.randint(1, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
     model.eval()

@@ -40,6 +40,8 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from ..adapter import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
+    adapter_state_dict,
+    injected_modules,
     is_injected,
     read_adapter,
     save_adapter,
@@ -104,6 +106,9 @@ def load_checkpoint(model: nn.Module, folder: str | Path) -> nn.Module:
         )
     _, tensors = read_adapter(adapter_dir(model, folder))
     if _is_peft(model):
+        have = {k: tuple(v.shape) for k, v in adapter_state_dict(model).items()}
+        if have != {k: tuple(v.shape) for k, v in tensors.items()}:  # refuse before peft's part is loaded
+            set_adapter_state_dict(model, tensors)  # raises, naming the keys or the shape
         model.load_adapter(str(folder), model.active_adapters[0], is_trainable=True)
     return set_adapter_state_dict(model, tensors)
 
@@ -138,8 +143,6 @@ def _holds_peft_adapter(folder: Path) -> bool:
 
 
 def _injected_params(model: nn.Module) -> list[nn.Parameter]:
-    from ..adapter import injected_modules
-
     return [
         p
         for w in injected_modules(model)
@@ -158,9 +161,8 @@ class PreProjTrainerMixin:
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        save_checkpoint(
-            self.model, output_dir
-        )  # `state_dict` (FSDP/DeepSpeed gathers) is not used: see above
+        # `state_dict` (what FSDP/DeepSpeed gather) is not used: see the module docstring
+        save_checkpoint(self.model, output_dir)
         tokenizer = self.processing_class or getattr(self.data_collator, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.save_pretrained(output_dir)
