@@ -4,7 +4,7 @@
 #   2. the transformers Trainer recipe (recipes/integrations/hf_trainer.py).
 # Both read the launcher's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; nothing in them knows accelerate.
 #
-#   bash recipes/integrations/accelerate_launch.sh runs/accelerate [both|ours|hf]   # ~2 min on 2 CPU cores
+#   bash recipes/integrations/accelerate_launch.sh runs/accelerate [both|ours|hf]   # both: 63 s on 2 CPU cores
 #
 # Why `--multi_gpu` on a CPU machine: in accelerate 1.x, `--cpu --num_processes 2` without an MPI hostfile
 # starts ONE process (its simple launcher); `--multi_gpu` starts N through torch.distributed.run, and
