@@ -17,7 +17,6 @@ from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
 import mmpreproj  # noqa: E402
-from mmpreproj.integrations.peft import unload_peft  # noqa: E402
 from mmpreproj.integrations.transformers import load_trained  # noqa: E402
 from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
@@ -145,12 +144,13 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
         want = model(x).logits
         assert torch.equal(reloaded(x).logits, want)
 
-        # unload both parts: peft's LoRA first, then ours; the base comes back bit-exact
-        plain = mmpreproj.unload(unload_peft(reloaded))
+        # unload both parts: peft's own unload() takes the LoRA off and leaves our wrapper, then ours goes;
+        # the base comes back bit-exact
+        plain = mmpreproj.unload(reloaded.unload())
         assert not mmpreproj.is_injected(plain) and not any("lora_" in n for n, _ in plain.named_parameters())
         assert torch.equal(plain(x).logits, tiny_neox(vocab_size=len(tokenizer)).eval()(x).logits)
 
         # or merge the LoRA into the base first: the injected model keeps the trained outputs
-        merged = unload_peft(model, merge=True)
+        merged = model.merge_and_unload()
         assert mmpreproj.is_injected(merged)
         torch.testing.assert_close(merged(x).logits, want, rtol=1e-5, atol=1e-5)
