@@ -116,38 +116,28 @@ BUILDERS = {
     "eva_attention_rope_gqa": partial(
         build, Eva, use_rot_pos_emb=True, attn_type="rope", qkv_fused=False, num_kv_heads=2
     ),
-    # near misses: the ViT block shape outside VisionTransformer
+    # near misses: the ViT block shape outside VisionTransformer (one contract case per row; the other
+    # variants run in the block-layout tests and test_near_miss_variants_inject_at_identity)
     "beit_relpos_layerscale": _once(partial(build, Beit, use_rel_pos_bias=True, init_values=0.5)),
-    "beit_shared_relpos": _once(
-        partial(build, Beit, use_abs_pos_emb=False, use_shared_rel_pos_bias=True, qkv_bias=True)
-    ),
-    "naflexvit": _once(partial(build, NaFlexVit, init_values=0.5)),
     "naflexvit_rope_masked": _once(partial(build, NaFlexVit, rope_type="axial", class_token=True, reg_tokens=1)),
-    "vit_relpos": _once(partial(build, VisionTransformerRelPos, init_values=0.5)),
     "vit_relpos_shared_cls": _once(
         partial(build, VisionTransformerRelPos, init_values=0.5, shared_rel_pos=True, class_token=True)
     ),
     "vit_sam_relpos_padded": _once(partial(sam, use_rel_pos=True)),
-    "vit_sam_rope": _once(partial(sam, use_rope=True, use_abs_pos=False)),
 }
 HOST = {
     "eva_rope": "timm_eva",
     "eva_attention_rope_gqa": "timm_eva",
     "beit_relpos_layerscale": "timm_beit",
-    "beit_shared_relpos": "timm_beit",
-    "naflexvit": "timm_naflexvit",
     "naflexvit_rope_masked": "timm_naflexvit",
-    "vit_relpos": "timm_vit_relpos",
     "vit_relpos_shared_cls": "timm_vit_relpos",
     "vit_sam_relpos_padded": "timm_vit_sam",
-    "vit_sam_rope": "timm_vit_sam",
 }
 INPUTS = {
     "naflexvit_rope_masked": naflex_batch,  # NaFlex mode: padded patches, a key-padding mask, RoPE per patch
     "vit_sam_relpos_padded": sam_images,
-    "vit_sam_rope": sam_images,
 }
-FORWARD = {"beit_relpos_layerscale": features_and_logits, "beit_shared_relpos": features_and_logits}
+FORWARD = {"beit_relpos_layerscale": features_and_logits}
 CASES = [
     HostCase(name, HOST.get(name, "timm_vit"), b, INPUTS.get(name, images), **(
         {"forward": FORWARD[name]} if name in FORWARD else {}
@@ -197,7 +187,7 @@ LAYOUTS = {
     ),
     "beit_relpos": BlockLayout(BUILDERS["beit_relpos_layerscale"], lambda b: b.gamma_1, lambda b: b.gamma_2),
     "vit_relpos_shared": BlockLayout(BUILDERS["vit_relpos_shared_cls"], lambda b: b.ls1.gamma, lambda b: b.ls2.gamma),
-    "naflexvit": BlockLayout(BUILDERS["naflexvit"], lambda b: b.ls1.gamma, lambda b: b.ls2.gamma),
+    "naflexvit": BlockLayout(partial(build, NaFlexVit, init_values=0.5), lambda b: b.ls1.gamma, lambda b: b.ls2.gamma),
     "naflexvit_eva_rope": BlockLayout(
         partial(build, NaFlexVit, rope_type="axial", init_values=0.5), lambda b: b.gamma_1, lambda b: b.gamma_2
     ),
@@ -490,6 +480,29 @@ def test_naflex_padding_is_still_masked():
         torch.testing.assert_close(model(noisy, coord, valid), out, atol=1e-6, rtol=0)
         with mmpreproj.adapter_disabled(model):
             assert not torch.allclose(model(patches, coord, valid), out, atol=1e-4)  # the modules act
+
+
+VARIANTS = {
+    "beit_shared_relpos_no_layerscale": (partial(build, Beit, use_abs_pos_emb=False, use_shared_rel_pos_bias=True),
+                                         images),
+    "naflexvit_standard_images": (partial(build, NaFlexVit), images),
+    "naflexvit_mixed_rope_naflex": (partial(build, NaFlexVit, rope_type="mixed"), naflex_batch),
+    "vit_relpos_mlp_bias": (partial(build, VisionTransformerRelPos, init_values=0.5, rel_pos_type="mlp"), images),
+    "vit_sam_rope": (partial(sam, use_rope=True, use_abs_pos=False), sam_images),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS, ids=VARIANTS.keys())
+def test_near_miss_variants_inject_at_identity(name):
+    """Other configurations of the new rows: identity init leaves the fp64 model unchanged."""
+    builder, inputs = VARIANTS[name]
+    model = builder().double()
+    x = tuple(t.double() if t.is_floating_point() else t for t in inputs())
+    with torch.no_grad():
+        ref = model(*x)
+        mmpreproj.inject(model, IDENTITY)
+        assert len(mmpreproj.injected_modules(model)) == len(model.blocks)
+        torch.testing.assert_close(model(*x), ref, atol=1e-6, rtol=0)
 
 
 # --- rejected near misses -------------------------------------------------------------------------------
