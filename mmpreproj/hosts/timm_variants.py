@@ -89,7 +89,9 @@ TIMM_VIT_RELPOS = register_host(
     HostSpec(
         name="timm_vit_relpos",
         description="timm VisionTransformerRelPos (log-coordinate relative position bias) with RelPosBlocks",
-        matches=lambda model: is_timm_instance(model, "timm.models.vision_transformer_relpos", "VisionTransformerRelPos"),
+        matches=lambda model: is_timm_instance(
+            model, "timm.models.vision_transformer_relpos", "VisionTransformerRelPos"
+        ),
         check=check_blocks(
             "timm_vit_relpos",
             {"timm.models.vision_transformer_relpos": ("RelPosBlock",)},
@@ -107,7 +109,9 @@ TIMM_VIT_SAM = register_host(
     HostSpec(
         name="timm_vit_sam",
         description="timm VisionTransformerSAM (windowed + global attention, decomposed rel-pos or RoPE)",
-        matches=lambda model: is_timm_instance(model, "timm.models.vision_transformer_sam", "VisionTransformerSAM"),
+        matches=lambda model: is_timm_instance(
+            model, "timm.models.vision_transformer_sam", "VisionTransformerSAM"
+        ),
         check=check_blocks(
             "timm_vit_sam",
             {"timm.models.vision_transformer_sam": ("Block",)},
