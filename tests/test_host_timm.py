@@ -348,16 +348,22 @@ def test_fused_and_manual_attention_agree(name):
         torch.testing.assert_close(g_f[n], g_m[n], atol=1e-5, rtol=1e-4)
 
 
-def test_reentrant_checkpointing_gets_gradients_with_frozen_base():
-    """The row's `input_embeddings` (patch_embed) makes the block input require grad while timm's
-    checkpointing is on and reentrant (the hook reads those switches; see tests/test_precision.py)."""
-    model = _perturbed(BUILDERS["vit"]()).train()
+# Beit, NaFlexVit and RelPos call `checkpoint(blk, x, shared_rel_pos_bias=... | rope=... | shared_rel_pos=...)`,
+# which torch refuses in reentrant mode ("Unexpected keyword arguments") with or without mmpreproj
+REENTRANT = ["vit", "vit_sam_relpos_padded"]
+
+
+@pytest.mark.parametrize("name", REENTRANT)
+def test_reentrant_checkpointing_gets_gradients_with_frozen_base(name):
+    """The row's `input_embeddings` (patch_embed; NaFlexVit's embeds) makes the block input require grad while
+    timm's checkpointing is on and reentrant (the hook reads those switches; see tests/test_precision.py)."""
+    case = next(c for c in CASES if c.id == name)
+    model = _perturbed(case.build()).train()
     model.set_grad_checkpointing(True)
-    (x,) = images()
     before = use_reentrant_ckpt()
     set_reentrant_ckpt(True)
     try:
-        model.forward_features(x).square().mean().backward()
+        run(case, model).square().mean().backward()
     finally:
         set_reentrant_ckpt(before)
     for n, p in injected_params(model).items():
