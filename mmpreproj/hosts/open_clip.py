@@ -19,7 +19,8 @@ then `x = x + ls_2(mlp(ln_2(x)))`, so LayerScale `ls_1` scales the skip and the 
 output *with* the skip: the skip joins the attention output, as in every row (the same choice as Gemma2's
 post-attention norm), so at identity init (W_skip = 0) the block is unchanged, and the residual stream only
 ever receives normed branch outputs, as the host intends. Qk-norm (`ln_q` / `ln_k` on the heads) and scaled
-cosine attention act on Q/K projected from `x~` and are untouched.
+cosine attention act on Q/K projected from `x~` and are untouched (scaled cosine attention is not tested:
+open_clip 3.3's own forward fails on it, `torch.bmm` on 4D heads).
 
 Block order for a `CLIP` / `CustomTextCLIP`: the vision blocks, then the text blocks, so with Lv vision
 blocks, index Lv + j is text block j (`PreProjConfig(layers=...)` or `parts=` selects a tower). The towers
