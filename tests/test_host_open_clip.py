@@ -23,7 +23,6 @@ from host_contract import (
     HostContract,
     assert_same_snapshot,
     injected_params,
-    run,
     snapshot,
 )
 from torch import nn
@@ -197,17 +196,6 @@ class TestContract(HostContract):
         if case.id in NO_CHECKPOINTING:
             pytest.skip("open_clip 3.3 cannot checkpoint CustomResidualAttentionBlock (see test_custom_blocks_...)")
         super().test_gradient_checkpointing(case)
-
-    def test_bf16_host_keeps_fp32_injected_weights(self, case):
-        model = case.build().to(torch.bfloat16)
-        ref = run(case, model, torch.bfloat16)
-        mmpreproj.inject(model, IDENTITY)
-        assert {p.dtype for p in injected_params(model).values()} == {torch.float32}
-        out = run(case, model, torch.bfloat16)
-        assert out.dtype == torch.bfloat16
-        # identity init adds exact zeros; the host's own bf16 kernels move once the base is frozen
-        # (requires_grad flags pick other paths, see the contract's fp32 note): a few bf16 ulps
-        assert (out - ref).abs().max() <= 2e-2 * ref.abs().max()
 
 
 def test_custom_blocks_cannot_checkpoint_in_open_clip_itself():

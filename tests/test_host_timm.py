@@ -152,16 +152,7 @@ def case(request):
 
 
 class TestContract(HostContract):
-    def test_bf16_host_keeps_fp32_injected_weights(self, case):
-        model = case.build().to(torch.bfloat16)
-        ref = run(case, model, torch.bfloat16)
-        mmpreproj.inject(model, IDENTITY)
-        assert {p.dtype for p in injected_params(model).values()} == {torch.float32}
-        out = run(case, model, torch.bfloat16)
-        assert out.dtype == torch.bfloat16
-        # identity init adds exact zeros; what moves is the host's own bf16 kernels once the base is frozen
-        # (requires_grad flags pick other matmul paths): a few bf16 ulps of the output's scale
-        assert (out - ref).abs().max() <= 2e-2 * ref.abs().max()
+    pass
 
 
 # --- where the skip joins: inside the attention branch, before LayerScale and drop-path ---------------
