@@ -26,7 +26,7 @@ test: $(STAMP)
 # The oldest transformers we claim (pyproject.toml), installed beside the venv in $(FLOOR) and put first on
 # PYTHONPATH (which precedes site-packages), so the subset runs against it and not the venv's newer copy.
 # The library core (hosts, inject, train, eval, CLI) also passes with FLOOR_TRANSFORMERS=5.20.2;
-# mmpreproj.mixed reads `outputs.cache`, new in 5.24.
+# recipes/mixed/tinyvlm (the mixed recipe's model) reads `outputs.cache`, new in 5.24.
 FLOOR ?= .floor
 FLOOR_TRANSFORMERS ?= 5.24.0
 FLOOR_TESTS ?= tests/test_core_inject_neox.py tests/test_host_transformers.py tests/test_rope_1d.py \

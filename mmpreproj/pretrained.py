@@ -214,13 +214,13 @@ def from_pretrained(
     FileNotFoundError.
     """
     from .adapter import ADAPTER_CONFIG_NAME, adapter_folder, load_adapter
-    from .train.models import _source  # the Hub probe (local folder / reachable / cached)
+    from .train.models import pretrained_source  # the Hub probe (local folder / reachable / cached)
 
     if model_cls is None:
         from transformers import AutoModelForCausalLM
 
         model_cls = AutoModelForCausalLM
-    source, extra = _source(str(path_or_hub_id))
+    source, extra = pretrained_source(str(path_or_hub_id))
     download = {k: kwargs[k] for k in ("revision", "cache_dir", "token") if k in kwargs}
     local_only = bool(extra.get("local_files_only") or kwargs.get("local_files_only"))
     if adapter is None:
@@ -232,7 +232,7 @@ def from_pretrained(
     elif adapter is False:
         folder = None
     else:
-        a_source, a_extra = _source(str(adapter))
+        a_source, a_extra = pretrained_source(str(adapter))
         folder = (
             adapter_folder(a_source)
             if Path(a_source).is_dir()

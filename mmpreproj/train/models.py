@@ -12,12 +12,20 @@ from torch import nn
 from .errors import ModelUnavailableError
 from .sources import resolve_path
 
-__all__ = ["enable_checkpointing", "load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_device"]
+__all__ = [
+    "enable_checkpointing",
+    "load_model",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "pretrained_source",
+    "resolve_device",
+    "unavailable_error",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _source(name: str) -> tuple[str, dict[str, Any]]:
+def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
     """(what to pass to from_pretrained, extra kwargs): a local folder as is; a hub id with
     `local_files_only=True` when the Hub cannot be reached, so an offline run fails (or uses the cache) at
     once instead of retrying the network."""
@@ -35,7 +43,8 @@ def _source(name: str) -> tuple[str, dict[str, Any]]:
     return name, {"local_files_only": True}
 
 
-def _fail(what: str, name: str, err: Exception) -> ModelUnavailableError:
+def unavailable_error(what: str, name: str, err: Exception) -> ModelUnavailableError:
+    """The one-line error for a model, tokenizer or processor that cannot be loaded (offline, wrong path)."""
     why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return ModelUnavailableError(
         f"cannot load {what} {name!r} (no network, or not a local folder?): {why}; pass a local path with --model PATH"
@@ -47,10 +56,10 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        source, kwargs = _source(name)
+        source, kwargs = pretrained_source(name)
         tok = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as err:
-        raise _fail("tokenizer", name, err) from None
+        raise unavailable_error("tokenizer", name, err) from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
@@ -63,10 +72,10 @@ def load_model(name: str, dtype: str = "float32") -> nn.Module:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed values: {sorted(_DTYPES)}")
     try:
-        source, kwargs = _source(name)
+        source, kwargs = pretrained_source(name)
         return AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype], **kwargs)
     except (OSError, ValueError) as err:
-        raise _fail("model", name, err) from None
+        raise unavailable_error("model", name, err) from None
 
 
 def load_model_and_tokenizer(config: Any) -> tuple[nn.Module, Any]:

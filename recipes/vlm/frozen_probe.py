@@ -39,7 +39,7 @@ import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.data.assets import asset_path  # noqa: E402
 from mmpreproj.train.errors import ModelUnavailableError  # noqa: E402
-from mmpreproj.train.models import _fail, _source  # noqa: E402  (the trainer's offline check and its one-line message)
+from mmpreproj.train.models import pretrained_source, unavailable_error  # noqa: E402  (offline check, one-line message)
 from recipes.kit.data import load_image_zip  # noqa: E402
 
 __all__ = ["ProbeConfig", "build_chats", "evaluate", "load_vlm", "main"]
@@ -90,11 +90,11 @@ def load_vlm(name: str, dtype: str) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     try:
-        source, kwargs = _source(name)
+        source, kwargs = pretrained_source(name)
         processor = AutoProcessor.from_pretrained(source, **kwargs)
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=_DTYPES[dtype], **kwargs)
     except (OSError, ValueError) as err:
-        raise _fail("vision-language model", name, err) from None
+        raise unavailable_error("vision-language model", name, err) from None
     return model.eval(), processor
 
 
