@@ -20,12 +20,10 @@ import argparse
 import copy
 import os
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import transformers as tf
-from common import count_flops, machine, write_json
+from common import count_flops, interleaved_times, machine, write_json
 
 import mmpreproj
 
@@ -34,20 +32,6 @@ LLAMA_1B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
                 max_position_embeddings=4096, num_hidden_layers=16)  # fmt: skip
 QWEN2VL_2B_VISION = dict(embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=14, temporal_patch_size=2,
                          spatial_merge_size=2, in_channels=3, hidden_size=1536, depth=32)  # fmt: skip
-
-
-def timed_pair(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Every wall time (s) of each function, run round-robin so that load drift hits both alike."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return times
 
 
 def summarise(times: dict[str, list[float]], flops: dict[str, int]) -> dict:
@@ -70,7 +54,7 @@ def llama(layers: int, seq: int, repeats: int) -> dict:
 
     with torch.no_grad():
         flops = {k: count_flops(body(m)) for k, m in (("base", base), ("injected", injected))}
-        times = timed_pair({"base": body(base), "injected": body(injected)}, repeats)
+        times = interleaved_times({"base": body(base), "injected": body(injected)}, repeats, warmup=1)
     r = summarise(times, flops)
     full_layers, head = LLAMA_1B["num_hidden_layers"], 2 * seq * cfg.hidden_size * cfg.vocab_size
     per_layer = {k: v / layers for k, v in flops.items()}
@@ -109,7 +93,7 @@ def qwen2vl_vision(layers: int, image: int, repeats: int) -> dict:
 
     with torch.no_grad():
         flops = {k: count_flops(tower(m)) for k, m in (("base", base), ("injected", injected))}
-        times = timed_pair({"base": tower(base), "injected": tower(injected)}, repeats)
+        times = interleaved_times({"base": tower(base), "injected": tower(injected)}, repeats, warmup=1)
     r = summarise(times, flops)
     r.update(layers=layers, of_layers=QWEN2VL_2B_VISION["depth"], image=image, patches=patches)
     return r

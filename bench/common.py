@@ -18,8 +18,8 @@ PYTHIA_SHAPES = {
 }
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, float]:
-    """Median wall time (s) of each function, run round-robin so drift on a noisy machine hits all alike."""
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, list[float]]:
+    """Every wall time (s) of each function, run round-robin so drift on a noisy machine hits all alike."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -29,7 +29,12 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, 
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, float]:
+    """Median wall time (s) of each function (`interleaved_times`)."""
+    return {k: statistics.median(v) for k, v in interleaved_times(fns, repeats, warmup).items()}
 
 
 def count_flops(fn: Callable[[], object]) -> int:

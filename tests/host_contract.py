@@ -6,6 +6,7 @@ host-specific checks (LayerScale, drop-path, feature paths) live beside it in th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,6 +60,22 @@ def run(case: HostCase, model: nn.Module, dtype: torch.dtype | None = None) -> t
     """The case's outputs, flattened; floating inputs cast to `dtype` if given."""
     inputs = tuple(x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in case.inputs())
     return flat(case.forward(model, inputs))
+
+
+def build_once(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """`builder`, memoised per (width, depth, ...): each model is built once per module, handed out as a copy.
+    The RNG is left as the real build leaves it (builders seed), so what a test draws next is the same."""
+    built: dict[tuple, tuple[nn.Module, torch.Tensor]] = {}
+
+    def build_copy(**kw) -> nn.Module:
+        key = tuple(sorted(kw.items()))
+        if key not in built:
+            built[key] = builder(**kw), torch.random.get_rng_state()
+        model, rng = built[key]
+        torch.random.set_rng_state(rng)
+        return copy.deepcopy(model)
+
+    return build_copy
 
 
 def snapshot(model: nn.Module) -> dict:

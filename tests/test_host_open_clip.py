@@ -11,7 +11,6 @@ below pins that the untouched host fails the same way). Each new tiny model is b
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import pytest
@@ -22,6 +21,7 @@ from host_contract import (
     HostCase,
     HostContract,
     assert_same_snapshot,
+    build_once,
     injected_params,
     snapshot,
 )
@@ -55,22 +55,6 @@ def text_cfg(width, depth):
 def seeded(fn, seed=0):
     torch.manual_seed(seed)
     return fn().eval()
-
-
-def _once(builder):
-    """`builder`, memoised per (width, depth, ...): each model is built once per module, handed out as a copy.
-    The RNG is left as the real build leaves it (builders seed), so what a test draws next is the same."""
-    built = {}
-
-    def build_copy(**kw):
-        key = tuple(sorted(kw.items()))
-        if key not in built:
-            built[key] = builder(**kw), torch.random.get_rng_state()
-        model, rng = built[key]
-        torch.random.set_rng_state(rng)
-        return copy.deepcopy(model)
-
-    return build_copy
 
 
 # every CustomResidualAttentionBlock option but scaled cosine attention, which open_clip 3.3 itself cannot run
@@ -175,11 +159,11 @@ CASES = [
     HostCase(
         "clip_custom_vision_blocks",
         "open_clip",
-        _once(partial(build_clip, vision=CUSTOM)),
+        build_once(partial(build_clip, vision=CUSTOM)),
         lambda: (images(), tokens()),
         encoders,
     ),
-    HostCase("coca", "open_clip_coca", _once(build_coca), lambda: (images(), tokens()), coca_forward),
+    HostCase("coca", "open_clip_coca", build_once(build_coca), lambda: (images(), tokens()), coca_forward),
 ]
 # open_clip checkpoints blocks as `checkpoint(block, x, None, None, attn_mask)`, which a
 # CustomResidualAttentionBlock's `forward(x, attn_mask)` cannot take (CustomTransformer has no switch at all)

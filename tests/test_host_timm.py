@@ -4,11 +4,10 @@ feature paths (forward_features / forward_head / forward_intermediates / feature
 fused vs manual attention and the blocks that must be rejected.
 
 Every row here shares one call convention (`attn(x, **kw)` -> tensor); the contract runs on every case.
-Each tiny model is built once per module (`_once`) and handed out as a deep copy."""
+Each tiny model is built once per module (`host_contract.build_once`) and handed out as a deep copy."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +21,7 @@ from host_contract import (
     HostCase,
     HostContract,
     assert_same_snapshot,
+    build_once,
     injected_params,
     run,
     snapshot,
@@ -54,22 +54,6 @@ def build(cls, width=64, depth=2, seed=0, **kw):
 
 def images(batch=2, seed=1):
     return (torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed)),)
-
-
-def _once(builder):
-    """`builder`, memoised per (width, depth, ...): each model is built once per module, handed out as a copy.
-    The RNG is left as the real build leaves it (builders seed), so what a test draws next is the same."""
-    built = {}
-
-    def build_copy(**kw):
-        key = tuple(sorted(kw.items()))
-        if key not in built:
-            built[key] = builder(**kw), torch.random.get_rng_state()
-        model, rng = built[key]
-        torch.random.set_rng_state(rng)
-        return copy.deepcopy(model)
-
-    return build_copy
 
 
 def sam(width=64, depth=2, seed=0, global_attn_indexes=(1,), **kw):
@@ -118,12 +102,12 @@ BUILDERS = {
     ),
     # near misses: the ViT block shape outside VisionTransformer (one contract case per row; the other
     # variants run in the block-layout tests and test_near_miss_variants_inject_at_identity)
-    "beit_relpos_layerscale": _once(partial(build, Beit, use_rel_pos_bias=True, init_values=0.5)),
-    "naflexvit_rope_masked": _once(partial(build, NaFlexVit, rope_type="axial", class_token=True, reg_tokens=1)),
-    "vit_relpos_shared_cls": _once(
+    "beit_relpos_layerscale": build_once(partial(build, Beit, use_rel_pos_bias=True, init_values=0.5)),
+    "naflexvit_rope_masked": build_once(partial(build, NaFlexVit, rope_type="axial", class_token=True, reg_tokens=1)),
+    "vit_relpos_shared_cls": build_once(
         partial(build, VisionTransformerRelPos, init_values=0.5, shared_rel_pos=True, class_token=True)
     ),
-    "vit_sam_relpos_padded": _once(partial(sam, use_rel_pos=True)),
+    "vit_sam_relpos_padded": build_once(partial(sam, use_rel_pos=True)),
 }
 HOST = {
     "eva_rope": "timm_eva",
