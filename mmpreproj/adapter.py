@@ -168,6 +168,8 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
+        if fused is not None:
+            _refuse_quantized_fused(site.attention, site.index)
         device = _device_of(site.block)
         dim = site.width
         preproj = (
@@ -206,6 +208,16 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     return _Plan(spec, state, placements, seams)
 
 
+def _refuse_quantized_fused(attention: nn.Module, index: int) -> None:
+    """The fast path concatenates [W_qkv; W_skip]: refuse a quantized weight (torchao subclass, bitsandbytes
+    Params4bit; anything but a plain tensor or an FSDP2 DTensor) with a clear error."""
+    bad = [(n, p) for n, p in attention.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
+           and not hasattr(p, "full_tensor")]
+    if bad:
+        raise ValueError(f"fuse_qkv_skip=True needs float Q/K/V weights; block {index} holds quantized {bad[0][0]!r} "
+                         f"({type(bad[0][1]).__name__}); use fuse_qkv_skip=False")
+
+
 def _hosts_with_fused() -> list[HostSpec]:
     return [s for s in HOSTS.values() if s.fused_forward is not None]
 
@@ -216,6 +228,8 @@ def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
     fused = get_host(state.host).fused_forward
     if enabled and fused is None:
         raise ValueError(f"host {state.host!r} has no fused path; hosts with one: {[s.name for s in _hosts_with_fused()]}")
+    for w in injected_modules(model) if enabled else []:
+        _refuse_quantized_fused(w.base_layer, w.block_index)
     for w in injected_modules(model):
         w.fused_forward = fused if enabled else None
     state.config.fuse_qkv_skip = enabled
