@@ -23,11 +23,14 @@ import importlib
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from ..adapter import is_injected
 
 __all__ = [
+    "FrozenInt8Linear",
     "QUANT_SCHEMES",
     "disable_cpu_4bit_packing",
     "is_quantized_tensor",
@@ -157,6 +160,47 @@ def _int8(model: nn.Module, targets: list[tuple[nn.Module, str, nn.Linear]]) -> 
     chosen = {id(linear) for _, _, linear in targets}
     # set_inductor_config=False: a library never changes process-wide (torch._inductor) settings
     quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: id(m) in chosen)
+    for _, _, linear in targets:
+        linear.__class__ = FrozenInt8Linear  # same state, a forward whose backward keeps no float weight copy
+
+
+class FrozenInt8Linear(nn.Linear):
+    """An `nn.Linear` holding a frozen torchao per-row int8 weight (`Int8Tensor`), forward as torchao computes it.
+
+    torchao's weight-only forward is `(x @ W_int8.float().T) * scale`: in training autograd keeps that float
+    copy of `W` for the input gradient, so a backward through a frozen int8 base holds a float32 copy of every
+    layer it passed (as much as the float base). `_Int8Linear` keeps the int8 weight itself and computes the
+    same input gradient, `(grad * scale) @ W_int8.float()`, one layer at a time in backward.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        plain = getattr(w, "act_quant_kwargs", 1) is None and getattr(w, "act_pre_scale", 1) is None
+        if plain and not w.requires_grad and tuple(w.block_size)[-1] == w.qdata.shape[-1] and torch.is_grad_enabled():
+            return _Int8Linear.apply(x, w, self.bias)
+        return F.linear(x, w, self.bias)
+
+
+class _Int8Linear(torch.autograd.Function):
+    """`F.linear(x, W_int8, b)` with W frozen; saves W (a reference, no copy) for the input gradient only."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.weight = weight  # a parameter: alive anyway, not an activation
+        with torch.no_grad():
+            return F.linear(x, weight, bias)  # (..., out), torchao's own kernel
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        w = ctx.weight
+        grad_x = grad_b = None
+        if ctx.needs_input_grad[0]:  # the ops autograd would run through torchao's forward, without its saved copy
+            g = grad * w.scale.to(grad.dtype).flatten()  # (..., out)
+            grad_x = (g.reshape(-1, g.shape[-1]) @ w.qdata.to(grad.dtype)).reshape(*grad.shape[:-1], -1)
+        if ctx.needs_input_grad[2]:
+            grad_b = grad.reshape(-1, grad.shape[-1]).sum(0)
+        return grad_x, None, grad_b
 
 
 def _four_bit(bnb, linear: nn.Linear, quant_type: str, compute_dtype: torch.dtype | None) -> nn.Module:
