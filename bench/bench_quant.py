@@ -47,7 +47,9 @@ def child(variant: str, shape: str, batch: int, seq: int) -> dict:
     from mmpreproj.integrations.quantized import model_bytes, quantize_frozen_base
 
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, **PYTHIA_SHAPES[shape])
+    cfg = GPTNeoXConfig(
+        vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, **PYTHIA_SHAPES[shape]
+    )
     model = GPTNeoXForCausalLM(cfg).eval()
     if variant != "float32":
         quantize_frozen_base(model, variant)
@@ -76,10 +78,25 @@ def child(variant: str, shape: str, batch: int, seq: int) -> dict:
 
 
 def run_child(variant: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--shape", args.shape,
-           "--batch", str(args.batch), "--seq", str(args.seq), "--threads", str(args.threads)]
+    env = dict(
+        os.environ,
+        MALLOC_MMAP_THRESHOLD_="131072",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        variant,
+        "--shape",
+        args.shape,
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--threads",
+        str(args.threads),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"variant {variant} failed:\n{done.stderr[-3000:]}")
@@ -116,17 +133,32 @@ def main() -> None:
     med = {v: {k: statistics.median(r[k] for r in rs) for k in keys} for v, rs in runs.items()}
     ref = med.get("float32")
     mib = 2**20
-    print(f"GPT-NeoX {args.shape} shape, frozen probe (pre-projection + skip, {runs[args.variants[0]][0]['trainable_params']:,} "
-          f"fp32 trainable), one step at {args.batch} x {args.seq} tokens, median of {args.repeats} child runs")
+    print(
+        f"GPT-NeoX {args.shape} shape, frozen probe (pre-projection + skip, {runs[args.variants[0]][0]['trainable_params']:,} "
+        f"fp32 trainable), one step at {args.batch} x {args.seq} tokens, median of {args.repeats} child runs"
+    )
     print("| base | base params MiB | steady RSS MiB | step peak RSS MiB | peak - steady MiB |")
     print("|---|---|---|---|---|")
     for v, m in med.items():
-        cells = [f"{m[k] / mib:,.0f}" + (f" ({m[k] / ref[k]:.2f}x)" if ref and v != "float32" else "") for k in keys]
+        cells = [
+            f"{m[k] / mib:,.0f}" + (f" ({m[k] / ref[k]:.2f}x)" if ref and v != "float32" else "")
+            for k in keys
+        ]
         print(f"| {v} | " + " | ".join(cells) + " |")
-    print(f"load average (1/5/15 min): before {' '.join(load_before)}, after {' '.join(load_after)}; "
-          f"{os.cpu_count()} CPUs, {args.threads} torch threads per child")
-    write_json(args.json, {"args": vars(args), "medians": med, "runs": runs,
-                           "loadavg_before": load_before, "loadavg_after": load_after})
+    print(
+        f"load average (1/5/15 min): before {' '.join(load_before)}, after {' '.join(load_after)}; "
+        f"{os.cpu_count()} CPUs, {args.threads} torch threads per child"
+    )
+    write_json(
+        args.json,
+        {
+            "args": vars(args),
+            "medians": med,
+            "runs": runs,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.integrations.quantized import (
     QUANT_SCHEMES,
+    FrozenInt8Linear,
     disable_cpu_4bit_packing,
     is_quantized_tensor,
     model_bytes,
@@ -37,8 +38,16 @@ def tiny_neox(seed: int = 0) -> nn.Module:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(seed)
-    cfg = GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, rotary_pct=0.25, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        rotary_pct=0.25,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return GPTNeoXForCausalLM(cfg).eval()
 
 
@@ -46,8 +55,16 @@ def tiny_llama(seed: int = 0) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -81,7 +98,11 @@ def raw(t: torch.Tensor) -> list[torch.Tensor]:
     if hasattr(t, "__tensor_flatten__") and type(t) is not nn.Parameter:
         return [getattr(t, n).detach().clone() for n in t.__tensor_flatten__()[0]]
     state = getattr(t, "quant_state", None)
-    extra = [v.clone() for v in state.as_dict().values() if isinstance(v, torch.Tensor)] if state is not None else []
+    extra = (
+        [v.clone() for v in state.as_dict().values() if isinstance(v, torch.Tensor)]
+        if state is not None
+        else []
+    )
     return [t.detach().clone(), *extra]
 
 
@@ -117,8 +138,8 @@ def test_quantize_stores_frozen_quantized_linears(host, scheme):
         head = name.rsplit(".", 1)[-1] in heads
         assert is_quantized_tensor(m.weight) is not head, name
         assert m.weight.requires_grad is head, name
-    if scheme != "int8":
-        assert all(type(m).__name__ == "Linear4bit" for n, m in linears.items() if n.rsplit(".", 1)[-1] not in heads)
+    kind = FrozenInt8Linear if scheme == "int8" else bnb.nn.Linear4bit
+    assert all(type(m) is kind for n, m in linears.items() if n.rsplit(".", 1)[-1] not in heads)
     full, small = model_bytes(HOSTS[host]())["parameters"], model_bytes(model)["parameters"]
     assert small < full
 
@@ -127,7 +148,8 @@ def test_identity_init_equals_quantized_base(host, scheme):
     model = quantized(host, scheme)
     base = logits(model)
     mmpreproj.inject(model, IDENTITY)
-    assert torch.equal(logits(model), base)  # x~ = x^ + 0 and attn + 0: the same quantized kernels on the same input
+    # x~ = x^ + 0 and attn + 0: the same quantized kernels on the same input
+    assert torch.equal(logits(model), base)
 
 
 def test_only_injected_weights_train_through_quantized_attention(host, scheme):
@@ -178,9 +200,49 @@ def test_gradients_match_a_float_base_holding_the_dequantized_weights(host, sche
         m.train()
         m(TOKENS, labels=TOKENS).loss.backward()
     grads = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad}
-    for n, p in model.named_parameters():
-        if p.requires_grad:  # int8 computes x @ W_int8 * scale: equal to the dequantized matmul up to rounding
+    for (
+        n,
+        p,
+    ) in model.named_parameters():  # int8 computes (x @ W_int8) * scale: the dequantized matmul, rounded
+        if p.requires_grad:
             torch.testing.assert_close(p.grad, grads[n], rtol=1e-3, atol=1e-6, msg=n)
+
+
+def saved_bytes(model: nn.Module) -> int:
+    """Bytes of the tensors autograd keeps for backward during one training forward."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(TOKENS, labels=TOKENS).loss.backward()
+    return total
+
+
+def test_int8_backward_equals_torchao_autograd_without_its_float_weight_copies(host):
+    model = quantized(host, "int8")
+    plain = copy.deepcopy(model)
+    for m in plain.modules():
+        if isinstance(m, FrozenInt8Linear):
+            m.__class__ = nn.Linear  # torchao's own forward, differentiated by autograd
+    for m in (model, plain):
+        torch.manual_seed(3)
+        mmpreproj.inject(m)
+        m.train()
+    kept, torchao_kept = saved_bytes(model), saved_bytes(plain)
+    grads = {n: p.grad for n, p in plain.named_parameters() if p.requires_grad}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.grad, grads[n]), n  # the same ops on the same values
+    # every int8 layer whose input needs a gradient (all but block 0's MLP, whose input may not): autograd kept
+    # a float32 copy of its weight; FrozenInt8Linear keeps none
+    on_path = [
+        m for n, m in model.named_modules() if isinstance(m, FrozenInt8Linear) and "layers.0.mlp" not in n
+    ]
+    assert torchao_kept - kept >= sum(m.weight.numel() * 4 for m in on_path)
 
 
 def test_adapter_reloads_bit_exact_into_a_freshly_quantized_base(host, scheme, tmp_path):
@@ -223,7 +285,9 @@ def test_bf16_autocast_keeps_injected_weights_fp32(scheme):
 def test_fused_fast_path_is_refused_on_a_quantized_qkv(scheme):
     model = quantized("gpt_neox", scheme)
     before = snapshot(model)
-    with pytest.raises(ValueError, match="fuse_qkv_skip=True needs float Q/K/V weights.*use fuse_qkv_skip=False"):
+    with pytest.raises(
+        ValueError, match="fuse_qkv_skip=True needs float Q/K/V weights.*use fuse_qkv_skip=False"
+    ):
         mmpreproj.inject(model, PreProjConfig(fuse_qkv_skip=True))
     assert not mmpreproj.is_injected(model)
     assert_same(snapshot(model), before)
@@ -282,14 +346,21 @@ def test_transformers_bitsandbytes_4bit_loading_path(tmp_path):
     assert torch.equal(logits(fresh), logits(model))
 
 
-@pytest.mark.skipif(not bnb.functional.has_avx512bf16(), reason="bitsandbytes repacks 4-bit weights only on AVX512-BF16 CPUs")
+@pytest.mark.skipif(
+    not bnb.functional.has_avx512bf16(), reason="bitsandbytes repacks 4-bit weights only on AVX512-BF16 CPUs"
+)
 def test_disable_packing_refuses_a_model_already_repacked():
     from mmpreproj.integrations.quantized import _targets
 
     model = tiny_neox()
     for parent, name, linear in _targets(model, ("embed_out",)):  # bnb's own module, packing left on
-        q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              compute_dtype=torch.float32, quant_type="nf4")
+        q = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=torch.float32,
+            quant_type="nf4",
+        )
         q.load_state_dict(linear.state_dict())
         setattr(parent, name, q.to("cpu").eval())
     logits(model)  # eval, no grad: bitsandbytes repacks in place; that layer now passes no gradient
@@ -298,12 +369,14 @@ def test_disable_packing_refuses_a_model_already_repacked():
 
 
 def test_recipe_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
-    spec = importlib.util.spec_from_file_location("quantized_base", REPO / "recipes" / "integrations" / "quantized_base.py")
+    spec = importlib.util.spec_from_file_location(
+        "quantized_base", REPO / "recipes" / "integrations" / "quantized_base.py"
+    )
     recipe = importlib.util.module_from_spec(spec)
     sys.modules["quantized_base"] = recipe
     spec.loader.exec_module(recipe)
-    out = recipe.main(["--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--steps", "3",
-                       "--train-lines", "16", "--eval-lines", "8", "--max-len", "32", "--batch-size", "4"])
+    args = f"--model {tiny_model_dir} --out {tmp_path / 'run'} --steps 3 --train-lines 16 --eval-lines 8 --max-len 32"
+    out = recipe.main([*args.split(), "--batch-size", "4"])
     assert out["reload_bit_exact"] and out["ppl_after"] < out["ppl_before"]
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     assert out["base_bytes"]["int8"] < out["base_bytes"]["float32"]

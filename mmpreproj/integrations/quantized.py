@@ -44,7 +44,11 @@ QUANT_SCHEMES = {
     "nf4": "bitsandbytes Linear4bit, NF4 4-bit weights in blocks of 64 with a nested-quantized scale",
     "fp4": "bitsandbytes Linear4bit, FP4 4-bit weights in blocks of 64 with a nested-quantized scale",
 }
-_PACKAGES = {"int8": ("torchao", "torchao"), "nf4": ("bitsandbytes", "bitsandbytes"), "fp4": ("bitsandbytes", "bitsandbytes")}
+_PACKAGES = {
+    "int8": ("torchao", "torchao"),
+    "nf4": ("bitsandbytes", "bitsandbytes"),
+    "fp4": ("bitsandbytes", "bitsandbytes"),
+}
 OUTPUT_HEADS = ("lm_head", "embed_out")  # kept float, as transformers' bitsandbytes loading does
 
 
@@ -64,7 +68,11 @@ def tensor_bytes(t: torch.Tensor) -> int:
     n = t.numel() * t.element_size()
     state = getattr(t, "quant_state", None)
     if state is not None:
-        n += sum(v.numel() * v.element_size() for v in state.as_dict(packed=True).values() if isinstance(v, torch.Tensor))
+        n += sum(
+            v.numel() * v.element_size()
+            for v in state.as_dict(packed=True).values()
+            if isinstance(v, torch.Tensor)
+        )
     return n
 
 
@@ -111,22 +119,32 @@ def quantize_frozen_base(
     if scheme not in QUANT_SCHEMES:
         raise ValueError(f"quantize_frozen_base: scheme={scheme!r}; allowed values: {sorted(QUANT_SCHEMES)}")
     if isinstance(skip_modules, str) or not all(isinstance(s, str) for s in skip_modules):
-        raise TypeError(f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}")
+        raise TypeError(
+            f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}"
+        )
     if is_injected(model):
-        raise RuntimeError("quantize_frozen_base: this model is injected; quantize the base first, then inject "
-                           "(the injected layers must stay float)")
+        raise RuntimeError(
+            "quantize_frozen_base: this model is injected; quantize the base first, then inject "
+            "(the injected layers must stay float)"
+        )
     targets = _targets(model, tuple(skip_modules))
     quantized = [n for n, p in model.named_parameters() if is_quantized_tensor(p)]
     if quantized:
-        raise ValueError(f"quantize_frozen_base: the model already holds quantized weights (e.g. {quantized[0]})")
+        raise ValueError(
+            f"quantize_frozen_base: the model already holds quantized weights (e.g. {quantized[0]})"
+        )
     if not targets:
-        raise ValueError(f"quantize_frozen_base: {type(model).__name__} has no nn.Linear to quantize "
-                         f"(skipped names: {list(skip_modules)})")
+        raise ValueError(
+            f"quantize_frozen_base: {type(model).__name__} has no nn.Linear to quantize "
+            f"(skipped names: {list(skip_modules)})"
+        )
     module, package = _PACKAGES[scheme]
     try:
         backend = importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"quantize_frozen_base(scheme={scheme!r}) needs {package}: pip install {package} ({e})") from None
+        raise ImportError(
+            f"quantize_frozen_base(scheme={scheme!r}) needs {package}: pip install {package} ({e})"
+        ) from None
     if scheme == "int8":
         _int8(model, targets)
     else:
@@ -143,7 +161,11 @@ def disable_cpu_4bit_packing(model: nn.Module) -> int:
     Refuses (nothing changed) a model whose weights a forward already repacked: reload or re-quantize it.
     """
     layers = [(n, m) for n, m in model.named_modules() if hasattr(m, "support_avx512bf16_for_cpu")]
-    packed = [n for n, m in layers if getattr(getattr(m.weight, "quant_state", None), "packing_format_for_cpu", False)]
+    packed = [
+        n
+        for n, m in layers
+        if getattr(getattr(m.weight, "quant_state", None), "packing_format_for_cpu", False)
+    ]
     if packed:
         raise RuntimeError(
             f"disable_cpu_4bit_packing: {len(packed)} layer(s) (e.g. {packed[0]}) were already repacked by an eval-mode "
@@ -159,7 +181,9 @@ def _int8(model: nn.Module, targets: list[tuple[nn.Module, str, nn.Linear]]) -> 
 
     chosen = {id(linear) for _, _, linear in targets}
     # set_inductor_config=False: a library never changes process-wide (torch._inductor) settings
-    quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: id(m) in chosen)
+    quantize_(
+        model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: id(m) in chosen
+    )
     for _, _, linear in targets:
         linear.__class__ = FrozenInt8Linear  # same state, a forward whose backward keeps no float weight copy
 
@@ -176,7 +200,12 @@ class FrozenInt8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         plain = getattr(w, "act_quant_kwargs", 1) is None and getattr(w, "act_pre_scale", 1) is None
-        if plain and not w.requires_grad and tuple(w.block_size)[-1] == w.qdata.shape[-1] and torch.is_grad_enabled():
+        if (
+            plain
+            and not w.requires_grad
+            and tuple(w.block_size)[-1] == w.qdata.shape[-1]
+            and torch.is_grad_enabled()
+        ):
             return _Int8Linear.apply(x, w, self.bias)
         return F.linear(x, w, self.bias)
 
@@ -195,7 +224,8 @@ class _Int8Linear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         w = ctx.weight
         grad_x = grad_b = None
-        if ctx.needs_input_grad[0]:  # the ops autograd would run through torchao's forward, without its saved copy
+        # the ops autograd would run through torchao's forward, without its saved float copy of W
+        if ctx.needs_input_grad[0]:
             g = grad * w.scale.to(grad.dtype).flatten()  # (..., out)
             grad_x = (g.reshape(-1, g.shape[-1]) @ w.qdata.to(grad.dtype)).reshape(*grad.shape[:-1], -1)
         if ctx.needs_input_grad[2]:
@@ -206,8 +236,16 @@ class _Int8Linear(torch.autograd.Function):
 def _four_bit(bnb, linear: nn.Linear, quant_type: str, compute_dtype: torch.dtype | None) -> nn.Module:
     """A `bnb.nn.Linear4bit` holding `linear`'s weight quantized and its bias Parameter itself."""
     weight = linear.weight
-    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False, quant_type=quant_type,
-                          compute_dtype=compute_dtype or weight.dtype, device="meta")
-    q.weight = bnb.nn.Params4bit(weight.detach(), requires_grad=False, quant_type=quant_type, module=q).to(weight.device)
+    q = bnb.nn.Linear4bit(
+        linear.in_features,
+        linear.out_features,
+        bias=False,
+        quant_type=quant_type,
+        compute_dtype=compute_dtype or weight.dtype,
+        device="meta",
+    )
+    q.weight = bnb.nn.Params4bit(weight.detach(), requires_grad=False, quant_type=quant_type, module=q).to(
+        weight.device
+    )
     q.bias = linear.bias  # the same Parameter (or None): its requires_grad stays the caller's
     return q.train(linear.training)

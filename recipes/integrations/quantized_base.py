@@ -19,8 +19,10 @@ Writes metrics.json and adapter/ under --out (default runs/quantized_base/).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,6 @@ from mmpreproj.data import asset_path, wikitext_lines
 from mmpreproj.eval import line_perplexity
 from mmpreproj.integrations.quantized import QUANT_SCHEMES, model_bytes, quantize_frozen_base
 from mmpreproj.train import load_model, load_tokenizer, pad_lines, select_lines
-from mmpreproj.vision.recipe import environment, parse_config
 
 
 @dataclass
@@ -59,6 +60,21 @@ class Config:
                 raise ValueError(f"Config.{name}={getattr(self, name)}; must be >= 1")
 
 
+def parse_config(argv: list[str] | None) -> Config:
+    """A `Config` from `--field-name VALUE` options (one per field, typed by its default)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for f in dataclasses.fields(Config):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=f.default,
+            help=f"(default: {f.default})",
+        )
+    return Config(**vars(parser.parse_args(argv)))
+
+
 def quantized_base(config: Config) -> torch.nn.Module:
     """The base in float32 with its linear layers quantized and frozen (eval mode)."""
     return quantize_frozen_base(load_model(config.model, "float32"), config.scheme).eval()
@@ -69,7 +85,7 @@ def ppl(model: torch.nn.Module, tokenizer, rows: list[str], config: Config) -> f
 
 
 def main(argv: list[str] | None = None) -> dict:
-    config = parse_config(Config, argv, __doc__)
+    config = parse_config(argv)
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     out = Path(config.out)
@@ -81,11 +97,15 @@ def main(argv: list[str] | None = None) -> dict:
     float_bytes = model_bytes(float_model)["parameters"]
     model = quantized_base(config)
     quant_bytes = model_bytes(model)["parameters"]
-    print(f"base parameters: float32 {float_bytes / 2**20:.2f} MiB -> {config.scheme} {quant_bytes / 2**20:.2f} MiB "
-          f"({quant_bytes / float_bytes:.2f}x)")
+    print(
+        f"base parameters: float32 {float_bytes / 2**20:.2f} MiB -> {config.scheme} {quant_bytes / 2**20:.2f} MiB "
+        f"({quant_bytes / float_bytes:.2f}x)"
+    )
 
     # 2. data
-    train = pad_lines(select_lines(wikitext_lines("validation"), config.train_lines), tokenizer, config.max_len)
+    train = pad_lines(
+        select_lines(wikitext_lines("validation"), config.train_lines), tokenizer, config.max_len
+    )
     eval_rows = wikitext_lines("test")[: config.eval_lines]
     ppl_float = ppl(float_model, tokenizer, eval_rows, config)
     del float_model
@@ -132,7 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
         "trainable_parameters": sum(p.numel() for p in trainable),
         "base_bytes": {"float32": float_bytes, config.scheme: quant_bytes},
         "reload_bit_exact": exact,
-        "environment": environment(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_avg_1_5_15": list(os.getloadavg()),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
