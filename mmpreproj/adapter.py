@@ -140,6 +140,9 @@ def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) 
             ) from None
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) is not a module with parameters")
+        if _quantized_params(module):
+            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) holds quantized weights "
+                             f"(e.g. {_quantized_params(module)[0][0]!r}), which cannot train; keep it float")
         out[name] = path
     return out
 
@@ -208,11 +211,15 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     return _Plan(spec, state, placements, seams)
 
 
+def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Weights stored quantized (torchao subclass, bitsandbytes Params4bit): not a plain tensor nor a DTensor."""
+    return [(n, p) for n, p in module.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
+            and not hasattr(p, "full_tensor")]
+
+
 def _refuse_quantized_fused(attention: nn.Module, index: int) -> None:
-    """The fast path concatenates [W_qkv; W_skip]: refuse a quantized weight (torchao subclass, bitsandbytes
-    Params4bit; anything but a plain tensor or an FSDP2 DTensor) with a clear error."""
-    bad = [(n, p) for n, p in attention.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
-           and not hasattr(p, "full_tensor")]
+    """The fast path concatenates [W_qkv; W_skip]: refuse a quantized weight with a clear error."""
+    bad = _quantized_params(attention)
     if bad:
         raise ValueError(f"fuse_qkv_skip=True needs float Q/K/V weights; block {index} holds quantized {bad[0][0]!r} "
                          f"({type(bad[0][1]).__name__}); use fuse_qkv_skip=False")

@@ -282,6 +282,21 @@ def test_bf16_autocast_keeps_injected_weights_fp32(scheme):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainable)
 
 
+def test_bf16_base_quantized_trains_fp32_modules_in_bf16(scheme, tmp_path):
+    model = quantize_frozen_base(tiny_llama().to(torch.bfloat16), scheme)
+    base = logits(model)
+    mmpreproj.inject(model, IDENTITY)
+    assert base.dtype == torch.bfloat16 and torch.equal(logits(model), base)
+    mmpreproj.unload(model)
+    mmpreproj.inject(model)  # compute_dtype="input": fp32 weights, bf16 matmuls like the host's
+    losses = train_steps(model, steps=2)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in trainable} == {torch.float32} and losses[-1] < losses[0]
+    mmpreproj.save_adapter(model.eval(), tmp_path)
+    fresh = mmpreproj.load_adapter(quantize_frozen_base(tiny_llama().to(torch.bfloat16), scheme), tmp_path)
+    assert torch.equal(logits(fresh), logits(model))
+
+
 def test_fused_fast_path_is_refused_on_a_quantized_qkv(scheme):
     model = quantized("gpt_neox", scheme)
     before = snapshot(model)
@@ -295,6 +310,17 @@ def test_fused_fast_path_is_refused_on_a_quantized_qkv(scheme):
     with pytest.raises(ValueError, match="quantized 'query_key_value.weight'"):
         mmpreproj.set_fused(model, True)
     assert all(w.fused_forward is None for w in mmpreproj.injected_modules(model))
+
+
+def test_a_quantized_module_cannot_be_kept_trainable(scheme):
+    model = quantized("gpt_neox", scheme)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="modules_to_save: 'gpt_neox.layers.1.mlp'.*holds quantized weights"):
+        mmpreproj.inject(model, PreProjConfig(modules_to_save=["gpt_neox.layers.1.mlp"]))
+    assert not mmpreproj.is_injected(model)
+    assert_same(snapshot(model), before)
+    mmpreproj.inject(model, PreProjConfig(modules_to_save=["lm_head"]))  # a float module still can
+    assert model.lm_head.weight.requires_grad
 
 
 def test_fp4_scheme_trains_and_reloads(tmp_path):
