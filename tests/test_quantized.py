@@ -345,6 +345,12 @@ def test_refusals_name_the_allowed_values():
         quantize_frozen_base(model, "nf4")
     with pytest.raises(ValueError, match="has no nn.Linear to quantize"):
         quantize_frozen_base(nn.Sequential(nn.LayerNorm(4)), "int8")
+    tied = tiny_llama()
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    with pytest.raises(
+        ValueError, match=r"\['model.embed_tokens.weight', 'lm_head.weight'\] share one weight"
+    ):
+        quantize_frozen_base(tied, "int8", skip_modules=())
     with pytest.raises(TypeError, match="skip_modules must be a list"):
         quantize_frozen_base(tiny_neox(), "int8", skip_modules="lm_head")
 

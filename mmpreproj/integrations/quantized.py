@@ -4,9 +4,10 @@
     quantize_frozen_base(model, "int8")   # every nn.Linear but the output head: int8 weights, frozen
     mmpreproj.inject(model)               # the injected modules are float32 and train as usual
 
-The helpers only wrap the two libraries' own calls; the quantized layers stay the libraries' modules, so
-anything that knows them (transformers, peft) still does. Quantize before `inject` (the injected layers are
-`nn.Linear`s too and must stay float). A 4-bit base can also come from transformers:
+The helpers wrap the two libraries' own calls. 4-bit layers are bitsandbytes' `Linear4bit`; int8 layers are
+`FrozenInt8Linear`, an `nn.Linear` holding torchao's `Int8Tensor` weight with torchao's forward and a backward
+that keeps no float copy of the weight. Quantize before `inject` (the injected layers are `nn.Linear`s too
+and must stay float). A 4-bit base can also come from transformers:
 `from_pretrained(path, quantization_config=BitsAndBytesConfig(load_in_4bit=True))`; `inject` takes it as is.
 
 bitsandbytes' CPU backend (0.50) has an inference path that breaks training: in eval mode, on a CPU with
@@ -44,11 +45,7 @@ QUANT_SCHEMES = {
     "nf4": "bitsandbytes Linear4bit, NF4 4-bit weights in blocks of 64 with a nested-quantized scale",
     "fp4": "bitsandbytes Linear4bit, FP4 4-bit weights in blocks of 64 with a nested-quantized scale",
 }
-_PACKAGES = {
-    "int8": ("torchao", "torchao"),
-    "nf4": ("bitsandbytes", "bitsandbytes"),
-    "fp4": ("bitsandbytes", "bitsandbytes"),
-}
+_PACKAGES = {"int8": "torchao", "nf4": "bitsandbytes", "fp4": "bitsandbytes"}  # import name = pip name
 OUTPUT_HEADS = ("lm_head", "embed_out")  # kept float, as transformers' bitsandbytes loading does
 
 
@@ -133,14 +130,22 @@ def quantize_frozen_base(
         raise ValueError(
             f"quantize_frozen_base: the model already holds quantized weights (e.g. {quantized[0]})"
         )
+    uses: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        uses.setdefault(id(p), []).append(n)
+    tied = [uses[id(lin.weight)] for _, _, lin in targets if len(uses[id(lin.weight)]) > 1]
+    if tied:
+        raise ValueError(
+            f"quantize_frozen_base: {tied[0]} share one weight (tied); add the linear's name to skip_modules"
+        )
     if not targets:
         raise ValueError(
             f"quantize_frozen_base: {type(model).__name__} has no nn.Linear to quantize "
             f"(skipped names: {list(skip_modules)})"
         )
-    module, package = _PACKAGES[scheme]
+    package = _PACKAGES[scheme]
     try:
-        backend = importlib.import_module(module)
+        backend = importlib.import_module(package)
     except ImportError as e:
         raise ImportError(
             f"quantize_frozen_base(scheme={scheme!r}) needs {package}: pip install {package} ({e})"
