@@ -38,7 +38,6 @@ def main() -> dict:
     cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, **PYTHIA_SHAPES[args.shape])
     base = GPTNeoXForCausalLM(cfg).eval()
     injected = mmpreproj.inject(copy.deepcopy(base))
-    fused = mmpreproj.set_fused(copy.deepcopy(injected), True)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq))
 
     def fwd(m):
@@ -47,7 +46,7 @@ def main() -> dict:
     with torch.no_grad():
         flops = {k: count_flops(fwd(m)) for k, m in (("base", base), ("injected", injected))}
         times = interleaved_medians(
-            {"base": fwd(base), "injected": fwd(injected), "fused": fwd(fused)}, repeats=args.repeats
+            {"base": fwd(base), "injected": fwd(injected)}, repeats=args.repeats
         )
     result = {
         "shape": args.shape,
@@ -56,19 +55,14 @@ def main() -> dict:
         "machine": machine(),
         "base_ms": 1e3 * times["base"],
         "injected_ms": 1e3 * times["injected"],
-        "fused_ms": 1e3 * times["fused"],
         "latency_ratio": times["injected"] / times["base"],
-        "fused_latency_ratio": times["fused"] / times["base"],
         "flop_ratio": flops["injected"] / flops["base"],
         "kv_bytes_ratio": kv_bytes(injected, ids) / kv_bytes(base, ids),
     }
     print(f"GPT-NeoX {args.shape} shape, batch {args.batch} x seq {args.seq}, {result['machine']}")
-    print(f"  forward  base {result['base_ms']:.1f} ms | injected {result['injected_ms']:.1f} ms"
-          f" | injected+fused qkv/skip {result['fused_ms']:.1f} ms")
+    print(f"  forward  base {result['base_ms']:.1f} ms | injected {result['injected_ms']:.1f} ms")
     print(f"  latency ratio {result['latency_ratio']:.3f} | matmul FLOP ratio {result['flop_ratio']:.3f}"
           f" | KV-cache bytes ratio {result['kv_bytes_ratio']:.3f}")
-    print(f"  fused latency ratio {result['fused_latency_ratio']:.3f}"
-          f" (fused / unfused {result['fused_ms'] / result['injected_ms']:.3f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

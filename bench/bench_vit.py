@@ -6,7 +6,7 @@
 of one model, timed side by side (round-robin repeats, medians; see common.interleaved_medians):
     base              the timm model as built
     preproj_skip      + `mmpreproj.inject` (pre-projection + content skip in all 12 blocks)
-    rope2d            + `mmpreproj.vision.add_rope` (our RoPE2D on the patch tokens, absolute table kept)
+    rope2d            + `mmpreproj.timm_rope.add_rope` (our RoPE2D on the patch tokens, absolute table kept)
     rope2d_preproj    both
 Each latency ratio is printed beside the matmul FLOP ratio from torch's flop counter (RoPE adds no matmul).
 """
@@ -23,7 +23,7 @@ import torch
 from common import count_flops, interleaved_medians, machine
 
 import mmpreproj
-from mmpreproj.vision import add_rope
+from mmpreproj.timm_rope import add_rope
 
 
 def variants(base: torch.nn.Module) -> dict[str, torch.nn.Module]:

@@ -4,8 +4,9 @@
 
 Runs each bench script in its own process (same machine, one after another) with `--json`, then joins the
 figures into one markdown table (with `--runs N`, the whole set N times: each cell is the median, with the range): inference overhead vs FLOP ratio (GPT-NeoX 160M/410M shapes, ViT-B/16),
-a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, fused vs unfused Q/K/V + skip, training tokens/s vs peft LoRA at the paper's rank,
-RoPE apply vs reference implementations, compiled vs eager. Random weights; no downloads.
+a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, training tokens/s vs peft LoRA at the paper's rank,
+RoPE apply vs reference implementations, compiled vs eager, the Llama-3.2-1B and Qwen2-VL-2B-vision shapes'
+forward overhead, and the KV-cache bytes ratio of every decoder row. Random weights; no downloads.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ def rows(res: dict) -> list[tuple[str, float, str]]:
     for key, name in (("neox160", "GPT-NeoX 160M"), ("neox410", "GPT-NeoX 410M")):
         r = res[key]
         out.append((f"{name} forward, injected / base (seq {r['seq']})", r["latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
-        out.append((f"{name} forward, fused Q/K/V+skip / base", r["fused_latency_ratio"], f"FLOP ratio {r['flop_ratio']:.3f}"))
         out.append((f"{name} KV-cache bytes, injected / base", r["kv_bytes_ratio"], "1.000"))
     d = res["dtype"]
     for k in ("fp32 modules", "host dtype", "bf16 modules"):
@@ -66,7 +66,21 @@ def rows(res: dict) -> list[tuple[str, float, str]]:
         out.append((f"{r['case']} (N={r['N']}) apply time", r["ratio"], "1.00 = peer"))
     for r in res["compile"]["rows"]:
         out.append((f"{r['model']}: compiled / eager", r["compiled_vs_eager"], f"compile {r['compile_s']:.0f} s"))
-    return out
+    return out + host_rows(res)
+
+
+def host_rows(res: dict) -> list[tuple[str, float, str]]:
+    """The Llama-3.2-1B and Qwen2-VL-2B vision shapes (bench_llama_qwen2vl.py) and every decoder row's KV cache."""
+    ll, vi, kv = res["hosts"]["llama"], res["hosts"]["qwen2vl_vision"], res["kv_rows"]["rows"]
+    worst = max(kv, key=lambda r: abs(r["ratio"] - 1))
+    return [
+        (f"Llama-3.2-1B shape forward, injected / base ({ll['layers']} of {ll['of_layers']} layers, seq {ll['seq']})",
+         ll["latency_ratio"], f"FLOP ratio {ll['flop_ratio']:.3f} (whole model + LM head {ll['full_model_flop_ratio']:.3f})"),
+        (f"Qwen2-VL-2B vision tower forward, injected / base ({vi['layers']} of {vi['of_layers']} blocks, "
+         f"{vi['patches']} patches)", vi["latency_ratio"], f"FLOP ratio {vi['flop_ratio']:.3f}"),
+        (f"KV-cache bytes, injected / base, every decoder row ({len(kv)} rows; farthest from 1: {worst['row']})",
+         worst["ratio"], "1.000"),
+    ]  # fmt: skip
 
 
 def run_once(quick: bool) -> dict:
@@ -80,6 +94,10 @@ def run_once(quick: bool) -> dict:
         "train": _run("bench_train.py", ["--shape", "160m", "--seq", "128" if quick else "256", *rep]),
         "rope": _run("bench_rope.py", ["--runs", "5" if quick else "21"]),
         "compile": _run("bench_compile.py", ["--seq", "64" if quick else "256", *rep]),
+        "hosts": _run("bench_llama_qwen2vl.py", ["--llama-layers", "1", "--seq", seq,
+                                                 "--vision-layers", "1" if quick else "2",
+                                                 "--image", "224" if quick else "448", *rep]),  # fmt: skip
+        "kv_rows": _run("bench_kv_rows.py", []),
     }
 
 

@@ -15,11 +15,12 @@ from .adapter import (
     load_adapter,
     save_adapter,
     set_adapter_state_dict,
-    set_fused,
     unload,
 )
 from .config import PreProjConfig
 from .modules import ContentSkip, PreProjAttention, PreProjection
+from .named_adapters import active_adapter, adapter_names, delete_adapter, set_adapter
+from .pretrained import from_pretrained
 from .report import TrainableReport, trainable_report
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
 from .version import __version__
@@ -36,8 +37,12 @@ __all__ = [
     "RotaryEncoder",
     "TrainableReport",
     "__version__",
+    "active_adapter",
     "adapter_disabled",
+    "adapter_names",
     "adapter_state_dict",
+    "delete_adapter",
+    "from_pretrained",
     "grid_positions",
     "hosts",
     "inject",
@@ -47,8 +52,8 @@ __all__ = [
     "multimodal_positions",
     "rope",
     "save_adapter",
+    "set_adapter",
     "set_adapter_state_dict",
-    "set_fused",
     "trainable_report",
     "unload",
 ]

@@ -20,33 +20,38 @@ from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
-from .hosts import HOSTS, HostSpec, find_host, get_host
+from .hosts import HOSTS, HostSpec, find_host
 from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
-from .save_guard import guard_save_pretrained, unguard_save_pretrained
+from .pretrained import PRETRAINED_ADAPTER_DIR, install_save_pretrained, remove_save_pretrained
+from .timm_rope.saved import describe_rope, rope_for_load
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
+    "ADAPTER_TYPE",
     "ADAPTER_WEIGHTS_NAME",
     "InjectionState",
     "adapter_state_dict",
     "adapter_disabled",
+    "adapter_folder",
+    "adapter_key",
     "injected_modules",
     "inject",
     "is_injected",
     "load_adapter",
+    "parse_adapter_key",
     "save_adapter",
     "set_adapter_state_dict",
-    "set_fused",
     "unload",
 ]
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of our adapter_config.json (peft's files carry `peft_type`)
 
 
 @dataclass
@@ -61,13 +66,25 @@ class InjectionState:
     host_description: dict = field(default_factory=dict)  # the resolved row (spec.py), so reload needs no code
     parts: list[dict] = field(default_factory=list)  # per part: name, first block index, blocks, injected layers
     modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
+    base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
+    # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
+    active_adapter: str = "default"
+    adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
+    stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive
+    # name -> its modules_to_save values, keyed as in the file (`modules.{name}.{param}`)
+
+    def __post_init__(self) -> None:
+        self.adapter_configs.setdefault(self.active_adapter, self.config)
 
     def describe(self) -> dict:
         """The JSON-able description saved beside adapter weights."""
         return {
+            "adapter_type": ADAPTER_TYPE,  # with `method`: what the folder holds, so nothing guesses from its shape
+            "method": self.config.method,
+            "base_model_name_or_path": self.base_model_name_or_path,
             "config": self.config.to_dict(),
             "host": self.host,
             "host_description": self.host_description,
@@ -163,28 +180,13 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     parts, chosen = _select(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
-    fused = spec.fused_forward if config.fuse_qkv_skip else None
-    if config.fuse_qkv_skip and fused is None:
-        raise ValueError(f"PreProjConfig.fuse_qkv_skip=True, but host {spec.name!r} has no fused path; "
-                         f"hosts with one: {[s.name for s in _hosts_with_fused()]}")
     placements, seams = [], []
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
-        if fused is not None:
-            _refuse_quantized_fused(site.attention, site.index)
-        device = _device_of(site.block)
-        dim = site.width
-        preproj = (
-            PreProjection(dim, config.expansion, config.activation, config.init,
-                          compute_dtype=config.compute_dtype, device=device)
-            if config.preproj
-            else None
-        )
-        skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
-                if config.skip else None)
+        preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
         wrapper = PreProjAttention(
-            site.attention, site.call, preproj, skip, block_index=site.index, fused_forward=fused, part=site.part
+            site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
         )
         placements.append((site, wrapper))
         if site.norm is not None:
@@ -207,6 +209,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         host_description=description,
         parts=part_rows,
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
+        base_model_name_or_path=_name_or_path(model),
     )
     return _Plan(spec, state, placements, seams)
 
@@ -217,30 +220,26 @@ def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
             and not hasattr(p, "full_tensor")]
 
 
-def _refuse_quantized_fused(attention: nn.Module, index: int) -> None:
-    """The fast path concatenates [W_qkv; W_skip]: refuse a quantized weight with a clear error."""
-    bad = _quantized_params(attention)
-    if bad:
-        raise ValueError(f"fuse_qkv_skip=True needs float Q/K/V weights; block {index} holds quantized {bad[0][0]!r} "
-                         f"({type(bad[0][1]).__name__}); use fuse_qkv_skip=False")
+def new_adapter_modules(
+    dim: int, config: PreProjConfig, device: torch.device
+) -> tuple[PreProjection | None, ContentSkip | None]:
+    """The (pre-projection, skip) `config` asks for at width `dim` (None where it asks for none), float32."""
+    preproj = (
+        PreProjection(dim, config.expansion, config.activation, config.init,
+                      compute_dtype=config.compute_dtype, device=device)
+        if config.preproj
+        else None
+    )
+    skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
+            if config.skip else None)
+    return preproj, skip
 
 
-def _hosts_with_fused() -> list[HostSpec]:
-    return [s for s in HOSTS.values() if s.fused_forward is not None]
 
-
-def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch the one-matmul Q/K/V + skip fast path on or off for an injected model (or what wraps it)."""
-    _, state = injected_owner(model, "set_fused")
-    fused = get_host(state.host).fused_forward
-    if enabled and fused is None:
-        raise ValueError(f"host {state.host!r} has no fused path; hosts with one: {[s.name for s in _hosts_with_fused()]}")
-    for w in injected_modules(model) if enabled else []:
-        _refuse_quantized_fused(w.base_layer, w.block_index)
-    for w in injected_modules(model):
-        w.fused_forward = fused if enabled else None
-    state.config.fuse_qkv_skip = enabled
-    return model
+def _name_or_path(model: nn.Module) -> str | None:
+    """transformers' `name_or_path` (hub id or folder the model was loaded from); None when built in code."""
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if isinstance(name, (str, Path)) and str(name) else None
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
@@ -307,7 +306,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
         for wrapper, block, norm, where, norm_path in plan.seams:
             wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
         model.mmpreproj_state = plan.state
-        guard_save_pretrained(model)
+        install_save_pretrained(model)
         if plan.state.config.freeze_base:
             _freeze_base(model, plan.state, plan.spec)
         _keep_trainable(model, plan.state)
@@ -320,7 +319,7 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
             p.requires_grad_(True)
         if plan.state.input_grad_hook is not None:
             plan.state.input_grad_hook.remove()
-        unguard_save_pretrained(model)
+        remove_save_pretrained(model)
         if hasattr(model, "mmpreproj_state"):
             del model.mmpreproj_state
         raise
@@ -397,7 +396,7 @@ def unload(model: nn.Module) -> nn.Module:
         if state.input_grad_hook is not None:
             state.input_grad_hook.remove()
         delattr(owner, STATE_ATTR)
-        unguard_save_pretrained(owner)
+        remove_save_pretrained(owner)
     return model
 
 
@@ -423,9 +422,26 @@ def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
                 v.copy_(state.saved_originals[f"{name}.{k}"])
 
 
-def adapter_key(block_index: int, module: str, name: str) -> str:
-    """The file key of an injected weight: `blocks.{i}.{preproj|skip}.{param}` (i = the adapter block index)."""
+def adapter_key(block_index: int | None, module: str, name: str) -> str:
+    """The file key of an adapter weight, the one place its format is written:
+    `blocks.{i}.{preproj|skip}.{param}` for an injected weight (i = the adapter block index), or, with
+    `block_index=None`, `modules.{name}.{param}` for a base module of `modules_to_save`."""
+    if block_index is None:
+        return f"modules.{module}.{name}"
     return f"blocks.{block_index}.{module}.{name}"
+
+
+def parse_adapter_key(key: str) -> tuple[int | None, str, str]:
+    """`adapter_key`'s inverse: (block index or None for a saved module, module, param); ValueError otherwise."""
+    kind, _, rest = key.partition(".")
+    first, _, name = rest.partition(".")
+    if kind == "blocks" and first.isdigit() and name:
+        module, _, param = name.partition(".")
+        if param:
+            return int(first), module, param
+    if kind == "modules" and first and name:
+        return None, first, name
+    raise ValueError(f"{key!r} is not an adapter key (blocks.<i>.<preproj|skip>.<param> or modules.<name>.<param>)")
 
 
 def _wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor]:
@@ -440,7 +456,7 @@ def _wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor
 
 def _saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> dict[str, torch.Tensor]:
     return {
-        f"modules.{name}.{k}": v
+        adapter_key(None, name, k): v
         for name, path in modules_to_save.items()
         for k, v in get_path(model, path).state_dict().items()
     }
@@ -489,7 +505,12 @@ def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -
 
 
 def save_adapter(
-    model: nn.Module, path: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    path: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    adapter_name: str | None = None,
+    readme: bool = False,
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
@@ -498,19 +519,60 @@ def save_adapter(
     so a crash never leaves a torn file, and the two files are replaced together (`adapter_files`): a
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
+
+    `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
+    `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
     """
-    _, state = injected_owner(model, "save_adapter")
+    from .model_card import card_fields, model_card
+    from .named_adapters import named_adapter
+
+    owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
+    name, config = named_adapter(state, adapter_name)
     if state_dict is None:
-        state_dict = adapter_state_dict(model)
+        state_dict = adapter_state_dict(model) if name == state.active_adapter else _stored_tensors(owner, name)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     _refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     meta = {"format": "pt", "mmpreproj_version": __version__}
-    text = json.dumps(state.describe(), indent=2, sort_keys=True) + "\n"
-    write_files(path, {
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    desc["config"] = config.to_dict()
+    for k, v in card_fields(owner, name, tensors, state).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
+    text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
+    writers = {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
         ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
-    })
+    }
+    if readme:
+        card = model_card(desc)
+        writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
+    write_files(path, writers)
+    return path
+
+
+def _stored_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """A stored (not active) adapter's weights, keyed as `adapter_state_dict` keys the active one's."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    out = {
+        adapter_key(w.block_index, part, k): v
+        for w in injected_modules(owner)
+        for part, module in w.stored_adapters[name].items()
+        for k, v in module.state_dict().items()
+    }
+    out.update(state.stored_modules.get(name, {}))
+    return out
+
+
+def adapter_folder(path: str | Path) -> Path:
+    """The folder holding an adapter's files: `path` itself, or the `adapter/` subfolder a
+    `save_pretrained` folder (and a training run folder) keeps them in."""
+    path = Path(path)
+    sub = path / PRETRAINED_ADAPTER_DIR
+    if not (path / ADAPTER_CONFIG_NAME).is_file() and (sub / ADAPTER_CONFIG_NAME).is_file():
+        return sub
     return path
 
 
@@ -523,8 +585,10 @@ def _refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files,
-    a config that is not an object and weights that are not finite (the tensor is named)."""
-    path = Path(path)
+    a config that is not an object and weights that are not finite (the tensor is named).
+
+    `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""
+    path = adapter_folder(path)
     with committed_files(path, (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME)) as files:
         cfg_file, weights_file = files[ADAPTER_CONFIG_NAME], files[ADAPTER_WEIGHTS_NAME]
         for f in (cfg_file, weights_file):
@@ -532,6 +596,10 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 raise FileNotFoundError(f"adapter file missing: {path / f.name}")
         try:
             desc = json.loads(cfg_file.read_text(encoding="utf-8"))
+            if isinstance(desc, dict) and "config" not in desc and "peft_type" in desc:
+                raise ValueError(f"it is a peft adapter (peft_type={desc['peft_type']!r}): load it with peft")
+            if isinstance(desc, dict) and desc.get("adapter_type", ADAPTER_TYPE) != ADAPTER_TYPE:
+                raise ValueError(f"adapter_type={desc['adapter_type']!r}, expected {ADAPTER_TYPE!r}")
             if not isinstance(desc, dict) or "config" not in desc:
                 raise ValueError("no 'config' key")
             if not isinstance(desc["config"], dict):
@@ -561,20 +629,36 @@ def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
 
 
-def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None = None) -> nn.Module:
+def load_adapter(
+    model: nn.Module, path: str | Path, *, freeze_base: bool | None = None, adapter_name: str | None = None
+) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
 
-    The adapter file carries the host description (parts, paths, call convention), so a user-described
-    host reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another
-    host, parts the model does not have, another hidden size or block count, or weights that do not match.
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read). The
+    adapter file carries the host description (parts, paths, call convention), so a user-described host
+    reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
+    parts the model does not have, another hidden size or block count, or weights that do not match.
+
+    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
+    and inactive (`set_adapter` switches to it; see `named_adapters`); on a plain model it names the
+    first adapter (default "default").
+    Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
+    to make (`mmpreproj.timm_rope.saved`).
     """
+    from .named_adapters import add_named_adapter, check_adapter_name
+
     refuse_meta_parameters(model, "load_adapter")
-    path = Path(path)
+    if adapter_name is not None:
+        check_adapter_name(adapter_name)
+    path = adapter_folder(path)
     desc, tensors = read_adapter(path)
+    if adapter_name is not None and is_injected(model):
+        return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
     host = _saved_host(model, desc, path)
+    restore_rope = rope_for_load(model, desc.get("rope"), f"adapter at {path}")  # checks only; runs after _apply
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
         plan = _plan(model, config, host)
     saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
@@ -593,13 +677,18 @@ def load_adapter(model: nn.Module, path: str | Path, *, freeze_base: bool | None
     for k, dst in expected.items():
         if tensors[k].shape != dst.shape:
             raise ValueError(f"adapter at {path}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
-    injected = {k: v for k, v in expected.items() if k.startswith("blocks.")}
+    injected = {k: v for k, v in expected.items() if parse_adapter_key(k)[0] is not None}
     with torch.no_grad():
         for k, dst in injected.items():
             dst.copy_(tensors[k])
+    if adapter_name is not None:
+        plan.state.adapter_configs = {adapter_name: plan.state.config}
+        plan.state.active_adapter = adapter_name
     _apply(model, plan)
+    if restore_rope is not None:
+        restore_rope()
     with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
         for k, dst in expected.items():
-            if k.startswith("modules."):
+            if parse_adapter_key(k)[0] is None:
                 dst.copy_(tensors[k])
     return model

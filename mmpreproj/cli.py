@@ -53,7 +53,9 @@ def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> Non
 
     if single_model:
         p.add_argument("--model", default="assets/mini-pythia", help="hub id or local folder (default: %(default)s)")
-        p.add_argument("--adapter", default=None, help="a run folder or adapter folder to load on top of the model")
+        p.add_argument("--adapter", action="append", default=None,
+                       help="a run folder or adapter folder to load on top of the model; several (a,b or repeated "
+                            "--adapter) are scored one after another on the base loaded once, one table row each")
         p.add_argument("--tasks", default="ppl,lambada,hellaswag,arc_easy",
                        help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)")
         p.add_argument("--json", default=None, help="write the results here")
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
                            ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods")):
         p = sub.add_parser(name, help=helptext)
-        from .train.config import METHODS
+        from .train.methods import METHODS
         from .train.presets import PRESETS
 
         if name == "reproduce":
@@ -161,14 +163,15 @@ def _existing(flag: str, value: str | None) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     """Every path, count and list option, checked before any work starts."""
     from .eval import TASKS
-    from .train.config import METHODS
+    from .train.methods import METHODS
 
     if args.command == "train":
         _output_folder("--out", args.out)
     elif args.command == "eval":
         _names("--tasks", args.tasks, TASKS)
         _output_file("--json", args.json)
-        _existing("--adapter", args.adapter)
+        for adapter in _adapters(args.adapter):
+            _existing("--adapter", adapter)
         _count("--batch-size", args.batch_size, 1)
         _count("--limit", args.limit, 1)
     elif args.command == "analyze":
@@ -211,20 +214,38 @@ def _loss_curve_png(run: str) -> None:
         plot_loss_curve(run)
 
 
+def _adapters(values: list[str] | None) -> list[str]:
+    """The adapters of repeated and/or comma-separated --adapter options, in order; ValueError on a repeat."""
+    names = [a.strip() for v in values or [] for a in v.split(",") if a.strip()]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--adapter {','.join(names)}: names one adapter twice")
+    return names
+
+
 def _eval(args: argparse.Namespace) -> str:
-    from .eval import evaluate
+    from .eval import adapters_table, evaluate, evaluate_adapters
     from .io import atomic_write
     from .train import load_model_and_tokenizer, load_run_adapter
     from .train.config import TrainConfig
 
+    adapters = _adapters(args.adapter)
     model, tok = load_model_and_tokenizer(TrainConfig(model=args.model, device="auto"))
-    if args.adapter:
-        model = load_run_adapter(model, args.adapter)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.json:  # checked and its folder made before the work, so the results cannot be lost at the end
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    res = evaluate(model, tok, tasks, protocol=args.protocol, limit=args.limit, data_source=args.data_source,
-                   batch_size=args.batch_size, ppl_split=args.ppl_split, progress=not args.no_progress)
+    opts = dict(tasks=tasks, protocol=args.protocol, limit=args.limit, data_source=args.data_source,
+                batch_size=args.batch_size, ppl_split=args.ppl_split, progress=not args.no_progress)
+    if len(adapters) > 1:  # one base, each adapter in turn: {adapter: {task: metrics}}
+        by_adapter = evaluate_adapters(model, tok, adapters, **opts)
+        text = json.dumps(by_adapter, indent=2)
+        if args.json:
+            atomic_write(args.json, lambda f: Path(f).write_text(text + "\n", encoding="utf-8"))
+        print(text)
+        print(adapters_table(by_adapter))
+        return f"{len(adapters)} adapters of {args.model} scored on {', '.join(tasks)}"
+    if adapters:
+        model = load_run_adapter(model, adapters[0])
+    res = evaluate(model, tok, **opts)
     text = json.dumps(res, indent=2)
     if args.json:
         atomic_write(args.json, lambda f: Path(f).write_text(text + "\n", encoding="utf-8"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 from .jsonconfig import JsonConfig
 from .modules.compute import COMPUTE_DTYPES
@@ -10,7 +12,12 @@ from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from .validate import check_choice, check_field_types, check_rule
 from .version import __version__
 
-__all__ = ["PreProjConfig"]
+__all__ = ["FUSE_QKV_SKIP_REMOVED", "PreProjConfig"]
+
+FUSE_QKV_SKIP_REMOVED = (
+    "PreProjConfig.fuse_qkv_skip was removed after mmpreproj 0.1.0: the one-matmul Q/K/V + skip path gave no reliable "
+    "speed-up over the plain path (README, Performance) and needed a copy of the host's attention forward"
+)
 
 
 @dataclass
@@ -32,8 +39,7 @@ class PreProjConfig(JsonConfig):
         modules_to_save: base modules that train beside the injected ones and are saved in the adapter
             (peft's name): names the host row declares (e.g. "projector") or attribute paths.
         freeze_base: freeze every parameter of the host so only injected weights train.
-        fuse_qkv_skip: compute Q/K/V and the skip in one matmul where the host has a fast path
-            (GPT-NeoX, native blocks); same outputs up to float rounding.
+        fuse_qkv_skip: removed (see `FUSE_QKV_SKIP_REMOVED`); accepted as False so old adapter files load.
         compute_dtype: "input" (fp32 weights computing in the host's/autocast's dtype) or "float32".
     """
 
@@ -47,11 +53,12 @@ class PreProjConfig(JsonConfig):
     layers: list[int] | dict[str, list[int]] | None = None
     modules_to_save: list[str] | None = None
     freeze_base: bool = True
-    fuse_qkv_skip: bool = False
     compute_dtype: str = "input"
     library_version: str = field(default=__version__, compare=False)
+    fuse_qkv_skip: InitVar[bool | None] = None  # removed; not stored, not saved
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, fuse_qkv_skip: bool | None) -> None:
+        _removed_fuse_qkv_skip(fuse_qkv_skip, warn=True)
         check_field_types(self)
         if not (self.preproj or self.skip):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
@@ -71,6 +78,20 @@ class PreProjConfig(JsonConfig):
             self.layers = {k: _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
         elif self.layers is not None:
             self.layers = _layer_list(self.layers, "layers")
+
+    @property
+    def method(self) -> str:
+        """The method this config injects, by its name in `mmpreproj.train.METHODS`: "preproj_skip", "preproj"
+        or "skip" (saved as the adapter's `method` tag)."""
+        return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[(self.preproj, self.skip)]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:
+        """As `JsonConfig.from_dict`; `fuse_qkv_skip: false` (written by mmpreproj <= 0.1) is dropped silently."""
+        if isinstance(d, dict) and "fuse_qkv_skip" in d:
+            _removed_fuse_qkv_skip(d["fuse_qkv_skip"], warn=False)
+            d = {k: v for k, v in d.items() if k != "fuse_qkv_skip"}
+        return super().from_dict(d)
 
     def inner_width(self, dim: int) -> int:
         """The pre-projection's inner width at model width `dim`; refuses a width of 0."""
@@ -116,3 +137,13 @@ def _layer_list(value: object, name: str) -> list[int]:
     if len(set(value)) != len(value):
         raise ValueError(f"PreProjConfig.{name} has duplicates: {list(value)}")
     return list(value)
+
+
+def _removed_fuse_qkv_skip(value: object, *, warn: bool) -> None:
+    """Refuse `fuse_qkv_skip=True` (and non-bools) with the reason; False is what old files carry."""
+    if value is None:
+        return
+    if value is not False:
+        raise ValueError(f"{FUSE_QKV_SKIP_REMOVED}; got fuse_qkv_skip={value!r}, drop the field (False is accepted)")
+    if warn:
+        warnings.warn(f"{FUSE_QKV_SKIP_REMOVED}; drop the argument", DeprecationWarning, stacklevel=4)

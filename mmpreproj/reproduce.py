@@ -32,14 +32,14 @@ from .config import PreProjConfig
 from .paper import PAPER_TABLE2
 from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
 from .train import get_preset, load_model_and_tokenizer
-from .train.config import METHODS
+from .train.methods import METHODS, PAPER_METHODS, check_methods
 
 __all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
 
 log = logging.getLogger("mmpreproj.reproduce")
 
-DEFAULT_METHODS = ("preproj", "skip", "preproj_skip", "lora", "lora_matched", "preproj_lora")
-DEMO_METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")  # the paper's five: `demo` stays ~10 min
+DEFAULT_METHODS = METHODS  # every method (train/methods.py)
+DEMO_METHODS = PAPER_METHODS  # the paper's five: `demo` stays ~10 min
 # What the offline demo evaluates: train on WikiText valid lines, so PPL is measured on test rows.
 DEMO_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag"), "ppl_split": "test", "limit": None}
 PAPER_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag", "arc_easy"), "ppl_split": "validation", "limit": None}
@@ -145,9 +145,7 @@ def reproduce(
 
     Returns one row per arm (baseline first, then seed by seed). `command` is quoted in the report.
     """
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; allowed values: {list(METHODS)}")
+    methods = check_methods(methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))

@@ -21,7 +21,7 @@ from .analysis import plot_lr_sweep
 from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
 from .train import get_preset, load_model_and_tokenizer
-from .train.config import METHODS
+from .train.methods import check_methods
 
 __all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "lr_sweep", "parse_lrs"]
 
@@ -53,9 +53,7 @@ def lr_sweep(
     command: str | None = None,
 ) -> dict[str, dict[float, dict[str, Any]]]:
     """Train every method at every LR (all else the preset's) and score PPL; returns {method: {lr: row}}."""
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; allowed values: {list(METHODS)}")
+    methods = check_methods(methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))

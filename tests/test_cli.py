@@ -32,21 +32,56 @@ def test_bad_input_is_one_line_and_nonzero(capsys, tmp_path):
         build_parser().parse_args(["train", "--method", "dora"])
 
 
+def _reference_model(tiny_model_dir, run=None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mmpreproj.train import load_run_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return (load_run_adapter(model, run) if run is not None else model), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
 def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
+    """Each command's numbers equal the library computed by hand on the same files: a command that loads
+    the wrong adapter, drops a flag or mislabels a layer fails here."""
+    import math
+
+    import torch
+    from safetensors.torch import load_file
+
+    from mmpreproj.analysis import routing_ratios
+    from mmpreproj.eval import evaluate
+    from mmpreproj.reproduce import _ratio_batches, _ratio_texts
+
     run = tmp_path / "run"
     common = ["--model", str(tiny_model_dir), "--steps", "3", "--warmup-steps", "1", "--num-lines", "16",
               "--max-len", "32", "--batch-size", "4", "--no-progress"]
     assert main(["train", "--method", "preproj_skip", "--out", str(run), *common]) == 0
     assert (run / "adapter" / "adapter_model.safetensors").is_file() and (run / "metrics.json").is_file()
-    assert json.loads((run / "metrics.json").read_text())["steps"] == 3
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"])
+    saved = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    assert saved["method"] == "preproj_skip" and saved["base_model_name_or_path"] == str(tiny_model_dir)
+
     out_json = tmp_path / "eval.json"
-    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(run), "--tasks", "ppl,lambada,hellaswag",
+    tasks = ["ppl", "lambada", "hellaswag"]
+    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(run), "--tasks", ",".join(tasks),
                  "--limit", "12", "--json", str(out_json), "--no-progress"]) == 0
     res = json.loads(out_json.read_text())
-    assert 0.0 <= res["lambada"]["acc"] <= 1.0 and res["ppl"]["ppl"] > 1.0
+    model, tok = _reference_model(tiny_model_dir, run)
+    assert res == json.loads(json.dumps(evaluate(model, tok, tasks, limit=12, progress=False)))  # same numbers
+    base, _ = _reference_model(tiny_model_dir)
+    assert res["ppl"]["ppl"] != evaluate(base, tok, ["ppl"], limit=12, progress=False)["ppl"]["ppl"]  # adapter used
+    assert float(res["lambada"]["acc"] * 12).is_integer() and float(res["hellaswag"]["acc"] * 12).is_integer()
+
     assert main(["analyze", str(run), "--texts", "2"]) == 0
     norms = json.loads((run / "skip_norms.json").read_text())[str(run)]
-    assert len(norms["skip_norms"]) == 2 and len(norms["routing_ratios"]) == 2
+    weights = load_file(str(run / "adapter" / "adapter_model.safetensors"))
+    by_hand = {str(i): weights[f"blocks.{i}.skip.proj.weight"].norm().item() for i in (0, 1)}
+    assert norms["skip_norms"] == pytest.approx(by_hand, rel=1e-6)
+    with torch.no_grad():
+        ratios = routing_ratios(model, _ratio_batches(tok, _ratio_texts("local", "test", 2), 32, torch.device("cpu")))
+    assert norms["routing_ratios"] == pytest.approx({str(k): v for k, v in ratios.items()}, rel=1e-5)
     assert (run / "skip_norms.png").read_bytes()[:4] == b"\x89PNG"
     assert "mmpreproj analyze: wrote" in capsys.readouterr().out
 
@@ -59,6 +94,11 @@ def test_reproduce_writes_table(tiny_model_dir, tmp_path):
     assert table.count("| mini |") == 3 and "baseline" in table and "lora" in table
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["baseline", "skip", "lora"] and (out / "skip_norms.png").is_file()
+    # trainable counts by hand (d = 32, L = 2): skip = L*d*d; LoRA r = int(P / (L*2*d*2)) = 20 with
+    # P = 2*d*int(1.25 d)*L = 5120, on query_key_value (32 -> 96) and dense (32 -> 32): L * r * (128 + 64)
+    assert [r["params"] for r in rows] == [0, 2 * 32 * 32, 2 * 20 * (32 + 96 + 32 + 32)]
+    base, skip = rows[0], rows[1]
+    assert skip["ppl.ppl"] != base["ppl.ppl"] and len(skip["skip_norms"]) == 2
 
 
 def test_table_puts_paper_figures_beside_ours():

@@ -3,7 +3,9 @@ tiny from configs in code, through the shared contract; plus generation with the
 skip placement by hand, and the refusals (OLMo 2, post-norm OPT).
 
 Call conventions: every row here calls `self_attn(hidden_states=..., ...)` by keyword except GPT-2, which
-passes the normed input positionally; all return `(out, weights)`.
+passes the normed input positionally; all return `(out, weights)`. Gemma, StableLM (sequential and parallel)
+and Cohere (parallel) share the Llama convention; the parallel ones are also checked for the MLP seeing
+the un-projected normed input. VLMs built from these rows are in `test_host_vlm.py`.
 """
 
 from __future__ import annotations
@@ -54,10 +56,14 @@ BUILDERS = {
     "qwen3": partial(_llama_like, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
     "qwen3_moe": partial(_llama_like, tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, head_dim=16, num_experts=4,
                          num_experts_per_tok=2, moe_intermediate_size=32),
+    "gemma": partial(_llama_like, tf.GemmaConfig, tf.GemmaForCausalLM, head_dim=16),
     "gemma2": partial(_llama_like, tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
     "gemma3_text": partial(_llama_like, tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),
     "phi3": partial(_llama_like, tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=0),
     "granite": partial(_llama_like, tf.GraniteConfig, tf.GraniteForCausalLM),
+    "stablelm": partial(_llama_like, tf.StableLmConfig, tf.StableLmForCausalLM),
+    "stablelm_parallel": partial(_llama_like, tf.StableLmConfig, tf.StableLmForCausalLM, use_parallel_residual=True),
+    "cohere": partial(_llama_like, tf.CohereConfig, tf.CohereForCausalLM),
     "gpt2": _gpt2,
     "gptj": _gptj,
     "opt": _opt,
@@ -72,7 +78,7 @@ def logits(model, inputs):
     return model(*inputs).logits
 
 
-CASES = [HostCase(name, name, b, tokens, logits) for name, b in BUILDERS.items()]
+CASES = [HostCase(name, name.removesuffix("_parallel"), b, tokens, logits) for name, b in BUILDERS.items()]
 
 
 def check_checkpointing(case: HostCase, reentrant: bool) -> None:
@@ -186,6 +192,25 @@ def test_gptj_mlp_keeps_seeing_the_unprojected_normed_input():
     block(h, position_ids=pos, position_embeddings=model.transformer.rotary_emb(h, pos)
           if hasattr(model.transformer, "rotary_emb") else None)
     torch.testing.assert_close(seen["x"], block.ln_1(h))
+
+
+@pytest.mark.parametrize("name", ["cohere", "stablelm_parallel"])
+def test_parallel_residual_mlp_keeps_seeing_the_unprojected_normed_input(name):
+    model = mmpreproj.inject(BUILDERS[name]().double(), PreProjConfig(skip_init_std=0.05))
+    layer = model.model.layers[0]
+    seen = {}
+
+    def keep(key, value):
+        seen.setdefault(key, value)  # returns None: a hook that changes nothing
+
+    layer.input_layernorm.register_forward_hook(lambda m, args, out: keep("x_hat", out))
+    layer.mlp.register_forward_pre_hook(lambda m, args: keep("mlp", args[0]))
+    layer.self_attn.base_layer.register_forward_pre_hook(
+        lambda m, args, kwargs: keep("attn", kwargs["hidden_states"]), with_kwargs=True
+    )
+    model(*tokens())
+    torch.testing.assert_close(seen["mlp"], seen["x_hat"], atol=0, rtol=0)
+    assert not torch.allclose(seen["attn"], seen["x_hat"])  # attention got x~: the check above can fail
 
 
 @pytest.mark.parametrize(

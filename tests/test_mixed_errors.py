@@ -7,7 +7,7 @@ import torch
 from mixed_fixtures import IMAGE_ID, MARKERS, VIDEO_ID, VSTART, tiny_mixed
 from torch import nn
 
-from mmpreproj.mixed import MarkerIds, MixedSample, Visual, build_sequence, collate
+from recipes.mixed.tinyvlm import MarkerIds, MixedSample, Visual, build_sequence, collate
 
 EMBED = nn.Embedding(40, 8)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from mixed_fixtures import mixed_samples, tiny_mixed
 
-from mmpreproj.mixed import MixedSample, generate
+from recipes.mixed.tinyvlm import MixedSample, generate
 
-DECODERS = ["native", "neox"]
+LAYOUTS = ["chunked", "interleaved"]  # the decoder's M-RoPE frequency layout
 
 
 def _with_answer(samples: list[MixedSample], tokens: torch.Tensor) -> list[MixedSample]:
@@ -17,9 +17,9 @@ def _with_answer(samples: list[MixedSample], tokens: torch.Tensor) -> list[Mixed
     ]
 
 
-@pytest.mark.parametrize("decoder", DECODERS)
-def test_incremental_decoding_equals_full_forward(decoder):
-    model = tiny_mixed(decoder)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_incremental_decoding_equals_full_forward(layout):
+    model = tiny_mixed(layout=layout)
     samples = mixed_samples()
     with torch.no_grad():
         out = generate(model, model.prepare(samples), max_new_tokens=4)
@@ -31,9 +31,9 @@ def test_incremental_decoding_equals_full_forward(decoder):
     torch.testing.assert_close(out.logits, full[:, -5:-1], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("decoder", DECODERS)
-def test_left_padding_does_not_change_a_sample(decoder):
-    model = tiny_mixed(decoder)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_left_padding_does_not_change_a_sample(layout):
+    model = tiny_mixed(layout=layout)
     samples = mixed_samples()
     with torch.no_grad():
         batched = generate(model, model.prepare(samples), max_new_tokens=3)
@@ -43,7 +43,7 @@ def test_left_padding_does_not_change_a_sample(decoder):
 
 
 def test_back_to_back_generate_calls_are_identical():
-    model = tiny_mixed("neox")
+    model = tiny_mixed(layout="interleaved")
     a, b = mixed_samples(0), mixed_samples(1)[:2]
     with torch.no_grad():
         batch_a = model.prepare(a)
@@ -55,7 +55,7 @@ def test_back_to_back_generate_calls_are_identical():
 
 
 def test_generated_tokens_continue_after_the_delta():
-    model = tiny_mixed("native")
+    model = tiny_mixed()
     with torch.no_grad():
         batch = model.prepare(mixed_samples()[:1])
     # 2 text, start, 2x3 image, end, 1 text, start, 1x1 image, end, 1 text: 15 tokens whose positions end at 11
@@ -70,7 +70,7 @@ def test_generated_tokens_continue_after_the_delta():
 
 
 def test_eos_stops_and_pads_with_eos():
-    model = tiny_mixed("native")
+    model = tiny_mixed()
     with torch.no_grad():
         batch = model.prepare(mixed_samples())
         first = generate(model, batch, max_new_tokens=1).tokens[:, 0]

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import Qwen2VLConfig
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen
 
-from mmpreproj.mixed import IMAGE, PAD, TEXT, VIDEO, Visual, build_sequence
+from recipes.mixed.tinyvlm import IMAGE, PAD, TEXT, VIDEO, Visual, build_sequence
 
 pytestmark = pytest.mark.skipif(
     int(transformers.__version__.split(".")[0]) < 5,

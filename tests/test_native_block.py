@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -67,3 +68,22 @@ def test_fully_padded_query_rows_stay_finite():
     assert torch.isfinite(out).all()
     ref = _run(blocks, x[:, 2:], torch.arange(2, 4))  # real rows equal the unpadded sequence's
     torch.testing.assert_close(out[:, 2:], ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_without_rope_equals_torch_multihead_attention(causal):
+    """An independent reference: torch's nn.MultiheadAttention with the block's weights, pre-norm residuals."""
+    torch.manual_seed(0)
+    blk = Block(32, 4, mlp_ratio=2.0, causal=causal).eval()
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():  # qkv rows are (three, heads, head_dim): nn.MultiheadAttention's in_proj layout
+        mha.in_proj_weight.copy_(blk.attn.qkv.weight)
+        mha.in_proj_bias.copy_(blk.attn.qkv.bias)
+        mha.out_proj.weight.copy_(blk.attn.proj.weight)
+        mha.out_proj.bias.copy_(blk.attn.proj.bias)
+    x = torch.randn(2, 6, 32)
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else None  # True = not attended
+    h = blk.norm1(x)
+    ref = x + mha(h, h, h, attn_mask=future, need_weights=False)[0]
+    ref = ref + blk.mlp.fc2(nn.functional.gelu(blk.mlp.fc1(blk.norm2(ref))))
+    torch.testing.assert_close(blk(x), ref, atol=1e-5, rtol=0)

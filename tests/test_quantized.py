@@ -297,21 +297,6 @@ def test_bf16_base_quantized_trains_fp32_modules_in_bf16(scheme, tmp_path):
     assert torch.equal(logits(fresh), logits(model))
 
 
-def test_fused_fast_path_is_refused_on_a_quantized_qkv(scheme):
-    model = quantized("gpt_neox", scheme)
-    before = snapshot(model)
-    with pytest.raises(
-        ValueError, match="fuse_qkv_skip=True needs float Q/K/V weights.*use fuse_qkv_skip=False"
-    ):
-        mmpreproj.inject(model, PreProjConfig(fuse_qkv_skip=True))
-    assert not mmpreproj.is_injected(model)
-    assert_same(snapshot(model), before)
-    mmpreproj.inject(model)
-    with pytest.raises(ValueError, match="quantized 'query_key_value.weight'"):
-        mmpreproj.set_fused(model, True)
-    assert all(w.fused_forward is None for w in mmpreproj.injected_modules(model))
-
-
 def test_a_quantized_module_cannot_be_kept_trainable(scheme):
     model = quantized("gpt_neox", scheme)
     before = snapshot(model)

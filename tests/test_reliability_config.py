@@ -27,7 +27,7 @@ from mmpreproj.validate import ConfigTypeError
         ("preproj", "yes", "PreProjConfig.preproj='yes' (str); must be a bool (true/false)"),
         ("skip", 1, "PreProjConfig.skip=1 (int); must be a bool"),
         ("freeze_base", None, "PreProjConfig.freeze_base=None (NoneType); must be a bool"),
-        ("fuse_qkv_skip", 0, "PreProjConfig.fuse_qkv_skip=0 (int); must be a bool"),
+        ("fuse_qkv_skip", True, "PreProjConfig.fuse_qkv_skip was removed"),
         ("activation", 3, "PreProjConfig.activation=3 (int); must be a string"),
         ("activation", "tanh", "PreProjConfig.activation='tanh'; allowed values: ['gelu', 'relu', 'silu']"),
         ("init", "zeros", "PreProjConfig.init='zeros'; allowed values: ['paper', 'identity']"),

@@ -1,6 +1,6 @@
 """inject / unload / save through wrappers (containers, peft, DDP, torch.compile), and the silently-wrong
 cases that must now be refused: inner width 0, empty layers, meta-device models, non-finite weights,
-save_pretrained of an injected transformers model."""
+and save_pretrained of an injected transformers model (base + adapter, test_save_pretrained.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _assert_fully_unloaded(inner, base_grads):
     assert not any(isinstance(m, PreProjAttention) for m in inner.modules())
     assert {n: p.requires_grad for n, p in inner.named_parameters()} == base_grads
     assert not inner.gpt_neox.embed_in._forward_hooks  # the input-grad hook is gone
-    assert "save_pretrained" not in vars(inner)  # the guard is off again
+    assert "save_pretrained" not in vars(inner)  # the instance's save_pretrained is off again
 
 
 def test_unload_container_restores_the_inner_model(tokens):
@@ -46,15 +46,13 @@ def test_unload_container_restores_the_inner_model(tokens):
     assert torch.equal(model(tokens).logits, ref)
 
 
-def test_container_save_set_fused_report_disabled(tmp_path, tokens):
+def test_container_save_report_disabled(tmp_path, tokens):
     model, _ = _injected()
     container = nn.ModuleDict({"lm": model})
     mmpreproj.save_adapter(container, tmp_path / "a")
     assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
         mmpreproj.adapter_state_dict(model)
     )
-    mmpreproj.set_fused(container, True)
-    assert all(w.fused_forward is not None for w in mmpreproj.injected_modules(model))
     assert mmpreproj.trainable_report(container) == mmpreproj.trainable_report(model)
     with mmpreproj.adapter_disabled(container):
         assert not any(w.adapter_enabled for w in mmpreproj.injected_modules(model))
@@ -82,8 +80,6 @@ def test_peft_wrapped_model_unloads_fully(tmp_path, tokens):
     assert inner is model
     mmpreproj.save_adapter(pm, tmp_path / "a")  # the description comes from the inner model's state
     assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["host"] == "gpt_neox"
-    mmpreproj.set_fused(pm, True)
-    mmpreproj.set_fused(pm, False)
     report = mmpreproj.trainable_report(pm)
     assert report.injected > 0 and report.trainable > 0
     with mmpreproj.adapter_disabled(pm):
@@ -121,7 +117,6 @@ def test_ddp_wrapped_model(tmp_path, tokens):
     try:
         ddp = DistributedDataParallel(model)
         mmpreproj.save_adapter(ddp, tmp_path / "a")
-        mmpreproj.set_fused(ddp, True)
         assert mmpreproj.trainable_report(ddp).injected == mmpreproj.trainable_report(model).injected
         with mmpreproj.adapter_disabled(ddp):
             assert not any(w.adapter_enabled for w in mmpreproj.injected_modules(model))
@@ -144,7 +139,6 @@ def test_fsdp2_sharded_model_saves_and_unload_refuses_untouched(tmp_path):
             fully_shard(layer)
         fully_shard(model)
         mmpreproj.save_adapter(model, tmp_path / "a")  # gathers full tensors
-        mmpreproj.set_fused(model, True)
         assert mmpreproj.trainable_report(model).injected == 2 * (2 * 32 * 40 + 32 * 32)
         wrappers = mmpreproj.injected_modules(model)
         with pytest.raises(
@@ -164,7 +158,6 @@ def test_torch_compile_wrapped_model(tmp_path):
     compiled = torch.compile(model)  # not run: only the wrapper's structure matters here
     assert compiled is not model
     mmpreproj.save_adapter(compiled, tmp_path / "a")
-    mmpreproj.set_fused(compiled, True)
     assert mmpreproj.trainable_report(compiled) == mmpreproj.trainable_report(model)
     mmpreproj.unload(compiled)
     _assert_fully_unloaded(model, base_grads)
@@ -269,22 +262,16 @@ def test_adapter_config_with_a_mistyped_field_names_it(tmp_path):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
 
-def test_save_pretrained_of_an_injected_model_refuses_and_says_what_to_call(tmp_path, tokens):
+def test_save_pretrained_of_an_injected_model_writes_the_base_and_the_adapter(tmp_path, tokens):
     model = tiny_neox()
     ref = model(tokens).logits
-    mmpreproj.inject(model)
-    with pytest.raises(
-        RuntimeError, match=r"mmpreproj.save_adapter\(model, ADAPTER_DIR\).*mmpreproj.unload\(model\)"
-    ):
-        model.save_pretrained(tmp_path / "full")
-    assert not (tmp_path / "full").exists()
-    assert "save_pretrained" not in vars(tiny_neox())  # only the injected instance is guarded
-    mmpreproj.save_adapter(model, tmp_path / "adapter")
-    mmpreproj.unload(model)
-    model.save_pretrained(tmp_path / "base")
+    mmpreproj.inject(model, PreProjConfig(skip_init_std=0.05))
+    injected = model(tokens).logits
+    model.save_pretrained(tmp_path / "full")  # was refused before the round trip existed
+    assert "save_pretrained" not in vars(tiny_neox())  # only the injected instance is patched
     from transformers import GPTNeoXForCausalLM
 
-    back = GPTNeoXForCausalLM.from_pretrained(tmp_path / "base").eval()
+    back = GPTNeoXForCausalLM.from_pretrained(tmp_path / "full").eval()
     assert torch.equal(back(tokens).logits, ref)  # the base reloads bit-exact
-    mmpreproj.load_adapter(back, tmp_path / "adapter")
-    assert not torch.equal(back(tokens).logits, ref)
+    mmpreproj.load_adapter(back, tmp_path / "full")
+    assert torch.equal(back(tokens).logits, injected)

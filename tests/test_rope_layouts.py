@@ -7,8 +7,7 @@ import torch
 from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 
-from mmpreproj.mixed import InterleavedMultimodalRoPE, NativeDecoder, default_sections, make_mrope
-from mmpreproj.rope import MultimodalRoPE, RoPE1D
+from mmpreproj.rope import InterleavedMultimodalRoPE, MultimodalRoPE, RoPE1D, default_sections, make_mrope
 
 
 @pytest.mark.parametrize("head_dim, sections", [(128, (24, 20, 20)), (32, (6, 5, 5))])
@@ -50,4 +49,4 @@ def test_layout_validation():
         InterleavedMultimodalRoPE(32, (4, 6, 4))
     with pytest.raises(ValueError, match="to interleave"):
         InterleavedMultimodalRoPE(32, (2, 7, 7))
-    assert isinstance(NativeDecoder(8, 32, 1, 2, layout="interleaved").rope, InterleavedMultimodalRoPE)
+    assert isinstance(make_mrope(32, "interleaved"), InterleavedMultimodalRoPE)

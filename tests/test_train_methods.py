@@ -1,4 +1,5 @@
-"""The five methods: trainable-parameter counts equal the paper's Table 1/2 on meta-device Pythia shapes."""
+"""The five methods: trainable-parameter counts equal the paper's Table 1/2 on meta-device Pythia shapes;
+LoRA counts read off the host row's real target modules equal peft's (Llama GQA, GPT-2 Conv1D, GPT-NeoX)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,72 @@ def test_trainable_weights_are_fp32_on_a_bf16_base(method):
     dtypes = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
     assert dtypes and set(dtypes.values()) == {torch.float32}, dtypes
     assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+
+
+# --- LoRA counted from the host row's real target modules (Llama GQA, GPT-2 Conv1D, GPT-NeoX) -------------
+
+
+def _llama_gqa():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)  # k/v_proj: 64 -> 32
+    return LlamaForCausalLM(cfg)
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0))
+
+
+LORA_HOSTS = {
+    # build, targets given to peft by hand (independent of the row), (in + out) per block by hand
+    "llama": (_llama_gqa, ["q_proj", "k_proj", "v_proj", "o_proj"], (64 + 64) + 2 * (64 + 32) + (64 + 64)),
+    "gpt2": (_gpt2, r".*\.attn\.(c_attn|c_proj)", (64 + 192) + (64 + 64)),  # Conv1D; not the MLP's c_proj
+    "gpt_neox": (tiny_neox, ["query_key_value", "dense"], (32 + 96) + (32 + 32)),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:fan_in_fan_out:UserWarning")
+@pytest.mark.parametrize("name", LORA_HOSTS)
+def test_lora_count_from_the_row_equals_peft(name):
+    from peft import LoraConfig, get_peft_model
+
+    from mmpreproj.hosts import find_host
+    from mmpreproj.hosts.lora import lora_params_per_rank
+
+    build, targets, per_block = LORA_HOSTS[name]
+    model = build()
+    assert lora_params_per_rank(model, find_host(model)) == 2 * per_block
+    peft_model = get_peft_model(build(), LoraConfig(r=3, target_modules=targets))
+    assert count_trainable(peft_model) == 3 * 2 * per_block
+    assert expected_trainable("lora", lora_r=3, model=build()) == 3 * 2 * per_block
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:fan_in_fan_out:UserWarning")
+@pytest.mark.parametrize("name", LORA_HOSTS)
+@pytest.mark.parametrize("method", METHODS)
+def test_apply_method_counts_equal_the_rows_formula(name, method):
+    build = LORA_HOSTS[name][0]
+    model = apply_method(build(), method)
+    assert count_trainable(model) == expected_trainable(method, model=build())
+    if name == "gpt_neox":  # the model-derived count is the GPT-NeoX formula
+        assert expected_trainable(method, model=build()) == expected_trainable(method, 32, 2)
+    lora = {n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n}
+    assert all(".mlp." not in n for n in lora), "LoRA must stay inside attention"
+    assert bool(lora) == ("lora" in method)
+
+
+def test_llama_lora_rank_rules_use_its_gqa_count():
+    from mmpreproj.train.methods import matched_lora_rank
+
+    d, layers, per_rank = 64, 2, 2 * 448
+    assert expected_trainable("lora", model=_llama_gqa()) == 40 * per_rank  # paper rule: int(int(1.25d) / 2)
+    r = matched_lora_rank(d, layers, per_rank=per_rank)
+    assert r == round((preproj_params(d, layers) + d * d * layers) / per_rank) == 32
+    assert r != matched_lora_rank(d, layers)  # GPT-NeoX's 6d per block would give another rank
+    assert expected_trainable("lora_matched", model=_llama_gqa()) == r * per_rank

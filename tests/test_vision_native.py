@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import mmpreproj
+from mmpreproj.models import PatchEmbed, VideoViT, ViT, parse_positions
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
-from mmpreproj.vision import PatchEmbed, VideoViT, ViT, parse_positions
 
 IDENTITY = mmpreproj.PreProjConfig(init="identity", skip_init_std=0)
 
@@ -78,11 +78,31 @@ def test_one_block_class_for_images_video_and_text_and_identity_injection():
 @pytest.mark.parametrize("positions", ["rope3d", "rope1d", "learned", "learned+rope3d"])
 def test_video_vit_clips_of_other_lengths_and_sizes(positions):
     model = video_vit(positions)
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    for t, h, w in ((4, 16, 16), (8, 16, 16), (6, 12, 20), (2, 8, 8)):
+    enc = model.encoder
+    seen = []  # the positions every block's rope gets
+    if enc.positions.rope is not None:
+        enc.positions.rope.register_forward_pre_hook(lambda m, a: seen.append(a[2].clone()))
+    reference = torch.randn(2, 3, 4, 16, 16, generator=torch.Generator().manual_seed(3))
+    first = model(reference)
+    for t, h, w in ((8, 16, 16), (6, 12, 20), (2, 8, 8)):
+        grid = (t // 2, h // 4, w // 4)  # tubelet 2, patch 4
+        seen.clear()
         out = model(torch.randn(2, 3, t, h, w))
         assert out.shape == (2, 2) and torch.isfinite(out).all()
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # nothing re-fitted
+        if enc.positions.kind == "rope3d":  # (t, row, column) of this clip's grid, t-major, in every block
+            expected = [[i, r, c] for i in range(grid[0]) for r in range(grid[1]) for c in range(grid[2])]
+            assert len(seen) == 2 and all(p.tolist() == expected for p in seen)
+        elif enc.positions.kind == "rope1d":
+            assert len(seen) == 2 and all(p.tolist() == list(range(grid[0] * grid[1] * grid[2])) for p in seen)
+        if enc.positions.table is not None:  # resampled to this grid, and trilinear: within the table's range
+            table, stored = enc.positions.table(grid), enc.positions.table.table
+            assert table.shape == (grid[0] * grid[1] * grid[2], 32)
+            lo, hi = stored.amin(dim=(0, 2, 3, 4)), stored.amax(dim=(0, 2, 3, 4))
+            assert bool(((table >= lo - 1e-6) & (table <= hi + 1e-6)).all())
+    # nothing of another clip size stays behind (cos/sin caches, resampled tables): the same output again
+    assert torch.equal(model(reference), first)
+    if enc.positions.table is not None:  # at the reference grid the stored table is used as it is
+        assert torch.equal(enc.positions.table((2, 4, 4)), enc.positions.table.table[0].flatten(1).T)
 
 
 def test_rope3d_scores_depend_only_on_the_displacement():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import mmpreproj
 from mmpreproj.rope import RoPE2D
-from mmpreproj.vision import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
+from mmpreproj.timm_rope import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
 
 IDENTITY = mmpreproj.PreProjConfig(init="identity", skip_init_std=0)
 
@@ -182,3 +183,68 @@ def test_eva_rope_replaced_by_ours_reproduces_eva(grid_indexing, rotate_half, re
     remove_rope(model)
     assert type(model.rope).__name__ == "RotaryEmbeddingCat"
     assert torch.equal(feats(model, image()), refs[0])
+
+
+# ---- add_rope positions saved with the adapter: restored on load, or the load refused ---------------------
+TRAINED = mmpreproj.PreProjConfig(skip_init_std=0.05)  # a skip large enough to change the outputs
+
+
+def _saved(tmp_path, model):
+    mmpreproj.inject(model, TRAINED)
+    mmpreproj.save_adapter(model, tmp_path / "adapter")
+    return tmp_path / "adapter", json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+
+
+@pytest.mark.parametrize("keep_abs_pos", [True, False])
+def test_adapter_round_trip_restores_add_rope(tmp_path, keep_abs_pos):
+    model = add_rope(tiny_vit(), RoPE2D(16, theta=50.0), keep_abs_pos=keep_abs_pos)
+    path, desc = _saved(tmp_path, model)
+    ref = feats(model, image())
+    assert desc["rope"] == {"kind": "vit", "abs_pos_removed": not keep_abs_pos,
+                            "rope": {"class": "RoPE2D", "head_dim": 16, "theta": 50.0, "pairing": "interleaved"},
+                            "positions": {"class": "GridPositions", "ref_shape": None, "offset": 0.0, "xy": False}}
+    plain = tiny_vit()
+    mmpreproj.load_adapter(plain, path)
+    assert has_rope(plain) and (plain.pos_embed is None) == (not keep_abs_pos)
+    assert torch.equal(feats(plain, image()), ref)
+    # without the restore the reloaded model would differ: the rope is what makes them equal
+    remove_rope(plain)
+    assert (feats(plain, image()) - ref).abs().max() > 1e-2
+
+
+def test_adapter_round_trip_restores_eva_rope_from_timm(tmp_path):
+    model = tiny_eva("xy", False, (6, 4))
+    rope, positions = rope_from_timm(model.rope)
+    add_rope(model, rope, positions=positions)
+    path, desc = _saved(tmp_path, model)
+    assert desc["rope"]["kind"] == "eva" and desc["rope"]["positions"]["ref_shape"] == [6, 4]
+    plain = tiny_eva("xy", False, (6, 4))
+    mmpreproj.load_adapter(plain, path)
+    assert type(plain.rope).__name__ == "EvaPositions"
+    for size in ((32, 48), (24, 40)):
+        assert torch.equal(feats(plain, image(*size)), feats(model, image(*size)))
+
+
+def test_adapter_load_refuses_positions_it_cannot_rebuild_or_that_differ(tmp_path):
+    def zeros(h, w, device=None):
+        return torch.zeros(h * w, 2, device=device)
+
+    path, _ = _saved(tmp_path, add_rope(tiny_vit(), positions=zeros))
+    plain = tiny_vit()
+    before = [(n, id(m)) for n, m in plain.named_modules()]
+    with pytest.raises(ValueError, match=r"cannot rebuild: call mmpreproj\.timm_rope\.add_rope\(model, rope"):
+        mmpreproj.load_adapter(plain, path)
+    assert [(n, id(m)) for n, m in plain.named_modules()] == before  # untouched: no rope, no injection
+    assert not has_rope(plain) and not mmpreproj.is_injected(plain)
+    mmpreproj.load_adapter(add_rope(plain, positions=zeros), path)  # as the message says: the same call first
+    assert mmpreproj.is_injected(plain)
+
+    other = add_rope(tiny_vit(), RoPE2D(16, theta=10.0))  # theta 100 was saved
+    with pytest.raises(ValueError, match="this model has"):
+        mmpreproj.load_adapter(other, _saved(tmp_path / "b", add_rope(tiny_vit()))[0])
+    assert not mmpreproj.is_injected(other)
+
+    no_rope_path, desc = _saved(tmp_path / "c", tiny_vit())
+    assert "rope" not in desc
+    with pytest.raises(ValueError, match=r"without add_rope positions.*remove_rope\(model\) first"):
+        mmpreproj.load_adapter(add_rope(tiny_vit()), no_rope_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..adapter import read_adapter
+from ..adapter import parse_adapter_key, read_adapter
 from ..modules import PreProjAttention
 
 __all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKIP_NORMS"]
@@ -34,31 +34,33 @@ def skip_norms(model: nn.Module) -> dict[int, float]:
 def skip_norms_from_adapter(path: str | Path) -> dict[int, float]:
     """The same, read from a saved adapter folder without building a model."""
     _, tensors = read_adapter(path)
-    out = {int(k.split(".")[1]): v.float().norm().item() for k, v in tensors.items() if k.endswith("skip.proj.weight")}
+    out = {}
+    for key, v in tensors.items():
+        block, module, param = parse_adapter_key(key)
+        if block is not None and module == "skip" and param == "proj.weight":
+            out[block] = v.float().norm().item()
     return dict(sorted(out.items()))
 
 
 @contextlib.contextmanager
 def _capture(model: nn.Module, sums: dict[int, list[float]], token_mask: torch.Tensor | None) -> Iterator[None]:
-    """Hooks that add up per-token ||skip|| and ||attn_out|| for every wrapper (no state left behind)."""
-    handles = []
-    for w in (m for m in model.modules() if isinstance(m, PreProjAttention) and m.skip is not None):
-        out: dict[str, torch.Tensor] = {}
+    """Add up per-token ||skip|| and ||attn_out|| for every wrapper, from the two terms each wrapper hands over
+    (`PreProjAttention.observe`); the observers are removed on exit."""
 
-        def on_attn(mod, args, output, out=out, w=w):
-            t = output[w.call.output_index] if w.call.output_index is not None else output
-            out["attn"] = t.detach().float().norm(dim=-1)  # (B, N)
+    def on_output(w: PreProjAttention, attn: torch.Tensor, skip: torch.Tensor) -> None:
+        skip_norm = skip.detach().float().norm(dim=-1)  # (B, N)
+        attn_norm = attn.detach().float().norm(dim=-1)  # (B, N)
+        mask = token_mask if token_mask is not None else torch.ones_like(skip_norm, dtype=torch.bool)
+        if mask.shape != skip_norm.shape:
+            raise ValueError(
+                f"routing_ratios: the token mask has shape {tuple(mask.shape)}, but block {w.block_index} "
+                f"({w.part}) sees tokens of shape {tuple(skip_norm.shape)}; pass a mask per token of that block"
+            )
+        acc = sums.setdefault(w.block_index, [0.0, 0.0])
+        acc[0] += skip_norm[mask].sum().item()
+        acc[1] += attn_norm[mask].sum().item()
 
-        def on_skip(mod, args, output, out=out, w=w):
-            skip = output.detach().float().norm(dim=-1)  # (B, N)
-            attn = out.pop("attn")
-            mask = token_mask if token_mask is not None else torch.ones_like(skip, dtype=torch.bool)
-            acc = sums.setdefault(w.block_index, [0.0, 0.0])
-            acc[0] += skip[mask].sum().item()
-            acc[1] += attn[mask].sum().item()
-
-        handles.append(w.base_layer.register_forward_hook(on_attn))
-        handles.append(w.skip.register_forward_hook(on_skip))
+    handles = [w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.skip is not None]
     try:
         yield
     finally:
@@ -75,7 +77,13 @@ def routing_ratios(
     Each batch is the kwargs of one forward call (e.g. input_ids, attention_mask). Tokens where
     `batch[token_mask_key]` (a bool (B, N) mask, popped before the call) is False are ignored, which
     lets a caller measure text and image tokens apart; by default the attention_mask is used.
+
+    The wrappers hand over the two terms they add (`PreProjAttention.observe`), so the ratio is read from
+    what the forward actually computed. Raises ValueError for a model without a skip, and RuntimeError when
+    no block with a skip ran (e.g. inside `adapter_disabled`), rather than return an empty answer.
     """
+    if not any(isinstance(m, PreProjAttention) and m.skip is not None for m in model.modules()):
+        raise ValueError("routing_ratios: this model has no injected content skip (inject with skip=True)")
     was_training = model.training
     model.eval()
     sums: dict[int, list[float]] = {}
@@ -87,4 +95,7 @@ def routing_ratios(
                 model(**batch)
     finally:
         model.train(was_training)
+    if not sums:
+        raise RuntimeError("routing_ratios: no injected block with a skip ran on these batches "
+                           "(no batches, the adapter disabled, or the skipped blocks not on the forward path)")
     return {i: s / a if a else float("nan") for i, (s, a) in sorted(sums.items())}

@@ -1,6 +1,7 @@
 """Evaluators: the paper's protocol (line PPL, LAMBADA, HellaSwag, ARC-Easy) and the standard one (lm-eval,
 token-weighted document PPL), all on one batched scoring primitive."""
 
+from .adapters import adapters_table, evaluate_adapters, take_off_adapters
 from .document_ppl import document_perplexity, rolling_windows
 from .evaluate import DATA_SOURCES, LM_EVAL_TASK_NAMES, PAPER_LIMITS, PROTOCOLS, TASKS, evaluate
 from .lambada import lambada_accuracy
@@ -19,11 +20,13 @@ __all__ = [
     "TASKS",
     "ContinuationScore",
     "LmEvalUnavailableError",
+    "adapters_table",
     "arc_easy_accuracy",
     "choice_requests",
     "document_perplexity",
     "encode",
     "evaluate",
+    "evaluate_adapters",
     "hellaswag_accuracy",
     "inference_mode",
     "lambada_accuracy",
@@ -34,4 +37,5 @@ __all__ = [
     "rolling_windows",
     "run_lm_eval",
     "score_continuations",
+    "take_off_adapters",
 ]

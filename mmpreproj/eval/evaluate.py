@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 TASKS = ("ppl", "lambada", "hellaswag", "arc_easy", "doc_ppl")
 PROTOCOLS = ("paper", "lm-eval")
 DATA_SOURCES = ("local", "hub")
-# The paper's sample counts (REFERENCE.md section 3), used when `limit` is None under protocol="paper".
+# The paper's sample counts (arXiv 2604.10791, its evaluation protocol; see `evaluate`), used when `limit` is None under protocol="paper".
 PAPER_LIMITS: dict[str, int | None] = {
     "ppl": 300,
     "lambada": 500,
@@ -86,7 +86,7 @@ def evaluate(
     Tasks: "ppl", "lambada", "hellaswag", "arc_easy", and "doc_ppl" (token-weighted WikiText-103 test
     perplexity over whole articles with rolling windows, `document_perplexity`; the same under both protocols).
 
-    - `protocol="paper"`: the paper's own evaluators (REFERENCE.md section 3): line-level PPL on the first
+    - `protocol="paper"`: the paper's own evaluators (arXiv 2604.10791): line-level PPL on the first
       300 `ppl_split` rows, LAMBADA / HellaSwag / ARC-Easy on the first 500, sequences cut at `max_length`.
       `limit` (if given) replaces every one of those counts.
     - `protocol="lm-eval"`: lm-evaluation-harness (`wikitext`, `lambada_openai`, `hellaswag`, `arc_easy`),

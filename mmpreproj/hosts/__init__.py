@@ -2,7 +2,15 @@
 
 # Each import registers its rows. timm_vit / open_clip never import timm or open_clip (an optional
 # extra): they look classes up in sys.modules, as a model is only an instance of an imported library.
-from . import gpt_neox, native, open_clip, timm_vit, transformers_decoders, transformers_vision  # noqa: F401
+from . import (  # noqa: F401
+    gpt_neox,
+    native,
+    open_clip,
+    timm_vit,
+    transformers_decoders,
+    transformers_vision,
+    transformers_vlm,
+)
 from .registry import HOSTS, HostSpec, find_host, get_host, register_host
 from .trace import trace_seams
 

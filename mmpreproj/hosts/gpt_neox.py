@@ -8,7 +8,6 @@ The skip is added to the attention output, so it passes `post_attention_dropout`
 
 from __future__ import annotations
 
-from ..fused.gpt_neox import neox_fused_forward
 from ..modules.wrapper import AttentionCall
 from .registry import register_host
 from .spec import HostSpec, PartSpec
@@ -31,6 +30,5 @@ GPT_NEOX = register_host(
         ),
         embeddings="get_input_embeddings()",
         lora_targets=("query_key_value", "dense"),  # `dense` is the attention output projection
-        fused_forward=neox_fused_forward,
     )
 )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..fused.native import native_fused_forward
 from ..modules.block import Block
 from ..modules.wrapper import AttentionCall
 from .registry import register_host
@@ -26,6 +25,5 @@ NATIVE = register_host(
             ),
         ),
         lora_targets=("qkv", "proj"),
-        fused_forward=native_fused_forward,
     )
 )

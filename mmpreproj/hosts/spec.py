@@ -13,7 +13,7 @@ normed input, where the output sits). `resolve_sites(model, spec)` turns a row i
 
 Paths are dotted attribute names; an integer component indexes a list (`layers.0.attn`); a `blocks` path
 may also be `*:ClassName`, every submodule of that class in module order. Only built-in rows carry code:
-`matches` (which models a row claims), `check` (a refusal with its reason) and the fused fast path.
+`matches` (which models a row claims) and `check` (a refusal with its reason).
 """
 
 from __future__ import annotations
@@ -198,7 +198,6 @@ class HostSpec:
         default_parts: parts injected when the config names none (None = all).
         lora_targets: module names peft's LoRA targets in this family's attention (the LoRA baselines).
         trainable_modules: named base modules a config may keep trainable (`{"projector": "model.visual.merger"}`).
-        fused_forward: optional one-matmul Q/K/V + skip fast path (`mmpreproj.fused`).
         model_types: `config.model_type` values matched when `matches` is not given.
     """
 
@@ -211,7 +210,6 @@ class HostSpec:
     default_parts: tuple[str, ...] | None = None
     lora_targets: tuple[str, ...] = ()
     trainable_modules: dict[str, str] = field(default_factory=dict)
-    fused_forward: Callable[..., Any] | None = None
     model_types: tuple[str, ...] = ()
 
     def matches_model(self, model: nn.Module) -> bool:

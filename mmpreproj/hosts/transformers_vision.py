@@ -6,7 +6,8 @@ decoder layers are the Qwen2 layout, ahead of M-RoPE. Both are token-wise, so Qw
 permutation and Qwen3-VL's deepstack features are untouched. Default parts for a VLM: both ("vision",
 "language"): the paper adds the modules to every attention block, and the mixed use case is a
 pre-projection ahead of each modality's RoPE; `PreProjConfig(parts=["language"])` gives LLaVA-style
-language-only tuning. `modules_to_save=["projector"]` trains the vision-language merger too.
+language-only tuning. `modules_to_save=["projector"]` trains the vision-language merger too (Qwen3-VL:
+the main merger; the deepstack mergers stay frozen).
 
 CLIP / SigLIP (whole models or one tower): `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights).
 ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights).
@@ -40,7 +41,7 @@ def _qwen_vl(name: str, model_types: tuple[str, ...]) -> HostSpec:
                 hf_decoder_part(("model.language_model.layers", "language_model.layers")),
             ),
             embeddings="get_input_embeddings()",
-            lora_targets=QKVO,
+            lora_targets=QKVO + ("qkv", "proj"),  # the decoder's q/k/v/o_proj, the vision attention's qkv/proj
             trainable_modules={"projector": "model.visual.merger"},
         )
     )

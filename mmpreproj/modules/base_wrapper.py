@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 __all__ = ["BaseLayerWrapper"]
@@ -13,10 +12,16 @@ __all__ = ["BaseLayerWrapper"]
 class BaseLayerWrapper(nn.Module):
     """Keeps the wrapped module as `self.base_layer` and stands in for it.
 
-    Reads of attributes the wrapper lacks (`layer_idx`, `head_dim`, `config`, ...) go to the base layer, and
-    writes of plain attributes the base layer already has (timm's `fused_attn`, ...) are made there, so host
-    code that reads or toggles them on `block.attn` keeps working. `get_base_layer()` gives it back (unload).
+    Reads of attributes the wrapper lacks (`layer_idx`, `head_dim`, `config`, ...) go to the base layer, so
+    host code that reads them on `block.attn` keeps working. Writes stay on the wrapper, except for the
+    attribute names in `forwarded_writes`: host switches that users toggle on `block.attn` and the base
+    layer reads in its own forward (timm's `fused_attn`). Those are written to the base layer only (the
+    wrapper keeps no copy, so reads see the base's value). `get_base_layer()` gives the base back (unload).
     """
+
+    # Host attributes written through a wrapper; every other write lands on the wrapper itself.
+    # timm `Attention`/`EvaAttention`/attention-pool classes: `attn.fused_attn = False` selects the manual path.
+    forwarded_writes: ClassVar[frozenset[str]] = frozenset({"fused_attn"})
 
     def get_base_layer(self) -> nn.Module:
         return self.base_layer
@@ -31,12 +36,7 @@ class BaseLayerWrapper(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         base = self.__dict__.get("_modules", {}).get("base_layer")
-        if (
-            base is not None
-            and name not in self.__dict__
-            and not isinstance(value, (nn.Module, torch.Tensor))
-            and name in base.__dict__
-        ):
+        if base is not None and name in self.forwarded_writes:
             setattr(base, name, value)
             return
         super().__setattr__(name, value)

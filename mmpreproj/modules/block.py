@@ -91,7 +91,7 @@ class SelfAttention(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         """Everything after the qkv projection: rope, cache, mask, attention, output projection.
-        q, k, v: (B, H, N, D) -> (B, N, dim). Shared with the fused Q/K/V + skip path."""
+        q, k, v: (B, H, N, D) -> (B, N, dim)."""
         b, _, n, _ = q.shape
         if self.rope is not None:
             if pos is None:

@@ -4,24 +4,35 @@ The wrapper replaces the block's attention attribute. It receives the normed inp
 host's attention would, feeds `x~ = PreProj(x^)` to the original attention, and adds `W_skip · x~` to
 the attention output. Whatever the block does with the attention output (dropout, LayerScale,
 drop-path, the residual add) therefore applies to `attn_out + W_skip · x~` as a whole, and the MLP
-never sees `x~` in a parallel-residual block. Nothing is stashed between calls.
+never sees `x~` in a parallel-residual block.
+
+No activations are kept between calls. What the wrapper does keep: the seam check until its first call
+(then dropped), the observers a reader registered (`observe`, e.g. `mmpreproj.analysis.routing_ratios`),
+and, inside the pre-projection and the skip, each weight cast once to the compute dtype for inference
+(`modules.compute.WeightCasts`: a bf16 host would otherwise recast the fp32 weights on every decode step;
+rebuilt after any in-place update, never used while a gradient is needed, never in a state dict).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
 from .seam import SeamCheck
 from .skip import ContentSkip
 
-__all__ = ["AttentionCall", "PreProjAttention"]
+__all__ = ["AttentionCall", "Observer", "PreProjAttention"]
+
+# observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
+Observer = Callable[["PreProjAttention", torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,6 @@ class PreProjAttention(BaseLayerWrapper):
         block_index: index of the host block this wrapper sits in (over all parts, the adapter's index).
         part: the host part the block belongs to ("language", "vision", ...).
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
-        fused_forward: the host's fast path computing Q/K/V and the skip in one matmul
-            (`mmpreproj.fused`), used when given and the skip is present; None = the plain path.
     """
 
     def __init__(
@@ -60,7 +69,6 @@ class PreProjAttention(BaseLayerWrapper):
         preproj: PreProjection | None,
         skip: ContentSkip | None,
         block_index: int,
-        fused_forward: Callable[..., Any] | None = None,
         part: str = "blocks",
         seam_check: SeamCheck | None = None,
     ) -> None:
@@ -75,8 +83,16 @@ class PreProjAttention(BaseLayerWrapper):
         self.part = part
         self.seam_check = seam_check
         self.adapter_enabled = True
-        self.fused_forward = fused_forward
-        self.fused_weights = _fused_cache()
+        self._observers: OrderedDict[int, Observer] = OrderedDict()
+
+    def observe(self, fn: Observer) -> RemovableHandle:
+        """Call `fn(wrapper, attn_out, skip_out)` on every forward that adds the skip; `.remove()` the handle.
+
+        The wrapper hands over the two terms it adds, so a reader needs no hook on the host's internals.
+        """
+        handle = RemovableHandle(self._observers)
+        self._observers[handle.id] = fn
+        return handle
 
     def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None]:
         """Replace every `x^` argument by `x~`; return the new args and the first `x~` (for the skip)."""
@@ -112,28 +128,50 @@ class PreProjAttention(BaseLayerWrapper):
                 f"PreProjAttention (block {self.block_index}) found no attention input among "
                 f"{self.call.inputs}; the host table entry does not match how this block calls attention"
             )
-        if self.fused_forward is not None and self.skip is not None:
-            first_pos, first_key = self.call.inputs[0]
-            if first_pos >= len(args) and first_key in kwargs:  # the fast path takes x~ positionally
-                args = (kwargs.pop(first_key), *args)
-            return self.fused_forward(self, *args, **kwargs)
         out = self.base_layer(*args, **kwargs)
         if self.skip is None:
             return out
         skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
-        if self.call.output_index is None or isinstance(out, torch.Tensor):
+        tensor_out = self.call.output_index is None or isinstance(out, torch.Tensor)
+        attn = out if tensor_out else out[self.call.output_index]
+        for fn in self._observers.values():
+            fn(self, attn, skip)
+        if tensor_out:
             return out + skip
         i = self.call.output_index
         return (*out[:i], out[i] + skip, *out[i + 1 :])
 
+    # --- several named adapters (mmpreproj.named_adapters): the active one is `preproj`/`skip` ---------------
+
+    def store_adapter(self, name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
+        """Keep another adapter's modules beside the active one, frozen, under `name` (`stored_adapters`)."""
+        entry = nn.ModuleDict({k: m for k, m in (("preproj", preproj), ("skip", skip)) if m is not None})
+        for p in entry.parameters():
+            p.requires_grad_(False)
+        if "stored_adapters" not in self._modules:
+            self.stored_adapters = nn.ModuleDict()
+        self.stored_adapters[name] = entry
+
+    def activate_stored_adapter(self, name: str, store_active_as: str) -> None:
+        """Make stored adapter `name` the active one and store the active one as `store_active_as`.
+
+        Modules are swapped, not copied; the new active modules train iff the old ones did.
+        """
+        entry = self.stored_adapters[name]
+        active = [m for m in (self.preproj, self.skip) if m is not None]
+        trainable = any(p.requires_grad for m in active for p in m.parameters())
+        del self.stored_adapters[name]
+        self.store_adapter(store_active_as, self.preproj, self.skip)
+        self.preproj = entry["preproj"] if "preproj" in entry else None  # noqa: SIM401 (ModuleDict has no .get)
+        self.skip = entry["skip"] if "skip" in entry else None  # noqa: SIM401
+        for p in entry.parameters():
+            p.requires_grad_(trainable)
+
+    def drop_stored_adapter(self, name: str) -> None:
+        """Forget stored adapter `name` (the active one is not stored and cannot be dropped here)."""
+        del self.stored_adapters[name]
+        if not len(self.stored_adapters):
+            del self.stored_adapters
+
     def extra_repr(self) -> str:
-        return (
-            f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}, "
-            f"fused={self.fused_forward is not None}"
-        )
-
-
-def _fused_cache():
-    from ..fused.qkv_skip import QKVSkipWeights
-
-    return QKVSkipWeights()
+        return f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}"

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from .. import adapter as _adapter
-from .config import METHODS
-from .methods import METHOD_SPECS
+from ..config import PreProjConfig
+from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME
 
 __all__ = [
@@ -124,7 +124,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _method_of(path: Path) -> str:
-    """The method an adapter folder holds: peft's adapter_config has `peft_type`, ours has `config`."""
+    """The method an adapter folder holds, from its tags: peft's `peft_type`, ours `adapter_type` + `method`
+    (files written before the tag: read from the config's preproj/skip flags)."""
     cfg_file = path / _adapter.ADAPTER_CONFIG_NAME
     if not cfg_file.is_file():
         raise FileNotFoundError(f"no adapter in {path} (missing {cfg_file.name})")
@@ -134,9 +135,14 @@ def _method_of(path: Path) -> str:
     cfg = desc.get("config")
     if not isinstance(cfg, dict):
         raise ValueError(f"corrupt adapter config {cfg_file}: 'config' must be an object, got {type(cfg).__name__}")
+    method = desc.get("method")
+    if method is None:  # an adapter saved before the tag
+        parts = (cfg.get("preproj") is True, cfg.get("skip") is True)
+        if parts == (False, False):
+            raise ValueError(f"corrupt adapter config {cfg_file}: neither preproj nor skip is true")
+        method = PreProjConfig(preproj=parts[0], skip=parts[1]).method
+    if method not in METHOD_SPECS or METHOD_SPECS[method].lora:
+        raise ValueError(f"corrupt adapter config {cfg_file}: method={method!r} is not an mmpreproj adapter method")
     if (path / LORA_SUBDIR).is_dir():
         return "preproj_lora"
-    parts = (cfg.get("preproj") is True, cfg.get("skip") is True)
-    if parts == (False, False):
-        raise ValueError(f"corrupt adapter config {cfg_file}: neither preproj nor skip is true")
-    return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[parts]
+    return method

@@ -10,10 +10,10 @@ import torch
 
 from ..jsonconfig import JsonConfig
 from ..validate import check_choice, check_field_types, check_rule
+from .methods import METHODS  # the one definition of the method names
 
 __all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
 
-METHODS = ("preproj", "skip", "preproj_skip", "lora", "preproj_lora", "lora_matched")
 PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
 MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
 SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
@@ -36,7 +36,8 @@ class TrainConfig(JsonConfig):
     """A frozen-probe training run (defaults = the paper's Pythia-160M protocol; see `presets.py`).
 
     Args:
-        method: what trains: "preproj", "skip", "preproj_skip", "lora" or "preproj_lora".
+        method: what trains, one of `METHODS` (train/methods.py: "preproj", "skip", "preproj_skip", "lora",
+            "preproj_lora", "lora_matched").
         model: hub id or local folder for `AutoModelForCausalLM` / `AutoTokenizer`.
         data: hub dataset id (read with `datasets`) or a local text file (one example per line).
         data_config, data_split, text_field: hub dataset config, split and text column.

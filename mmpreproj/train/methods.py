@@ -17,6 +17,7 @@ LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +26,15 @@ from torch import nn
 
 from .. import adapter as _adapter
 from ..config import PreProjConfig
-from .config import METHODS
 
 __all__ = [
     "LORA_TARGETS",
+    "METHODS",
+    "PAPER_METHODS",
     "MethodSpec",
     "METHOD_SPECS",
     "apply_method",
+    "check_methods",
     "count_trainable",
     "expected_trainable",
     "meta_model",
@@ -55,17 +58,30 @@ class MethodSpec:
     skip: bool
     lora: bool
     lora_rank: str | int | None = None  # "paper" = the paper's rule; "matched" = as many params as preproj_skip
+    in_paper: bool = True  # one of the paper's five (Table 1/2)
 
 
+# The one definition of the methods: every list of names (CLI choices, TrainConfig, reproduce/sweep defaults,
+# the `method` tag an adapter folder carries) is read from this table.
 METHOD_SPECS: dict[str, MethodSpec] = {
     "preproj": MethodSpec("preproj", preproj=True, skip=False, lora=False),
     "skip": MethodSpec("skip", preproj=False, skip=True, lora=False),
     "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
     "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
     "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
-    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched"),
+    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched",
+                               in_paper=False),
 }
-assert tuple(METHOD_SPECS) == METHODS
+METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
+PAPER_METHODS: tuple[str, ...] = tuple(n for n, s in METHOD_SPECS.items() if s.in_paper)
+
+
+def check_methods(names: Sequence[str]) -> tuple[str, ...]:
+    """`names` as a tuple, or ValueError naming the first unknown one and the allowed values."""
+    for name in names:
+        if name not in METHOD_SPECS:
+            raise ValueError(f"unknown method {name!r}; allowed values: {list(METHODS)}")
+    return tuple(names)
 
 
 def _spec(method: str) -> MethodSpec:
@@ -84,33 +100,79 @@ def paper_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) 
     return int(preproj_params(hidden_size, num_layers, expansion) / (num_layers * 2 * hidden_size * 2))
 
 
-def matched_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
-    """The LoRA rank whose trainable count (r * 6d per block) is nearest pre-proj + skip's (P + d*d*L)."""
+def matched_lora_rank(
+    hidden_size: int, num_layers: int, expansion: float = 1.25, *, per_rank: int | None = None
+) -> int:
+    """The LoRA rank whose trainable count (r * per_rank) is nearest pre-proj + skip's (P + d*d*L).
+
+    `per_rank`: LoRA parameters per unit of rank on the host (`hosts.lora.lora_params_per_rank`); None =
+    GPT-NeoX's 6d per block.
+    """
     target = preproj_params(hidden_size, num_layers, expansion) + hidden_size * hidden_size * num_layers
-    return max(1, round(target / (6 * hidden_size * num_layers)))
+    return max(1, round(target / (per_rank or 6 * hidden_size * num_layers)))
 
 
 _RANK_RULES = {"paper": paper_lora_rank, "matched": matched_lora_rank}
 
 
 def resolve_lora(
-    method: str, hidden_size: int, num_layers: int, r: int | None = None, alpha: int | None = None
+    method: str,
+    hidden_size: int,
+    num_layers: int,
+    r: int | None = None,
+    alpha: int | None = None,
+    *,
+    per_rank: int | None = None,
 ) -> tuple[int, int]:
-    """(rank, alpha) a LoRA method uses: the overrides, else the paper's (r by the rule or 64, alpha = 2r)."""
+    """(rank, alpha) a LoRA method uses: the overrides, else the paper's (r by the rule or 64, alpha = 2r).
+
+    `per_rank`: the host's LoRA parameters per unit of rank (the "matched" rule; None = GPT-NeoX's 6dL).
+    """
     spec = _spec(method)
     if not spec.lora:
         raise ValueError(f"method {method!r} has no LoRA")
     if r is None:
-        rule = _RANK_RULES.get(spec.lora_rank)  # type: ignore[arg-type]
-        r = rule(hidden_size, num_layers) if rule else int(spec.lora_rank)
+        if spec.lora_rank == "matched":
+            r = matched_lora_rank(hidden_size, num_layers, per_rank=per_rank)
+        else:
+            rule = _RANK_RULES.get(spec.lora_rank)  # type: ignore[arg-type]
+            r = rule(hidden_size, num_layers) if rule else int(spec.lora_rank)
     return r, 2 * r if alpha is None else alpha
 
 
 def _host_shape(model: nn.Module) -> tuple[int, int]:
+    """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`."""
+    from ..hosts import find_host
+    from ..hosts.lora import lora_sites
+
+    try:
+        sites = lora_sites(model, find_host(model))
+    except ValueError:
+        sites = []
+    if sites:
+        widths = {s.part: s.width for s in sites}
+        if len(set(widths.values())) > 1:
+            raise ValueError(
+                f"the LoRA rank rules need one width, but the parts of {type(model).__name__} differ ({widths}); "
+                "pass lora_r"
+            )
+        return sites[0].width, len(sites)
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "hidden_size") or not hasattr(cfg, "num_hidden_layers"):
         raise ValueError(f"{type(model).__name__} has no config.hidden_size / num_hidden_layers (LoRA rank rule)")
     return int(cfg.hidden_size), int(cfg.num_hidden_layers)
+
+
+def _lora_per_rank(model: nn.Module) -> int | None:
+    """LoRA parameters per unit of rank on `model`'s row targets; None when no row knows the model."""
+    from ..hosts import find_host
+    from ..hosts.lora import lora_params_per_rank
+
+    try:
+        spec = find_host(model)
+    except ValueError:
+        return None
+    return lora_params_per_rank(model, spec)
 
 
 def apply_method(
@@ -134,7 +196,7 @@ def apply_method(
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError(f"method {method!r} needs peft: pip install 'mmpreproj[lora]'") from None
-    r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha)
+    r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha, per_rank=_lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
@@ -147,13 +209,16 @@ def apply_method(
 
 
 def lora_targets(model: nn.Module) -> list[str]:
-    """The attention modules LoRA targets on this host: the host row's, else GPT-NeoX's."""
+    """peft `target_modules` for this host: the row's attention targets (exact names where a short name
+    would also hit the MLP, as GPT-2's `c_proj`), else GPT-NeoX's."""
     from ..hosts import find_host
+    from ..hosts.lora import peft_target_modules
 
     try:
-        return list(find_host(model).lora_targets or LORA_TARGETS)
+        spec = find_host(model)
     except ValueError:
         return list(LORA_TARGETS)
+    return peft_target_modules(model, spec) if spec.lora_targets else list(LORA_TARGETS)
 
 
 def count_trainable(model: nn.Module) -> int:
@@ -161,18 +226,33 @@ def count_trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def expected_trainable(method: str, hidden_size: int, num_layers: int, *, lora_r: int | None = None) -> int:
-    """The count `apply_method` gives on a GPT-NeoX of width d and L blocks, from the formulas alone.
+def expected_trainable(
+    method: str,
+    hidden_size: int | None = None,
+    num_layers: int | None = None,
+    *,
+    lora_r: int | None = None,
+    model: nn.Module | None = None,
+) -> int:
+    """The count `apply_method` gives, from the formulas alone.
 
-    Pre-projection 2*d*int(1.25d) per block, skip d*d, LoRA r*(d + 3d) on query_key_value plus r*(d + d) on dense.
+    Pre-projection 2*d*int(1.25d) per block, skip d*d. LoRA: r * (in + out) summed over the host row's target
+    modules when `model` is given (read off the real modules: Llama's GQA k/v, GPT-2's Conv1D `c_attn`; d
+    and L then come from the model too), else GPT-NeoX's r*(d + 3d) on query_key_value plus r*(d + d) on dense.
     """
     spec = _spec(method)
+    per_rank = None
+    if model is not None:
+        hidden_size, num_layers = _host_shape(model)
+        per_rank = _lora_per_rank(model) if spec.lora else None
+    if hidden_size is None or num_layers is None:
+        raise ValueError("expected_trainable needs hidden_size and num_layers, or model=")
     d, layers = hidden_size, num_layers
     n = preproj_params(d, layers) if spec.preproj else 0
     n += d * d * layers if spec.skip else 0
     if spec.lora:
-        r, _ = resolve_lora(method, d, layers, lora_r)
-        n += r * 6 * d * layers
+        r, _ = resolve_lora(method, d, layers, lora_r, per_rank=per_rank)
+        n += r * (per_rank or 6 * d * layers)
     return n
 
 

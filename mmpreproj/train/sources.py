@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import gzip
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
+from ..data import hub
+from ..data.assets import resolve_path  # the one locator (honours MMPREPROJ_ASSETS)
 from .errors import DataUnavailableError
 
 __all__ = ["read_lines", "resolve_path"]
-
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def resolve_path(path: str | os.PathLike[str]) -> Path | None:
-    """An existing file or folder: `path` as given, else relative to the repository root; None otherwise."""
-    p = Path(path).expanduser()
-    if p.exists():
-        return p
-    if not p.is_absolute() and (_REPO / p).exists():
-        return _REPO / p
-    return None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -70,7 +58,7 @@ def _file_lines(path: Path) -> Iterator[str]:
 def _hub_rows(name: str, config: str | None, split: str, text_field: str) -> Iterator[str]:
     label = f"{name} ({config}, split {split})" if config else f"{name} (split {split})"
     hint = "pass a local file with --data PATH"
-    if not _hub_offline() and not _hub_reachable():
+    if not hub.hub_offline() and not hub.hub_reachable():
         raise DataUnavailableError(f"cannot download {label} (no network?); {hint}")
     try:
         import datasets
@@ -89,18 +77,3 @@ def _hub_rows(name: str, config: str | None, split: str, text_field: str) -> Ite
     yield first[text_field]
     for row in rows:
         yield row[text_field]
-
-
-def _hub_offline() -> bool:
-    flags = (os.environ.get(k, "").strip().lower() for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
-    return any(f in {"1", "true", "yes", "on"} for f in flags)
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP probe of the Hub, so a machine without network fails at once instead of retrying."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from mmpreproj.mixed import MarkerIds, MixedSample
-from mmpreproj.vision import load_image_zip
+from recipes.kit import load_image_zip
+from recipes.mixed.tinyvlm import MarkerIds, MixedSample
 
 __all__ = [
     "CLASSES",
@@ -73,7 +73,7 @@ def load_cifar(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 images (N, 3, 32, 32) and labels (N,) indexing `CLASSES`, from `<root>/<split>.zip`.
 
-    The first `per_class` images of each class are kept (`mmpreproj.vision.load_image_zip`).
+    The first `per_class` images of each class are kept (`recipes.kit.load_image_zip`).
     """
     images, labels, classes = load_image_zip(Path(root) / f"{split}.zip", per_class)
     if tuple(classes) != CLASSES:

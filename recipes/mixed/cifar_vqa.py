@@ -9,9 +9,11 @@ The method, top to bottom:
   3. train six arms at the same budget (steps, batch, data order, seed, base init):
        mrope+adapter     M-RoPE positions (text 1D, image 2D; Qwen2-VL's chunked frequency layout)
                          + one pre-projection and content skip per decoder block, shared by text and image tokens
-       mrope-il+adapter  the same with Qwen3-VL's interleaved frequency layout (see mmpreproj.mixed.layouts)
+       mrope-il+adapter  the same with Qwen3-VL's interleaved frequency layout (see mmpreproj.rope.layouts)
        1d+adapter        the same with plain 1D positions over image tokens (every token counts up)
        mrope, mrope-il, 1d   the three without the pre-projection / skip
+     and, on request (`--arms`), two on a tiny transformers Qwen2-VL (`qwen2vl_arms.py`): its own M-RoPE with and
+     without the pre-projection + skip in both towers;
   4. greedy-decode the answer of held-out questions (KV cache) and score exact match per question type;
   5. for the adapter arms, measure per-layer routing ratios ||W_skip x~|| / ||attn_out|| over text tokens and
      over image tokens (`mmpreproj.analysis.routing_ratios` with a token mask);
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.*`
 from cifar_tasks import (  # noqa: E402
     QUESTION_TYPES,
     Question,
@@ -46,11 +49,12 @@ from cifar_tasks import (  # noqa: E402
     make_question,
     make_questions,
 )  # fmt: skip
+from qwen2vl_arms import QWEN2VL_ARMS, run_qwen2vl_arm  # noqa: E402
 
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data.assets import asset_path  # noqa: E402
-from mmpreproj.mixed import (  # noqa: E402
+from recipes.mixed.tinyvlm import (  # noqa: E402
     IMAGE,
     TEXT,
     MixedModel,
@@ -106,9 +110,9 @@ class MixedConfig:
     quick: bool = False  # a ~30 s smoke run: tiny data, model and step count
 
     def __post_init__(self) -> None:
-        unknown = set(self.arms.split(",")) - set(ARMS)
+        unknown = set(self.arms.split(",")) - set(ARMS) - set(QWEN2VL_ARMS)
         if unknown:
-            raise ValueError(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
+            raise ValueError(f"unknown arms {sorted(unknown)}; choose from {[*ARMS, *QWEN2VL_ARMS]}")
         if self.quick:
             self.train_per_class, self.test_per_class, self.test_questions = 20, 10, 64
             self.width, self.depth, self.heads, self.tower_width = 32, 2, 2, 32
@@ -250,6 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = {}
     for arm in cfg.arms.split(","):
+        if arm in QWEN2VL_ARMS:  # transformers Qwen2-VL, same data, budget and seed (qwen2vl_arms.py)
+            print(f"arm {arm}: Qwen2-VL M-RoPE, pre-projection + skip {QWEN2VL_ARMS[arm]}", flush=True)
+            results[arm] = run_qwen2vl_arm(arm, cfg, tok, train_x, train_y, test)
+            print(f"  accuracy {results[arm]['accuracy']}", flush=True)
+            continue
         mode, layout, adapter = ARMS[arm]
         print(f"arm {arm}: positions {mode} ({layout}), pre-projection + skip {adapter}", flush=True)
         model = build_model(cfg, tok, mode, layout, adapter)

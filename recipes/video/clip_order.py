@@ -11,7 +11,7 @@ Method, top to bottom:
      test, so no test frame is ever seen in training. Every segment appears with both labels, so the two
      classes are balanced and share the same pictures. Test shuffles are fixed (seeded by the segment start).
      Training clips: random 32x48 crop and horizontal flip; test clips: the centre 32x48 crop.
-  2. Model: `mmpreproj.vision.VideoViT`, tubelets of 2 frames x 8x8 pixels (grid 4x4x6 = 96 tokens, t-major),
+  2. Model: `mmpreproj.models.VideoViT`, tubelets of 2 frames x 8x8 pixels (grid 4x4x6 = 96 tokens, t-major),
      width 64, depth 4, 4 heads, MLP ratio 2, mean pooling, built from `mmpreproj.modules.Block`. Variants:
        rope3d   axial RoPE over (t, row, column) (RoPE3D, channels D/4, 3D/8, 3D/8, theta 100)
        rope1d   RoPE over the flattened token index (t-major), as a text model would see the tokens
@@ -28,6 +28,7 @@ Writes metrics.json, accuracy.png and loss.png under --out (default runs/clip_or
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,20 @@ from pathlib import Path
 import torch
 from einops import rearrange
 
-import mmpreproj
-from mmpreproj.data import asset_path
-from mmpreproj.vision import VideoViT, fit_classifier, read_video
-from mmpreproj.vision.recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+import mmpreproj  # noqa: E402
+from mmpreproj.data import asset_path  # noqa: E402
+from mmpreproj.models import VideoViT  # noqa: E402
+from recipes.kit import (  # noqa: E402
+    environment,
+    fit_classifier,
+    parse_config,
+    plot_bars,
+    plot_curves,
+    print_table,
+    read_video,
+    write_json,
+)
 
 TASKS = ("shuffled", "reversed")
 

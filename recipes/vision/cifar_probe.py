@@ -26,6 +26,7 @@ Writes metrics.json, accuracy.png, loss.png (and skip_norms.png) under --out (de
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +35,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import mmpreproj
-from mmpreproj.analysis import plot_skip_norms, skip_norms
-from mmpreproj.data import asset_path
-from mmpreproj.hosts.spec import resolve_sites
-from mmpreproj.vision import fit_classifier, load_image_zip
-from mmpreproj.vision.backbones import Backbone, BackboneUnavailable, load_backbone
-from mmpreproj.vision.recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+import mmpreproj  # noqa: E402
+from mmpreproj.analysis import plot_skip_norms, skip_norms  # noqa: E402
+from mmpreproj.data import asset_path  # noqa: E402
+from mmpreproj.hosts.spec import resolve_sites  # noqa: E402
+from recipes.kit import (  # noqa: E402
+    environment,
+    fit_classifier,
+    load_image_zip,
+    parse_config,
+    plot_bars,
+    plot_curves,
+    print_table,
+    write_json,
+)
+from recipes.kit.backbones import Backbone, BackboneUnavailable, load_backbone  # noqa: E402
 
 METHODS = ("linear", "preproj_skip", "lora")
 

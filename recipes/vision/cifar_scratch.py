@@ -5,7 +5,7 @@ Method, top to bottom:
   1. Data: assets/cifar10/train.zip (first 300 images per class, 3,000) and test.zip (first 100 per class of
      the official test split, 1,000), 32x32 JPEGs. Training batches: random crop after 4-pixel reflect
      padding and horizontal flip; both splits normalised with the CIFAR-10 channel statistics.
-  2. Model: `mmpreproj.vision.ViT`, patch 4 (8x8 grid + class token), width 96, depth 4, 4 heads, MLP
+  2. Model: `mmpreproj.models.ViT`, patch 4 (8x8 grid + class token), width 96, depth 4, 4 heads, MLP
      ratio 2, built from `mmpreproj.modules.Block`. Variants (names joined by '+'):
        learned                  a learned absolute position table (the ViT baseline)
        learned+rope2d           the same table, plus 2D axial RoPE (theta 100) on q/k of the patch tokens
@@ -23,6 +23,7 @@ Writes metrics.json, accuracy.png, loss.png and skip_norms.png under --out (defa
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import mmpreproj
-from mmpreproj.analysis import plot_skip_norms, skip_norms
-from mmpreproj.data import asset_path
-from mmpreproj.vision import ViT, fit_classifier, load_image_zip
-from mmpreproj.vision.recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+import mmpreproj  # noqa: E402
+from mmpreproj.analysis import plot_skip_norms, skip_norms  # noqa: E402
+from mmpreproj.data import asset_path  # noqa: E402
+from mmpreproj.models import ViT  # noqa: E402
+from recipes.kit import (  # noqa: E402
+    environment,
+    fit_classifier,
+    load_image_zip,
+    parse_config,
+    plot_bars,
+    plot_curves,
+    print_table,
+    write_json,
+)
 
 MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)

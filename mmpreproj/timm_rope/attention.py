@@ -55,7 +55,8 @@ class RotaryAttention(BaseLayerWrapper):
             raise ValueError(f"rope has head_dim={rope.head_dim}, the attention has head_dim={base_layer.head_dim}")
         self.base_layer = base_layer
         self.rope = rope
-        self.num_prefix_tokens = num_prefix_tokens
+        # not `num_prefix_tokens`: EvaAttention has an attribute of that name, and the wrapper would write it there
+        self.unrotated_prefix = int(num_prefix_tokens)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, C) -> q, k, v (B, H, N, D), exactly as the host computes them."""
@@ -98,7 +99,7 @@ class RotaryAttention(BaseLayerWrapper):
         gate = base.gate(x).sigmoid() if getattr(base, "gate", None) is not None else None
         q, k, v = self._qkv(x)  # (b, h, n, d) each
         q, k = base.q_norm(q), base.k_norm(k)
-        q, k = self.rope(q, k, pos, num_prefix_tokens=self.num_prefix_tokens)
+        q, k = self.rope(q, k, pos, num_prefix_tokens=self.unrotated_prefix)
         dropout = base.attn_drop.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
         out = rearrange(out, "b h n d -> b n (h d)")
@@ -108,4 +109,4 @@ class RotaryAttention(BaseLayerWrapper):
         return base.proj_drop(base.proj(out))
 
     def extra_repr(self) -> str:
-        return f"num_prefix_tokens={self.num_prefix_tokens}"
+        return f"unrotated_prefix={self.unrotated_prefix}"

@@ -19,7 +19,7 @@ from torch import nn
 
 from .markers import MarkerIds
 from .sequence import POSITION_MODES, MixedBatch, Visual, build_sequence, check_marker_count, collate
-from .towers import check_image_size
+from .tower import check_image_size
 
 __all__ = ["MixedModel", "MixedSample"]
 
@@ -41,9 +41,9 @@ class MixedModel(nn.Module):
     """Vision tower -> `VisionProjector` -> decoder tokens between begin/end markers -> text decoder.
 
     Args:
-        tower: images (B, 3, H, W) -> (B, h, w, C), with `patch_size` (see `towers`).
+        tower: images (B, 3, H, W) -> (B, h, w, C), with `patch_size` and `width` (see `tower`).
         projector: (..., h, w, C) -> (..., h/m, w/m, D) (`VisionProjector`).
-        decoder: `NativeDecoder` or `NeoXDecoder`.
+        decoder: a `NativeDecoder` (or anything with its `embed`, `new_cache`, `host` and call).
         markers: the marker token ids.
         position_mode: "mrope" (text 1D, image 2D, video 3D) or "1d" (every token counts up: the ablation).
     """

@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from ..rope import multimodal_positions
+from mmpreproj.rope import multimodal_positions
+
 from .markers import MarkerIds
 
 __all__ = ["IMAGE", "PAD", "POSITION_MODES", "TEXT", "VIDEO", "MixedBatch", "MixedSequence", "Visual",

@@ -9,6 +9,10 @@
 `backbone.model(images)` returns pooled features (B, backbone.dim). Nothing is downloaded when the Hub is
 unreachable: then only a local checkpoint or the Hugging Face cache is used, and a missing one fails at once
 with a one-line `BackboneUnavailable`.
+
+Recipe code, so it may do what the library never does: `_offline_if_unreachable` sets `HF_HUB_OFFLINE` (and
+huggingface_hub's constant) for the rest of the process, and open_clip's own multi-line error log is muted
+(`logging.disable`) while one model is created.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..data.hub import hub_offline, hub_reachable
+from mmpreproj.data.hub import hub_offline, hub_reachable
 
 __all__ = ["Backbone", "BackboneUnavailable", "BACKBONE_HINT", "load_backbone"]
 

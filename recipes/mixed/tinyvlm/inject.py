@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..adapter import inject
-from ..config import PreProjConfig
+from mmpreproj.adapter import inject
+from mmpreproj.config import PreProjConfig
 
 __all__ = ["inject_decoder"]
 

@@ -15,6 +15,8 @@ How the positions reach the attention (nothing is stashed on a module between ca
   `mmpreproj.inject` applies unchanged (the wrapper forwards `pos=` to the rotary attention).
 - `Eva`: its blocks already hand `rope=model.rope.get_embed(shape)` to the attention, so `add_rope`
   swaps `model.rope` for a module whose `get_embed` returns our positions and keeps Eva's own forward.
+  (timm's `VisionTransformer` `Block` has no such `rope=` argument, as of timm 1.0.31, hence the
+  `forward_features` above; it is replaced by Eva's way once timm's ViT blocks take a rope.)
 
 In both cases each block's attention becomes a `RotaryAttention` around the original module.
 """
@@ -32,8 +34,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..modules import PreProjAttention
 from ..rope import RoPE2D
+from .attention import RotaryAttention, supported_attention
 from .grid import GridPositions
-from .rotary_attention import RotaryAttention, supported_attention
 
 __all__ = ["EvaPositions", "RopeState", "add_rope", "has_rope", "remove_rope"]
 

@@ -1,0 +1,190 @@
+"""Several adapters on one base: load them under names, switch, delete (peft's `load_adapter(adapter_name=)`,
+`set_adapter`, `delete_adapter`; `adapter_disabled` runs the base alone).
+
+    mmpreproj.load_adapter(model, "runs/a/adapter")                    # the first one: "default"
+    mmpreproj.load_adapter(model, "runs/b/adapter", adapter_name="b")  # added beside it, frozen, inactive
+    mmpreproj.set_adapter(model, "b")                                  # b now runs (and trains)
+    mmpreproj.save_adapter(model, "out/a", adapter_name="default")     # any loaded one, active or not
+
+Design: each wrapper keeps the ACTIVE adapter's modules where a single-adapter model keeps them
+(`wrapper.preproj`, `wrapper.skip`), so its state-dict keys, saved files and forward are those of a model
+holding only that adapter (outputs equal bit for bit). The others wait in `wrapper.stored_adapters`, an
+`nn.ModuleDict` (so `.to()` moves them), with `requires_grad=False`; `set_adapter` swaps the modules (no
+copy, so an optimizer built before the switch still holds the old adapter's tensors). The `modules_to_save`
+values of the inactive adapters live in the injection state and are copied in and out on a switch.
+
+An added adapter must fit the injection's sites: the same host row, parts, blocks and widths, the same
+preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
+dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import PreProjConfig
+from .unwrap import injected_owner
+
+__all__ = [
+    "active_adapter",
+    "adapter_names",
+    "add_named_adapter",
+    "check_adapter_name",
+    "delete_adapter",
+    "named_adapter",
+    "set_adapter",
+]
+
+
+def check_adapter_name(name: object) -> str:
+    """An adapter name: a non-empty string without '.' (it becomes an `nn.ModuleDict` key)."""
+    if not isinstance(name, str) or not name or "." in name:
+        raise ValueError(f"adapter_name={name!r}; must be a non-empty string without '.'")
+    return name
+
+
+def named_adapter(state, name: str | None) -> tuple[str, PreProjConfig]:
+    """(name, config) of a loaded adapter; None means the active one. ValueError listing the loaded names."""
+    name = state.active_adapter if name is None else name
+    if name not in state.adapter_configs:
+        raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {list(state.adapter_configs)}")
+    return name, state.adapter_configs[name]
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """The names of every adapter loaded into the injected model inside `model`, in loading order."""
+    return list(injected_owner(model, "adapter_names")[1].adapter_configs)
+
+
+def active_adapter(model: nn.Module) -> str:
+    """The name of the adapter that runs (and trains) now."""
+    return injected_owner(model, "active_adapter")[1].active_adapter
+
+
+def _wrappers(owner: nn.Module) -> list:
+    from .adapter import injected_modules
+
+    return injected_modules(owner)
+
+
+def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
+    """ValueError naming the first field where the saved adapter does not fit the injection's sites."""
+    saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
+    have_parts = [p["name"] for p in state.parts]
+    checks = [
+        ("host", desc.get("host"), state.host),
+        ("parts", saved_parts or have_parts, have_parts),
+        ("layers", desc.get("layers"), state.layers),
+        ("num_blocks", desc.get("num_blocks"), state.num_blocks),
+        ("hidden_size", desc.get("hidden_size"), state.hidden_size),
+        ("config.preproj", config.preproj, state.config.preproj),
+        ("config.skip", config.skip, state.config.skip),
+        ("modules_to_save", sorted(desc.get("modules_to_save") or {}), sorted(state.modules_to_save)),
+    ]
+    for field_name, saved, have in checks:
+        if saved is not None and saved != have:  # a field an older file lacks: the weight keys still check it
+            raise ValueError(
+                f"load_adapter: the adapter at {where} has {field_name}={saved}, the injection in this model has "
+                f"{field_name}={have}; an added adapter must sit on the same sites (nothing was changed)"
+            )
+
+
+def add_named_adapter(
+    model: nn.Module, desc: dict, tensors: dict[str, torch.Tensor], name: str, where: str | Path
+) -> nn.Module:
+    """Add a read adapter (`adapter.read_adapter`) to an injected model under `name`, inactive and frozen.
+
+    Everything is checked and built first; on error nothing changed.
+    """
+    from .adapter import _saved_module_tensors, adapter_key, new_adapter_modules
+
+    owner, state = injected_owner(model, "load_adapter")
+    check_adapter_name(name)
+    if name in state.adapter_configs:
+        raise ValueError(
+            f"load_adapter: adapter_name={name!r} is already loaded ({list(state.adapter_configs)}); "
+            "delete_adapter it first or choose another name"
+        )
+    config = PreProjConfig.from_dict(desc["config"])
+    _check_fits(state, desc, config, str(where))
+    built, expected = [], {}
+    with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
+        for w in _wrappers(owner):
+            live = w.preproj if w.preproj is not None else w.skip
+            ref = next(live.parameters())
+            preproj, skip = new_adapter_modules(live.dim, config, ref.device)
+            for part, module in (("preproj", preproj), ("skip", skip)):
+                if module is not None:
+                    module.to(dtype=ref.dtype)
+                    expected.update(
+                        {adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()}
+                    )
+            built.append((w, preproj, skip))
+    live_modules = _saved_module_tensors(owner, state.modules_to_save)
+    expected_keys = set(expected) | set(live_modules)
+    missing, unexpected = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
+    if missing or unexpected:
+        raise ValueError(
+            f"adapter at {where} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    for k in sorted(expected_keys):
+        dst = expected.get(k, live_modules.get(k))
+        if tuple(tensors[k].shape) != tuple(dst.shape):
+            raise ValueError(
+                f"adapter at {where}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}"
+            )
+    with torch.no_grad():
+        for k, dst in expected.items():
+            dst.copy_(tensors[k])
+    stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
+    config.fuse_qkv_skip = state.config.fuse_qkv_skip  # a wrapper-level switch: the injection's stays
+    for w, preproj, skip in built:  # from here on nothing can fail
+        w.store_adapter(name, preproj, skip)
+    state.adapter_configs[name] = config
+    state.stored_modules[name] = stored
+    return model
+
+
+def set_adapter(model: nn.Module, name: str) -> nn.Module:
+    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did."""
+    from .adapter import _saved_module_tensors
+
+    owner, state = injected_owner(model, "set_adapter")
+    name, config = named_adapter(state, check_adapter_name(name))
+    old = state.active_adapter
+    if name == old:
+        return model
+    live = _saved_module_tensors(owner, state.modules_to_save)
+    kept = {k: v.detach().clone() for k, v in live.items()}
+    for w in _wrappers(owner):
+        w.activate_stored_adapter(name, store_active_as=old)
+    with torch.no_grad():
+        for k, dst in live.items():
+            dst.copy_(state.stored_modules[name][k])
+    del state.stored_modules[name]
+    state.stored_modules[old] = kept
+    config.fuse_qkv_skip = state.config.fuse_qkv_skip
+    state.config = config
+    state.active_adapter = name
+    return model
+
+
+def delete_adapter(model: nn.Module, name: str) -> nn.Module:
+    """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
+    removes them all)."""
+    owner, state = injected_owner(model, "delete_adapter")
+    name, _ = named_adapter(state, check_adapter_name(name))
+    if name == state.active_adapter:
+        others = [n for n in state.adapter_configs if n != name]
+        hint = (
+            f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
+        )
+        raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
+    for w in _wrappers(owner):
+        w.drop_stored_adapter(name)
+    del state.adapter_configs[name]
+    state.stored_modules.pop(name, None)
+    return model

@@ -1,0 +1,249 @@
+"""`save_pretrained` / `from_pretrained` of an injected transformers model: the base checkpoint that plain
+`from_pretrained` reloads bit-exact, and the adapter beside it.
+
+    model.save_pretrained(DIR)                      # DIR: the base (config.json, model.safetensors, ...)
+                                                    # DIR/adapter/: adapter_config.json + adapter_model.safetensors
+    base = AutoModelForCausalLM.from_pretrained(DIR)            # the base, no missing or unexpected keys
+    mmpreproj.load_adapter(base, DIR)                           # the injected model again, bit-exact
+    model = mmpreproj.from_pretrained(DIR)                      # both in one call
+    model.save_pretrained(DIR, adapter_only=True)   # DIR: only the adapter files (a Trainer checkpoint)
+
+Why `adapter/` and not DIR itself: transformers' `from_pretrained` takes a model folder that holds an
+`adapter_config.json` for a peft adapter (with peft installed) and fails on ours, so the plain reload of the
+base would break. A training run folder keeps its adapter in `adapter/` too; `load_adapter` reads either.
+
+How: for the length of the call the wrappers are swapped for the attention modules they hold and the
+`modules_to_save` get their inject-time values back, so transformers saves exactly the base with its own
+machinery (tied weights, shards, quantizer, weight-name conversions); everything is put back afterwards,
+also when the save fails. The trained `modules_to_save` values go to the adapter. A `state_dict=` the
+caller passes (the Trainer does, under some launchers) is translated the same way (`split_state_dict`).
+
+`inject` installs the method on the instance and `unload` takes it off; the class and every other model
+are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .modules import PreProjAttention
+from .unwrap import STATE_ATTR
+
+__all__ = [
+    "PRETRAINED_ADAPTER_DIR",
+    "base_view",
+    "from_pretrained",
+    "install_save_pretrained",
+    "remove_save_pretrained",
+    "split_state_dict",
+]
+
+PRETRAINED_ADAPTER_DIR = "adapter"
+_WRAPPER_OWN = ("preproj.", "skip.", "stored_adapters.")  # wrapper state that is not the base's
+
+
+def install_save_pretrained(model: nn.Module) -> None:
+    """Give the injected `model` the round-tripping `save_pretrained`, if its class has one and the
+    instance does not override it."""
+    if callable(getattr(type(model), "save_pretrained", None)) and "save_pretrained" not in vars(model):
+        model.save_pretrained = types.MethodType(_save_pretrained, model)
+
+
+def remove_save_pretrained(model: nn.Module) -> None:
+    """Take off what `install_save_pretrained` put on (and nothing else)."""
+    patched = vars(model).get("save_pretrained")
+    if isinstance(patched, types.MethodType) and patched.__func__ is _save_pretrained:
+        del model.save_pretrained
+
+
+def _wrappers_by_name(model: nn.Module) -> dict[str, PreProjAttention]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, PreProjAttention)}
+
+
+def split_state_dict(
+    model: nn.Module, state_dict: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """A full state dict of the injected `model` -> (the base's, keyed and valued as before `inject`;
+    the adapter's, keyed as `adapter_state_dict` keys it, or None when `state_dict` lacks some of it).
+
+    Under a wrapper `P`: `P.base_layer.X` -> `P.X`, `P.preproj.*` / `P.skip.*` -> the adapter, the stored
+    adapters are dropped. A `modules_to_save` module's keys keep their names with the inject-time values in
+    the base, the given values go to the adapter. ValueError naming any other key under a wrapper.
+    """
+    from .adapter import adapter_key, adapter_state_dict
+
+    state = vars(model)[STATE_ATTR]
+    wrappers = _wrappers_by_name(model)
+    saved = {path: name for name, path in state.modules_to_save.items()}
+    base: dict[str, Any] = {}
+    adapter: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        prefix = next(
+            (".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in wrappers), None
+        )
+        if prefix is not None:
+            rest = key[len(prefix) + 1 :]
+            if rest.startswith("base_layer."):
+                base[f"{prefix}.{rest[len('base_layer.') :]}"] = value
+            elif rest.startswith(("preproj.", "skip.")):
+                module, _, name = rest.partition(".")
+                adapter[adapter_key(wrappers[prefix].block_index, module, name)] = value
+            elif not rest.startswith(_WRAPPER_OWN):
+                raise ValueError(
+                    f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's"
+                )
+            continue
+        path = next((p for p in saved if key.startswith(p + ".")), None)
+        if path is not None:
+            rest = key[len(path) + 1 :]
+            adapter[f"modules.{saved[path]}.{rest}"] = value
+            value = state.saved_originals[f"{saved[path]}.{rest}"]
+        base[key] = value
+    complete = set(adapter) == set(adapter_state_dict(model))
+    return base, adapter if complete else None
+
+
+@contextlib.contextmanager
+def base_view(model: nn.Module) -> Iterator[nn.Module]:
+    """The injected `model` as its base inside the block: every wrapper swapped for the attention module
+    it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
+    from .adapter import _saved_module_tensors
+
+    state = vars(model)[STATE_ATTR]
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PreProjAttention)
+    ]
+    live = _saved_module_tensors(model, state.modules_to_save)  # "modules.{name}.{param}" -> tensor
+    kept = {k: v.detach().clone() for k, v in live.items()}
+    try:
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper.base_layer)
+        with torch.no_grad():
+            for k, dst in live.items():
+                dst.copy_(state.saved_originals[k[len("modules.") :]])
+        yield model
+    finally:
+        with torch.no_grad():
+            for k, dst in live.items():
+                dst.copy_(kept[k])
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper)
+
+
+def _save_pretrained(
+    self: nn.Module,
+    save_directory: str | Path,
+    is_main_process: bool = True,
+    state_dict: dict[str, Any] | None = None,
+    *args: Any,
+    adapter_only: bool = False,
+    **kwargs: Any,
+) -> None:
+    """`save_pretrained` of an injected model: the base in `save_directory` (plain `from_pretrained` reloads
+    it) and the adapter in `save_directory/adapter/`; with `adapter_only=True` only the adapter files, in
+    `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...).
+
+    `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
+    `adapter_state_dict` keys it; the base is then read from the model)."""
+    from .adapter import adapter_state_dict, save_adapter
+
+    cls_save = type(self).save_pretrained
+    if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
+        return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
+    if kwargs.get("push_to_hub"):
+        raise ValueError(
+            "save_pretrained(push_to_hub=True) of an injected model is not supported: save to a folder, then "
+            "upload it with huggingface_hub.upload_folder (the adapter is in its adapter/ subfolder)"
+        )
+    folder = Path(save_directory)
+    if folder.is_file():
+        raise ValueError(f"save_pretrained: {folder} is a file; pass a folder")
+    if state_dict is None:
+        base_sd, adapter_sd = None, None
+    elif set(state_dict) == set(adapter_state_dict(self)):  # already the adapter's (`adapter_state_dict`)
+        base_sd, adapter_sd = None, state_dict
+    else:
+        base_sd, adapter_sd = split_state_dict(self, state_dict)
+    if adapter_only:
+        if is_main_process:
+            save_adapter(self, folder, state_dict=adapter_sd)
+        return None
+    with base_view(self):
+        cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
+    if is_main_process:
+        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True)
+    return None
+
+
+def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **download: Any) -> Path | None:
+    """The local folder of a hub repo's adapter files (first of `subfolders` that has them), or None."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+
+    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+    for sub in subfolders:
+        try:
+            cfg = hf_hub_download(repo, sub + ADAPTER_CONFIG_NAME, local_files_only=local_only, **download)
+            hf_hub_download(repo, sub + ADAPTER_WEIGHTS_NAME, local_files_only=local_only, **download)
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            continue
+        return Path(cfg).parent
+    return None
+
+
+def from_pretrained(
+    path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
+) -> nn.Module:
+    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter loaded.
+
+    `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
+    `adapter/` subfolder), if any; False = none. `kwargs` go to `from_pretrained` (`dtype=`, `revision=`...).
+    When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
+    FileNotFoundError.
+    """
+    from .adapter import ADAPTER_CONFIG_NAME, adapter_folder, load_adapter
+    from .train.models import _source  # the Hub probe (local folder / reachable / cached)
+
+    if model_cls is None:
+        from transformers import AutoModelForCausalLM
+
+        model_cls = AutoModelForCausalLM
+    source, extra = _source(str(path_or_hub_id))
+    download = {k: kwargs[k] for k in ("revision", "cache_dir", "token") if k in kwargs}
+    local_only = bool(extra.get("local_files_only") or kwargs.get("local_files_only"))
+    if adapter is None:
+        if Path(source).is_dir():
+            folder = adapter_folder(source)
+            folder = folder if (folder / ADAPTER_CONFIG_NAME).is_file() else None
+        else:
+            folder = _hub_adapter(source, (PRETRAINED_ADAPTER_DIR + "/",), local_only, **download)
+    elif adapter is False:
+        folder = None
+    else:
+        a_source, a_extra = _source(str(adapter))
+        folder = (
+            adapter_folder(a_source)
+            if Path(a_source).is_dir()
+            else _hub_adapter(
+                a_source,
+                ("", PRETRAINED_ADAPTER_DIR + "/"),
+                bool(a_extra.get("local_files_only")),
+                **download,
+            )
+        )
+        if folder is None or not (folder / ADAPTER_CONFIG_NAME).is_file():
+            raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
+    model = model_cls.from_pretrained(source, **{**extra, **kwargs})
+    return model if folder is None else load_adapter(model, folder)

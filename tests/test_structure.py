@@ -1,0 +1,204 @@
+"""The seams issue 11 closed: writes through a wrapper, one assets locator and one hub probe, one definition of the
+methods, the method tag an adapter folder carries, one adapter key format, and the removed fused path."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import tiny_neox
+from torch import nn
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+from mmpreproj.adapter import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
+from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
+
+# --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
+
+
+def _timm_attention() -> nn.Module:
+    from timm.layers import Attention
+
+    return Attention(16, num_heads=2)
+
+
+def test_a_listed_write_reaches_the_base_and_any_other_write_stays_on_the_wrapper():
+    base = _timm_attention()
+    w = PreProjAttention(base, AttentionCall(((0, "x"),), None), PreProjection(16), ContentSkip(16), 0)
+    assert w.num_heads == 2  # reads are forwarded
+    w.fused_attn = not base.fused_attn  # on the list (timm's switch): the base's own value changes
+    assert w.fused_attn is base.fused_attn and "fused_attn" not in vars(w)
+    w.num_heads = 7  # not on the list: a host attribute of the same name is left alone
+    assert base.num_heads == 2 and w.num_heads == 7
+    w.brand_new = 1
+    assert not hasattr(base, "brand_new")
+
+
+def test_a_wrapper_setting_its_own_copy_of_a_host_attribute_keeps_it_to_itself():
+    """As the vision rotary wrapper sets `num_prefix_tokens`, which timm's EvaAttention also has."""
+
+    class Host(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_prefix_tokens = 1
+
+    class Wrapper(BaseLayerWrapper):
+        def __init__(self, base: nn.Module) -> None:
+            super().__init__()
+            self.base_layer = base
+            self.num_prefix_tokens = 0
+
+    host = Host()
+    w = Wrapper(host)
+    assert w.num_prefix_tokens == 0 and host.num_prefix_tokens == 1
+    assert w.get_base_layer() is host
+
+
+def test_timm_toggle_through_an_injected_vit_selects_the_manual_path():
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    ).eval()
+    mmpreproj.inject(vit, PreProjConfig(skip_init_std=0.05))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        fused = vit(x)
+        vit.blocks[0].attn.fused_attn = False  # through the wrapper
+        assert vit.blocks[0].attn.base_layer.fused_attn is False
+        torch.testing.assert_close(vit(x), fused, atol=1e-5, rtol=1e-5)
+
+
+# --- one assets locator, one hub probe ---------------------------------------------------------------------
+
+
+def test_defaults_under_assets_honour_mmpreproj_assets(monkeypatch, tmp_path):
+    from mmpreproj.data.assets import ASSETS_ENV, asset_path, repo_root, resolve_path
+    from mmpreproj.train import sources
+    from mmpreproj.train.presets import get_preset
+
+    assert sources.resolve_path is resolve_path  # the trainer uses the same locator
+    default = get_preset("mini").model  # "assets/mini-pythia"
+    monkeypatch.delenv(ASSETS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # not the repo: found relative to the package
+    assert resolve_path(default) == repo_root() / default
+    copy = tmp_path / "elsewhere" / "mini-pythia"
+    copy.mkdir(parents=True)
+    monkeypatch.setenv(ASSETS_ENV, str(tmp_path / "elsewhere"))
+    assert resolve_path(default) == copy == asset_path("mini-pythia")
+    assert resolve_path("assets/not-there") is None and resolve_path("no/such/file.txt") is None
+
+
+def test_training_data_from_the_hub_uses_the_one_hub_probe(monkeypatch):
+    from mmpreproj.data import hub
+    from mmpreproj.train.errors import DataUnavailableError
+    from mmpreproj.train.sources import read_lines
+
+    calls = []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: calls.append(timeout) or False)
+    with pytest.raises(DataUnavailableError, match="no network"):
+        next(read_lines("some-org/some-dataset"))
+    assert calls  # the data.hub probe answered
+
+
+# --- one definition of the methods; the tag an adapter carries ---------------------------------------------
+
+
+def test_every_list_of_methods_is_read_from_the_one_table():
+    from mmpreproj import reproduce, sweep  # noqa: F401
+    from mmpreproj.train import config as train_config
+    from mmpreproj.train.methods import METHOD_SPECS, METHODS, PAPER_METHODS, check_methods
+
+    assert tuple(METHOD_SPECS) == METHODS and train_config.METHODS is METHODS
+    assert reproduce.DEFAULT_METHODS == METHODS and reproduce.DEMO_METHODS == PAPER_METHODS
+    assert PAPER_METHODS == ("preproj", "skip", "preproj_skip", "lora", "preproj_lora")  # the paper's five
+    for name, spec in METHOD_SPECS.items():  # the core's tag names the same method
+        if not spec.lora:
+            assert PreProjConfig(preproj=spec.preproj, skip=spec.skip).method == name
+    with pytest.raises(ValueError, match=r"unknown method 'lora2'; allowed values: \['preproj'"):
+        check_methods(["skip", "lora2"])
+
+
+def test_saved_adapter_carries_type_method_and_base(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    mmpreproj.inject(model, PreProjConfig(preproj=False))
+    mmpreproj.save_adapter(model, tmp_path / "a")
+    desc = json.loads((tmp_path / "a" / ADAPTER_CONFIG_NAME).read_text())
+    assert desc["adapter_type"] == "mmpreproj" and desc["method"] == "skip"
+    assert desc["base_model_name_or_path"] == str(tiny_model_dir)
+    assert "fuse_qkv_skip" not in desc["config"]
+    built = mmpreproj.inject(tiny_neox(), PreProjConfig())
+    mmpreproj.save_adapter(built, tmp_path / "b")
+    desc = json.loads((tmp_path / "b" / ADAPTER_CONFIG_NAME).read_text())
+    assert desc["method"] == "preproj_skip" and desc["base_model_name_or_path"] is None  # built in code
+
+
+def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path, tokens):
+    from mmpreproj.train.adapters import load_run_adapter
+
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
+    mmpreproj.save_adapter(model, tmp_path)
+    cfg_file = tmp_path / ADAPTER_CONFIG_NAME
+    desc = json.loads(cfg_file.read_text())
+    for k in ("adapter_type", "method", "base_model_name_or_path"):
+        del desc[k]
+    desc["config"]["fuse_qkv_skip"] = False  # what mmpreproj 0.1.0 wrote
+    cfg_file.write_text(json.dumps(desc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "unknown key" or deprecation warning for an old file
+        fresh = load_run_adapter(tiny_neox(), tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(tokens).logits, model(tokens).logits)
+    desc["method"] = "lora"  # a tag that is not ours
+    cfg_file.write_text(json.dumps(desc))
+    with pytest.raises(ValueError, match="method='lora' is not an mmpreproj adapter method"):
+        load_run_adapter(tiny_neox(), tmp_path)
+
+
+def test_load_adapter_names_a_peft_folder_instead_of_calling_it_corrupt(tmp_path):
+    (tmp_path / ADAPTER_CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": 4}))
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="it is a peft adapter \\(peft_type='LORA'\\): load it with peft"):
+        mmpreproj.load_adapter(tiny_neox(), tmp_path)
+
+
+# --- one adapter key format ---------------------------------------------------------------------------------
+
+
+def test_adapter_keys_are_built_and_read_by_one_pair_of_functions():
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig())
+    keys = set(mmpreproj.adapter_state_dict(model))
+    assert (
+        "blocks.1.skip.proj.weight" in keys
+        and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
+    )
+    for k in keys:
+        block, module, param = parse_adapter_key(k)
+        assert adapter_key(block, module, param) == k
+    assert parse_adapter_key("modules.projector.0.weight") == (None, "projector", "0.weight")
+    for bad in ("blocks.x.skip.w", "blocks.1", "layers.1.skip.w", "modules.p"):
+        with pytest.raises(ValueError, match="is not an adapter key"):
+            parse_adapter_key(bad)
+
+
+# --- the removed fused path -----------------------------------------------------------------------------------
+
+
+def test_fuse_qkv_skip_is_refused_with_the_reason_and_false_is_accepted():
+    with pytest.raises(ValueError, match="fuse_qkv_skip was removed .* no reliable speed-up"):
+        PreProjConfig(fuse_qkv_skip=True)
+    with pytest.raises(ValueError, match="fuse_qkv_skip was removed"):
+        PreProjConfig.from_dict({"fuse_qkv_skip": True})
+    with pytest.warns(DeprecationWarning, match="fuse_qkv_skip was removed"):
+        assert PreProjConfig(fuse_qkv_skip=False) == PreProjConfig()
+    assert not hasattr(mmpreproj, "set_fused")
