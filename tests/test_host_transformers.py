@@ -49,7 +49,17 @@ def _opt(width=64, depth=2, seed=0, before=True):
                                           do_layer_norm_before=before)).eval()
 
 
+def _neox(width=64, depth=2, seed=0, parallel=True):
+    torch.manual_seed(seed)
+    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=width, num_hidden_layers=depth,
+                                                  num_attention_heads=4, intermediate_size=2 * width, rotary_pct=0.25,
+                                                  max_position_embeddings=64, use_parallel_residual=parallel,
+                                                  tie_word_embeddings=False)).eval()
+
+
 BUILDERS = {
+    "gpt_neox_parallel": _neox,  # Pythia's layout
+    "gpt_neox": partial(_neox, parallel=False),
     "llama": partial(_llama_like, tf.LlamaConfig, tf.LlamaForCausalLM),
     "mistral": partial(_llama_like, tf.MistralConfig, tf.MistralForCausalLM),
     "qwen2": partial(_llama_like, tf.Qwen2Config, tf.Qwen2ForCausalLM),

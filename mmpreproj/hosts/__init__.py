@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     gpt_neox,
     native,
     open_clip,
+    timm_variants,
     timm_vit,
     transformers_decoders,
     transformers_vision,

@@ -32,7 +32,7 @@ from ..modules.wrapper import AttentionCall
 from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 
-__all__ = ["TIMM_EVA", "TIMM_VIT", "timm_part"]
+__all__ = ["TIMM_EVA", "TIMM_VIT", "check_blocks", "is_timm_instance", "timm_part"]
 
 # attn(x, attn_mask=..., is_causal=...[, rope=...]) -> tensor (B, N, d)
 _CALL = AttentionCall(inputs=((0, "x"),), output_index=None)
@@ -48,32 +48,37 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.model if getter is not None and isinstance(model, getter) else model
 
 
-def _is_instance(model: nn.Module, module: str, name: str) -> bool:
+def is_timm_instance(model: nn.Module, module: str, name: str) -> bool:
+    """True if `model` (or the backbone of its `features_only` wrapper) is timm's `module.name`."""
     cls = _timm_class(module, name)
     return cls is not None and isinstance(_unwrap(model), cls)
 
 
-def _check_blocks(host: str, supported: str, module: str, hint: str):
-    """A row `check`: every block must be a timm `supported` block (HostError naming the first that is not)."""
+def check_blocks(host: str, supported: dict[str, tuple[str, ...]], hint: str):
+    """A row `check`: every block must be one of the timm classes `supported` ({module: (class, ...)});
+    HostError naming the first block that is not, the supported classes and `hint` (why / what to use)."""
+    names = [f"{m.rsplit('.', 1)[-1]}.{n}" for m, ns in supported.items() for n in ns]  # "eva.EvaBlock"
 
     def check(model: nn.Module) -> None:
-        cls = _timm_class(module, supported)
+        classes = tuple(c for m, ns in supported.items() for c in (_timm_class(m, n) for n in ns) if c is not None)
         blocks = getattr(_unwrap(model), "blocks", None)
         if blocks is None:
             raise HostError(f"host {host!r}: {type(model).__name__} has no `blocks`")
         for i, block in enumerate(blocks):
-            if cls is None or not isinstance(block, cls):
+            if not classes or not isinstance(block, classes):
                 raise HostError(
-                    f"host {host!r}: block {i} is a {type(block).__name__}; only timm {supported} (pre-norm, "
-                    f"`attn(norm1(x))`) is supported. {hint}"
+                    f"host {host!r}: block {i} is a {type(block).__name__}; only timm {' / '.join(names)} "
+                    f"(pre-norm, `attn(norm1(x))`) is supported. {hint}"
                 )
 
     return check
 
 
-def timm_part(name: str = "blocks", blocks: tuple[str, ...] = ("blocks", "model.blocks"), **kw) -> PartSpec:
+def timm_part(
+    name: str = "blocks", blocks: tuple[str, ...] = ("blocks", "model.blocks"), norm: str | None = "norm1", **kw
+) -> PartSpec:
     """A timm pre-norm block stack: `x + attn(norm1(x))`, attention returns a tensor."""
-    return PartSpec(name, blocks=blocks, attention="attn", norm="norm1", call=_CALL, **kw)
+    return PartSpec(name, blocks=blocks, attention="attn", norm=norm, call=_CALL, **kw)
 
 
 _VIT_HINT = (
@@ -85,8 +90,8 @@ TIMM_VIT = register_host(
     HostSpec(
         name="timm_vit",
         description="timm VisionTransformer and subclasses (DeiT, hybrid, registers) with pre-norm Blocks",
-        matches=lambda model: _is_instance(model, "timm.models.vision_transformer", "VisionTransformer"),
-        check=_check_blocks("timm_vit", "Block", "timm.models.vision_transformer", _VIT_HINT),
+        matches=lambda model: is_timm_instance(model, "timm.models.vision_transformer", "VisionTransformer"),
+        check=check_blocks("timm_vit", {"timm.models.vision_transformer": ("Block",)}, _VIT_HINT),
         parts=(timm_part(),),
         embeddings="patch_embed|model.patch_embed",
         lora_targets=("qkv", "proj"),
@@ -97,11 +102,10 @@ TIMM_EVA = register_host(
     HostSpec(
         name="timm_eva",
         description="timm Eva / EVA02 (attention with its own RoPE) with pre-norm EvaBlocks",
-        matches=lambda model: _is_instance(model, "timm.models.eva", "Eva"),
-        check=_check_blocks(
+        matches=lambda model: is_timm_instance(model, "timm.models.eva", "Eva"),
+        check=check_blocks(
             "timm_eva",
-            "EvaBlock",
-            "timm.models.eva",
+            {"timm.models.eva": ("EvaBlock",)},
             "EvaBlockPostNorm (use_post_norm=True) feeds attention the un-normed residual stream.",
         ),
         parts=(timm_part(),),

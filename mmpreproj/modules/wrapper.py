@@ -173,5 +173,15 @@ class PreProjAttention(BaseLayerWrapper):
         if not len(self.stored_adapters):
             del self.stored_adapters
 
+    def unload_and_optionally_merge_module(self, merge: bool = False, safe_merge: bool = False,
+                                           adapter_names: list[str] | None = None) -> PreProjAttention:
+        """peft's unload hook: keep this wrapper (it is ours, not peft's).
+
+        peft's `unload()` / `merge_and_unload()` treat any module with a `base_layer` as one of their tuner
+        layers; this method tells them to leave it in place, so they unload (or merge) only the LoRA layers
+        inside `base_layer` and `mmpreproj.unload` takes the injection off afterwards.
+        """
+        return self
+
     def extra_repr(self) -> str:
         return f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}"

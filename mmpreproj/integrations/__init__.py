@@ -1,0 +1,10 @@
+"""Glue for the trainers people already use; each submodule is imported on its own (nothing here imports
+transformers, TRL or accelerate).
+
+    from mmpreproj.integrations.transformers import PreProjTrainer   # a drop-in transformers.Trainer
+    from mmpreproj.integrations.trl import PreProjSFTTrainer         # a drop-in trl.SFTTrainer
+
+`accelerate launch` needs no glue: our trainer and both classes above read the launcher's environment.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,156 @@
+"""TRL `SFTTrainer` (`PreProjSFTTrainer`) on a chat dataset built in code, with the shipped mini tokenizer:
+an injected model, and an injected model under a peft LoRA (the `preproj_lora` shape)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_neox
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
+from trl import SFTConfig  # noqa: E402
+
+import mmpreproj  # noqa: E402
+from mmpreproj.integrations.transformers import load_trained  # noqa: E402
+from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
+from mmpreproj.train import apply_method  # noqa: E402
+
+MINI = Path(__file__).resolve().parents[1] / "assets" / "mini-pythia"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = AutoTokenizer.from_pretrained(str(MINI))
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def chat():
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                      {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]}
+        for a in range(4) for b in range(4)
+    ]  # fmt: skip
+    return datasets.Dataset.from_list(rows)
+
+
+class StopAfterSave(TrainerCallback):
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step >= self.at:
+            control.should_training_stop = True
+
+
+def _model(tokenizer, method: str | None = None):
+    model = tiny_neox(vocab_size=len(tokenizer))
+    return mmpreproj.inject(model) if method is None else apply_method(model, method, lora_r=4)
+
+
+def _sft(out, model, tokenizer, chat, *, stop=None, resume=None, **kw):
+    args = SFTConfig(
+        output_dir=str(out),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_steps=2,
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+        max_length=64,
+        **kw,
+    )  # SFTConfig's own defaults stay: bf16 autocast and activation checkpointing on
+    callbacks = [StopAfterSave(stop)] if stop else []
+    trainer = PreProjSFTTrainer(
+        model=model, args=args, train_dataset=chat, processing_class=tokenizer, callbacks=callbacks
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def _trained(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_sft_trains_the_injected_weights_checkpoints_the_adapter_and_resumes_bit_exact(
+    tmp_path, tokenizer, chat
+):
+    model = _model(tokenizer)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    trainer = _sft(tmp_path / "whole", model, tokenizer, chat)
+    assert trainer.args.bf16 and trainer.args.gradient_checkpointing  # TRL's defaults, exercised here
+    injected = {id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters() if p.requires_grad}
+    assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == injected
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+    ref = mmpreproj.adapter_state_dict(model)
+    assert {v.dtype for v in ref.values()} == {torch.float32}
+
+    _sft(tmp_path / "cut", _model(tokenizer), tokenizer, chat, stop=2)
+    names = {p.name for p in (tmp_path / "cut" / "checkpoint-2").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= names
+    assert "model.safetensors" not in names
+    resumed = _model(tokenizer)
+    with torch.no_grad():
+        for w in mmpreproj.injected_modules(resumed):
+            w.skip.proj.weight.normal_()
+    _sft(tmp_path / "cut", resumed, tokenizer, chat, resume=True)
+    got = mmpreproj.adapter_state_dict(resumed)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)  # bit-exact, as with the plain Trainer
+
+
+def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, tokenizer, chat):
+    fast = dict(bf16=False, gradient_checkpointing=False)
+    model = _model(tokenizer, "preproj_lora")
+    trainer = _sft(tmp_path / "whole", model, tokenizer, chat, **fast)
+    trained = _trained(model)
+    assert any("lora_" in n for n in trained) and any(".preproj." in n for n in trained)
+    assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in model.parameters() if p.requires_grad
+    }
+
+    ckpt = tmp_path / "whole" / "checkpoint-4"
+    assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"  # peft's, at the top
+    assert (ckpt / "preproj" / "adapter_model.safetensors").is_file()  # ours beside it
+    assert not (ckpt / "model.safetensors").exists()
+
+    # stop after step 2, resume into a fresh preproj_lora model: both parts come back, training ends the same
+    _sft(tmp_path / "cut", _model(tokenizer, "preproj_lora"), tokenizer, chat, stop=2, **fast)
+    resumed = _model(tokenizer, "preproj_lora")
+    _sft(tmp_path / "cut", resumed, tokenizer, chat, resume=True, **fast)
+    again = _trained(resumed)
+    assert again.keys() == trained.keys() and all(torch.equal(again[k], trained[k]) for k in trained)
+
+    trainable = load_trained(tiny_neox(vocab_size=len(tokenizer)), ckpt, is_trainable=True)
+    assert {n for n, p in trainable.named_parameters() if p.requires_grad} == trained.keys()  # both parts
+
+    # reload from a fresh base: the same outputs
+    x = torch.randint(1, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
+    model.eval()
+    reloaded = load_trained(tiny_neox(vocab_size=len(tokenizer)), ckpt).eval()
+    with torch.no_grad():
+        want = model(x).logits
+        assert torch.equal(reloaded(x).logits, want)
+
+        # unload both parts: peft's own unload() takes the LoRA off and leaves our wrapper, then ours goes;
+        # the base comes back bit-exact
+        plain = mmpreproj.unload(reloaded.unload())
+        assert not mmpreproj.is_injected(plain) and not any("lora_" in n for n, _ in plain.named_parameters())
+        assert torch.equal(plain(x).logits, tiny_neox(vocab_size=len(tokenizer)).eval()(x).logits)
+
+        # or merge the LoRA into the base first: the injected model keeps the trained outputs
+        merged = model.merge_and_unload()
+        assert mmpreproj.is_injected(merged)
+        torch.testing.assert_close(merged(x).logits, want, rtol=1e-5, atol=1e-5)
