@@ -157,6 +157,9 @@ def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) 
             ) from None
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) is not a module with parameters")
+        if _quantized_params(module):
+            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) holds quantized weights "
+                             f"(e.g. {_quantized_params(module)[0][0]!r}), which cannot train; keep it float")
         out[name] = path
     return out
 
@@ -209,6 +212,12 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         base_model_name_or_path=_name_or_path(model),
     )
     return _Plan(spec, state, placements, seams)
+
+
+def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Weights stored quantized (torchao subclass, bitsandbytes Params4bit): not a plain tensor nor a DTensor."""
+    return [(n, p) for n, p in module.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
+            and not hasattr(p, "full_tensor")]
 
 
 def new_adapter_modules(
