@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "base_view",
     "from_pretrained",
     "install_save_pretrained",
+    "load_base_keys",
     "remove_save_pretrained",
     "split_state_dict",
 ]
@@ -51,9 +53,12 @@ _WRAPPER_OWN = ("preproj.", "skip.", "stored_adapters.")  # wrapper state that i
 
 def install_save_pretrained(model: nn.Module) -> None:
     """Give the injected `model` the round-tripping `save_pretrained`, if its class has one and the
-    instance does not override it."""
+    instance does not override it, and a `load_state_dict` pre-hook that reads a base checkpoint
+    (`load_base_keys`)."""
     if callable(getattr(type(model), "save_pretrained", None)) and "save_pretrained" not in vars(model):
         model.save_pretrained = types.MethodType(_save_pretrained, model)
+    if not _base_key_hooks(model):
+        model.register_load_state_dict_pre_hook(load_base_keys)
 
 
 def remove_save_pretrained(model: nn.Module) -> None:
@@ -61,6 +66,44 @@ def remove_save_pretrained(model: nn.Module) -> None:
     patched = vars(model).get("save_pretrained")
     if isinstance(patched, types.MethodType) and patched.__func__ is _save_pretrained:
         del model.save_pretrained
+    for key in _base_key_hooks(model):
+        del model._load_state_dict_pre_hooks[key]
+
+
+def _base_key_hooks(model: nn.Module) -> list[int]:
+    return [k for k, h in model._load_state_dict_pre_hooks.items() if getattr(h, "hook", h) is load_base_keys]
+
+
+def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """`load_state_dict` pre-hook of an injected model: a base checkpoint (keys as before `inject`, e.g. what
+    `save_pretrained` writes and transformers' Trainer reads back on resume) loads into the wrapped modules.
+
+    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`. When the dict held base keys of wrapped attention and
+    none of the injected weights, the injected weights keep their values, and a warning says so: a plain
+    Trainer resumed from its own checkpoint would otherwise go on with the adapter it started from.
+    """
+    wrappers = {f"{prefix}{name}.": w for name, w in module.named_modules() if isinstance(w, PreProjAttention)}
+    if not wrappers:
+        return
+    renamed, adapter_keys = 0, 0
+    for key in list(state_dict):
+        wrapper_prefix = next((p for p in wrappers if key.startswith(p)), None)
+        if wrapper_prefix is None:
+            continue
+        rest = key[len(wrapper_prefix) :]
+        if rest.startswith(("preproj.", "skip.")):
+            adapter_keys += 1
+        elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
+            state_dict[f"{wrapper_prefix}base_layer.{rest}"] = state_dict.pop(key)
+            renamed += 1
+    if renamed and not adapter_keys:
+        warnings.warn(
+            "load_state_dict: a base checkpoint was loaded into a model with mmpreproj modules injected; the "
+            "injected weights are not in it and keep their values. To resume a transformers Trainer run, train "
+            "with mmpreproj.integrations.transformers.PreProjTrainer (adapter-only checkpoints); to load a saved "
+            "adapter, call mmpreproj.load_adapter(model, DIR)",
+            stacklevel=2,
+        )
 
 
 def _wrappers_by_name(model: nn.Module) -> dict[str, PreProjAttention]:

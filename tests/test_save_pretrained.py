@@ -229,3 +229,30 @@ def test_from_pretrained_with_an_adapter_folder_elsewhere(tmp_path):
     assert not mmpreproj.is_injected(mmpreproj.from_pretrained(tmp_path / "base"))  # no adapter beside it
     with pytest.raises(FileNotFoundError, match="no mmpreproj adapter files"):
         mmpreproj.from_pretrained(tmp_path / "base", adapter=tmp_path / "base")
+
+
+def test_a_base_checkpoint_loads_into_an_injected_model_and_warns_that_the_adapter_is_not_in_it(tmp_path):
+    """What a plain transformers Trainer does on resume: `load_state_dict(model.safetensors, strict=False)`."""
+    import warnings
+
+    from mmpreproj.pretrained import _base_key_hooks
+
+    _, model, out = _trained(CASES[1])
+    model.save_pretrained(tmp_path)
+    base_sd = load_file(str(tmp_path / "model.safetensors"))
+    other = mmpreproj.inject(BUILDERS["llama"](seed=3), PreProjConfig(skip_init_std=0.05))
+    injected_before = mmpreproj.adapter_state_dict(other)
+    with pytest.warns(UserWarning, match="base checkpoint .*PreProjTrainer"):
+        result = other.load_state_dict(base_sd, strict=False)
+    assert not result.unexpected_keys  # the base keys found their wrapped modules
+    assert all(".preproj." in k or ".skip." in k for k in result.missing_keys)
+    now = mmpreproj.adapter_state_dict(other)
+    assert all(torch.equal(now[k], injected_before[k]) for k in now)  # the adapter kept its values
+    mmpreproj.set_adapter_state_dict(other, mmpreproj.adapter_state_dict(model))
+    assert torch.equal(lm_forward(other), out)  # and the base is now the saved one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a full injected state dict loads silently, as before
+        other.load_state_dict(model.state_dict())
+    assert len(_base_key_hooks(other)) == 1
+    mmpreproj.unload(other)
+    assert not _base_key_hooks(other)
