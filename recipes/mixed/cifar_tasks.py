@@ -14,12 +14,14 @@ train questions use train images only, test questions test images only.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from recipes.kit import load_image_zip
 from recipes.mixed.tinyvlm import MarkerIds, MixedSample
@@ -134,3 +136,40 @@ def make_questions(n: int, images: torch.Tensor, labels: torch.Tensor, tok: Word
     """n questions, kinds in turn, reproducible from `seed`."""
     rng = random.Random(seed)
     return [make_question(kinds[k % len(kinds)], images, labels, tok, rng) for k in range(n)]
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each next token; logits (B, S, vocab), labels (B, S) with -100 = not scored."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def train_loop(model: torch.nn.Module, cfg, images, labels, tok: WordTokenizer,
+               loss_of: Callable[[list[MixedSample]], torch.Tensor]) -> list[dict]:
+    """AdamW with linear warmup and cosine decay; fresh random questions every step (the same stream for every
+    arm, whatever the model: `loss_of(samples)` batches them the model's way and returns the loss)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    rng = random.Random(cfg.seed + 1)
+    log, running = [], 0.0
+    model.train()
+    for step in range(cfg.steps):
+        kinds = rng.choices(QUESTION_TYPES, k=cfg.batch_size)
+        loss = loss_of([make_question(k, images, labels, tok, rng).sample for k in kinds])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        running += loss.item()
+        if (step + 1) % cfg.log_every == 0:
+            log.append({"step": step + 1, "loss": running / cfg.log_every})
+            print(f"  step {step + 1:5d}  loss {running / cfg.log_every:.4f}", flush=True)
+            running = 0.0
+    return log

@@ -28,16 +28,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.*`
@@ -46,8 +43,9 @@ from cifar_tasks import (  # noqa: E402
     Question,
     WordTokenizer,
     load_cifar,
-    make_question,
     make_questions,
+    next_token_loss,
+    train_loop,
 )  # fmt: skip
 from qwen2vl_arms import QWEN2VL_ARMS, run_qwen2vl_arm  # noqa: E402
 
@@ -133,35 +131,14 @@ def build_model(
 
 
 def train(model: MixedModel, cfg: MixedConfig, images, labels, tok: WordTokenizer) -> list[dict]:
-    """AdamW with linear warmup and cosine decay; fresh random questions every step (same stream for every arm)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """`train_loop` on our decoders: samples batched by `model.prepare`."""
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    rng = random.Random(cfg.seed + 1)
-    log, running = [], 0.0
-    model.train()
-    for step in range(cfg.steps):
-        kinds = rng.choices(QUESTION_TYPES, k=cfg.batch_size)
-        batch = model.prepare([make_question(k, images, labels, tok, rng).sample for k in kinds])
+    def loss_of(samples: list) -> torch.Tensor:
+        batch = model.prepare(samples)
         logits, _ = model(**batch.decoder_inputs())  # (B, S, vocab)
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch.labels[:, 1:].flatten(), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        sched.step()
-        running += loss.item()
-        if (step + 1) % cfg.log_every == 0:
-            log.append({"step": step + 1, "loss": running / cfg.log_every})
-            print(f"  step {step + 1:5d}  loss {running / cfg.log_every:.4f}", flush=True)
-            running = 0.0
-    return log
+        return next_token_loss(logits, batch.labels)
+
+    return train_loop(model, cfg, images, labels, tok, loss_of)
 
 
 def _chunks(questions: list[Question], size: int = 64) -> list[list[Question]]:
@@ -228,6 +205,12 @@ def write_report(out: Path, report: dict) -> None:
     print("\n".join(lines))
 
 
+_HELP = {
+    "arms": f"comma-separated arms, default the six on our decoders ({','.join(ARMS)}); "
+    f"the transformers Qwen2-VL arms are {','.join(QWEN2VL_ARMS)}",
+}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(MixedConfig):
@@ -238,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
             kind = {"int": int, "float": float, "str": str}[
                 f.type if isinstance(f.type, str) else f.type.__name__
             ]
-            parser.add_argument(flag, type=kind, default=f.default)
+            parser.add_argument(flag, type=kind, default=f.default, help=_HELP.get(f.name, f"default: {f.default}"))
     cfg = MixedConfig(**vars(parser.parse_args(argv)))
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)

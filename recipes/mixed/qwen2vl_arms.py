@@ -21,14 +21,12 @@ the same as `generate(max_new_tokens=1)`).
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from cifar_tasks import MEAN, QUESTION_TYPES, STD, WordTokenizer, make_question
+from cifar_tasks import MEAN, QUESTION_TYPES, STD, WordTokenizer, next_token_loss, train_loop
 
 import mmpreproj
 from mmpreproj import PreProjConfig
@@ -129,37 +127,13 @@ def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
 
 
 def train_qwen2vl(model: torch.nn.Module, cfg: Any, images, labels, batcher: Qwen2VLBatcher) -> list[dict]:
-    """The recipe's `train`, step for step: AdamW, warmup + cosine, grad clip, the same question stream."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """The recipe's `train_loop`, step for step (AdamW, warmup + cosine, grad clip, the same question stream)."""
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)))
+    def loss_of(samples: list) -> torch.Tensor:
+        batch = batcher(samples)
+        return next_token_loss(_forward(model, batch), batch["labels"])
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    rng = random.Random(cfg.seed + 1)
-    log, running = [], 0.0
-    model.train()
-    for step in range(cfg.steps):
-        kinds = rng.choices(QUESTION_TYPES, k=cfg.batch_size)
-        batch = batcher([make_question(k, images, labels, batcher.tok, rng).sample for k in kinds])
-        logits = _forward(model, batch)
-        loss = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        sched.step()
-        running += loss.item()
-        if (step + 1) % cfg.log_every == 0:
-            log.append({"step": step + 1, "loss": running / cfg.log_every})
-            print(f"  step {step + 1:5d}  loss {running / cfg.log_every:.4f}", flush=True)
-            running = 0.0
-    return log
+    return train_loop(model, cfg, images, labels, batcher.tok, loss_of)
 
 
 def _chunks(items: list, size: int = 64) -> list[list]:
