@@ -477,6 +477,16 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in out.items()}
 
 
+def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], what: str) -> None:
+    """ValueError starting with `what` unless `tensors` has exactly the keys and shapes of `expected`."""
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    for k, dst in expected.items():
+        if tuple(tensors[k].shape) != tuple(dst.shape):
+            raise ValueError(f"{what}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+
+
 def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
     """Copy adapter weights (keyed as `adapter_state_dict` keys them) into an already injected `model`.
 
@@ -488,15 +498,7 @@ def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -
     _, state = injected_owner(model, "set_adapter_state_dict")
     expected = _wrapper_tensors(injected_modules(model))
     expected.update(_saved_module_tensors(model, state.modules_to_save))
-    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"set_adapter_state_dict: the weights do not match this injection: missing {missing[:4]}, "
-            f"unexpected {unexpected[:4]}"
-        )
-    for k, dst in expected.items():
-        if tuple(tensors[k].shape) != tuple(dst.shape):
-            raise ValueError(f"set_adapter_state_dict: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+    check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")
     _refuse_non_finite(tensors, "set_adapter_state_dict")
     with torch.no_grad():
         for k, dst in expected.items():
@@ -671,12 +673,7 @@ def load_adapter(
             raise ValueError(f"adapter at {path} has {field_name}={saved}, this model has {field_name}={have}")
     expected = _wrapper_tensors([w for _, w in plan.placements])
     expected.update(_saved_module_tensors(model, plan.state.modules_to_save))
-    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"adapter at {path} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}")
-    for k, dst in expected.items():
-        if tensors[k].shape != dst.shape:
-            raise ValueError(f"adapter at {path}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+    check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
     injected = {k: v for k, v in expected.items() if parse_adapter_key(k)[0] is not None}
     with torch.no_grad():
         for k, dst in injected.items():

@@ -99,7 +99,7 @@ def add_named_adapter(
 
     Everything is checked and built first; on error nothing changed.
     """
-    from .adapter import _saved_module_tensors, adapter_key, new_adapter_modules
+    from .adapter import _saved_module_tensors, adapter_key, check_tensors_match, new_adapter_modules
 
     owner, state = injected_owner(model, "load_adapter")
     check_adapter_name(name)
@@ -124,23 +124,11 @@ def add_named_adapter(
                     )
             built.append((w, preproj, skip))
     live_modules = _saved_module_tensors(owner, state.modules_to_save)
-    expected_keys = set(expected) | set(live_modules)
-    missing, unexpected = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
-    if missing or unexpected:
-        raise ValueError(
-            f"adapter at {where} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}"
-        )
-    for k in sorted(expected_keys):
-        dst = expected.get(k, live_modules.get(k))
-        if tuple(tensors[k].shape) != tuple(dst.shape):
-            raise ValueError(
-                f"adapter at {where}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}"
-            )
+    check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
     with torch.no_grad():
         for k, dst in expected.items():
             dst.copy_(tensors[k])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
-    config.fuse_qkv_skip = state.config.fuse_qkv_skip  # a wrapper-level switch: the injection's stays
     for w, preproj, skip in built:  # from here on nothing can fail
         w.store_adapter(name, preproj, skip)
     state.adapter_configs[name] = config
@@ -166,7 +154,6 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
             dst.copy_(state.stored_modules[name][k])
     del state.stored_modules[name]
     state.stored_modules[old] = kept
-    config.fuse_qkv_skip = state.config.fuse_qkv_skip
     state.config = config
     state.active_adapter = name
     return model

@@ -208,14 +208,10 @@ def test_layer_scale_scales_the_skip(layout):
         assert not torch.allclose(seen["out"], wrong, atol=1e-4)
 
 
-@pytest.mark.parametrize("cls", [VisionTransformer, Eva], ids=["vit", "eva"])
-def test_drop_path_drops_the_skip_with_attention(cls):
-    """In train mode a dropped attention path drops the skip too (per sample), a kept one rescales it."""
-    model = build(cls, drop_path_rate=0.5, **({"use_rot_pos_emb": True} if cls is Eva else {}))
-    mmpreproj.inject(model, PreProjConfig(init="identity", skip_init_std=0.1))
-    blk = model.blocks[1]  # timm's drop-path schedule: block 0 gets 0, block 1 gets the full rate
-    keep = 1 - blk.drop_path1.drop_prob
-    with torch.no_grad():  # attention output 0: the branch is the skip alone
+def _skip_only_branch(model, blk, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero `blk`'s attention output projection (its branch is then the skip alone), run one train-mode
+    forward at seed 0 and return (the block's input, what its norm2 receives = input + dropped branch)."""
+    with torch.no_grad():
         blk.attn.base_layer.proj.weight.zero_()
         blk.attn.base_layer.proj.bias.zero_()
     seen = {}
@@ -226,10 +222,20 @@ def test_drop_path_drops_the_skip_with_attention(cls):
     model.train()
     torch.manual_seed(0)
     with torch.no_grad():
-        model(*images(batch=16))
-    for h in hooks:
-        h.remove()
-    x, h = seen["x"], seen["h"]
+        model(*inputs)
+    for hook in hooks:
+        hook.remove()
+    return seen["x"], seen["h"]
+
+
+@pytest.mark.parametrize("cls", [VisionTransformer, Eva], ids=["vit", "eva"])
+def test_drop_path_drops_the_skip_with_attention(cls):
+    """In train mode a dropped attention path drops the skip too (per sample), a kept one rescales it."""
+    model = build(cls, drop_path_rate=0.5, **({"use_rot_pos_emb": True} if cls is Eva else {}))
+    mmpreproj.inject(model, PreProjConfig(init="identity", skip_init_std=0.1))
+    blk = model.blocks[1]  # timm's drop-path schedule: block 0 gets 0, block 1 gets the full rate
+    keep = 1 - blk.drop_path1.drop_prob
+    x, h = _skip_only_branch(model, blk, images(batch=16))
     skip = blk.attn.skip(blk.norm1(x)).detach()
     delta = (h - x).flatten(1)
     dropped = delta.abs().amax(1) == 0
@@ -419,24 +425,10 @@ def test_sam_drop_path_drops_the_skip_with_its_window():
     blk = model.blocks[1]  # windowed; timm's drop-path schedule gives block 0 rate 0, block 1 the full rate
     assert blk.window_size == 2
     keep = 1 - blk.drop_path1.drop_prob
-    with torch.no_grad():  # attention output 0: the branch is the skip alone
-        blk.attn.base_layer.proj.weight.zero_()
-        blk.attn.base_layer.proj.bias.zero_()
-    seen = {}
-    hooks = [
-        blk.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0])),
-        blk.norm2.register_forward_pre_hook(lambda m, a: seen.__setitem__("h", a[0])),
-    ]
-    model.train()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model(*sam_images(batch=4))
-    for h in hooks:
-        h.remove()
-    x = seen["x"]
+    x, h = _skip_only_branch(model, blk, sam_images(batch=4))
     B, H, W, d = x.shape
     skip = blk.ls1(blk.attn.skip(blk.norm1(x))).detach()  # identity pre-projection: x~ = norm1(x)
-    delta = seen["h"].reshape(B, H, W, d) - x
+    delta = h.reshape(B, H, W, d) - x
     win = window_partition(delta, 2)[0].flatten(1)  # (B*9, 2*2*d); padded slots are 0
     skip_win = window_partition(skip, 2)[0].flatten(1)
     real = window_partition(torch.ones(B, H, W, 1), 2)[0].flatten(1).repeat_interleave(d, 1) > 0

@@ -13,7 +13,8 @@ from conftest import tiny_neox
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
+from test_integrations_transformers import StopAfterSave  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
 import mmpreproj  # noqa: E402
@@ -43,15 +44,6 @@ def chat():
         for a in range(4) for b in range(4)
     ]  # fmt: skip
     return datasets.Dataset.from_list(rows)
-
-
-class StopAfterSave(TrainerCallback):
-    def __init__(self, at: int):
-        self.at = at
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step >= self.at:
-            control.should_training_stop = True
 
 
 def _model(tokenizer, method: str | None = None):

@@ -11,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from torch import nn
@@ -35,20 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_neox(seed: int = 0) -> nn.Module:
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = GPTNeoXConfig(
-        vocab_size=128,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        rotary_pct=0.25,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return GPTNeoXForCausalLM(cfg).eval()
+    return conftest.tiny_neox(seed=seed, hidden_size=64, intermediate_size=128, max_position_embeddings=64)
 
 
 def tiny_llama(seed: int = 0) -> nn.Module:

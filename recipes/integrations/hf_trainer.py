@@ -16,9 +16,8 @@ The method, top to bottom:
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +25,14 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
-import mmpreproj
-from mmpreproj.data import wikitext_lines
-from mmpreproj.integrations.transformers import PreProjTrainer, load_trained
-from mmpreproj.train import apply_method
-from mmpreproj.train.data import pack_lines, select_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+
+import mmpreproj  # noqa: E402
+from mmpreproj.data import wikitext_lines  # noqa: E402
+from mmpreproj.integrations.transformers import PreProjTrainer, load_trained  # noqa: E402
+from mmpreproj.train import apply_method  # noqa: E402
+from mmpreproj.train.data import pack_lines, select_lines  # noqa: E402
+from recipes.kit.recipe import parse_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,14 +98,7 @@ def run(config: RecipeConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(RecipeConfig):
-        if f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action="store_true")
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    return run(RecipeConfig(**vars(parser.parse_args(argv))))
+    return run(parse_config(RecipeConfig, argv, __doc__))
 
 
 if __name__ == "__main__":

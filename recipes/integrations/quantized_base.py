@@ -19,21 +19,24 @@ Writes metrics.json and adapter/ under --out (default runs/quantized_base/).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-import mmpreproj
-from mmpreproj.data import asset_path, wikitext_lines
-from mmpreproj.eval import line_perplexity
-from mmpreproj.integrations.quantized import QUANT_SCHEMES, model_bytes, quantize_frozen_base
-from mmpreproj.train import load_model, load_tokenizer, pad_lines, select_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+
+import mmpreproj  # noqa: E402
+from mmpreproj.data import asset_path, wikitext_lines  # noqa: E402
+from mmpreproj.eval import line_perplexity  # noqa: E402
+from mmpreproj.integrations.quantized import QUANT_SCHEMES, model_bytes, quantize_frozen_base  # noqa: E402
+from mmpreproj.train import load_model, load_tokenizer, pad_lines, select_lines  # noqa: E402
+from recipes.kit.recipe import parse_config  # noqa: E402
 
 
 @dataclass
@@ -60,21 +63,6 @@ class Config:
                 raise ValueError(f"Config.{name}={getattr(self, name)}; must be >= 1")
 
 
-def parse_config(argv: list[str] | None) -> Config:
-    """A `Config` from `--field-name VALUE` options (one per field, typed by its default)."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=type(f.default),
-            default=f.default,
-            help=f"(default: {f.default})",
-        )
-    return Config(**vars(parser.parse_args(argv)))
-
-
 def quantized_base(config: Config) -> torch.nn.Module:
     """The base in float32 with its linear layers quantized and frozen (eval mode)."""
     return quantize_frozen_base(load_model(config.model, "float32"), config.scheme).eval()
@@ -85,7 +73,7 @@ def ppl(model: torch.nn.Module, tokenizer, rows: list[str], config: Config) -> f
 
 
 def main(argv: list[str] | None = None) -> dict:
-    config = parse_config(argv)
+    config = parse_config(Config, argv, __doc__)
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     out = Path(config.out)

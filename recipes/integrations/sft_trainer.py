@@ -15,9 +15,8 @@ The method, top to bottom:
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +25,14 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig
 
-import mmpreproj
-from mmpreproj.data import hellaswag_examples
-from mmpreproj.integrations.transformers import load_trained
-from mmpreproj.integrations.trl import PreProjSFTTrainer
-from mmpreproj.train import apply_method
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
+
+import mmpreproj  # noqa: E402
+from mmpreproj.data import hellaswag_examples  # noqa: E402
+from mmpreproj.integrations.transformers import load_trained  # noqa: E402
+from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
+from mmpreproj.train import apply_method  # noqa: E402
+from recipes.kit.recipe import parse_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # One turn per line, each closed by eos; `{% generation %}` marks what TRL's assistant_only_loss trains on.
@@ -110,14 +112,7 @@ def run(config: RecipeConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(RecipeConfig):
-        if f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action="store_true")
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    return run(RecipeConfig(**vars(parser.parse_args(argv))))
+    return run(parse_config(RecipeConfig, argv, __doc__))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What every vision recipe does the same way: a CLI from its config dataclass, a table, JSON and plots."""
+"""What every recipe does the same way: a CLI from its config dataclass, a table, JSON and plots."""
 
 from __future__ import annotations
 
@@ -17,21 +17,26 @@ import torch
 __all__ = ["environment", "parse_config", "plot_bars", "plot_curves", "print_table", "write_json"]
 
 
-def parse_config(cls: type, argv: list[str] | None = None, doc: str | None = None) -> Any:
-    """Build `cls` (a dataclass) from `--field-name` options; bools get --x/--no-x, tuples take several values."""
+def parse_config(
+    cls: type, argv: list[str] | None = None, doc: str | None = None, help: dict[str, str] | None = None
+) -> Any:
+    """Build `cls` (a dataclass) from `--field-name` options; bools get --x/--no-x, tuples take several values.
+
+    `help` maps field names to the text `--help` shows before the default."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        text = f"{(help or {}).get(f.name, '')} (default: {shown})".lstrip()
         if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         elif typing.get_origin(hint) is tuple:
-            item = typing.get_args(hint)[0]
-            parser.add_argument(flag, type=item, nargs="+", default=default, help=f"(default: {' '.join(map(str, default))})")
+            parser.add_argument(flag, type=typing.get_args(hint)[0], nargs="+", default=default, help=text)
         else:
             kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint)  # X | None -> X
-            parser.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
+            parser.add_argument(flag, type=kind, default=default, help=text)
     args = vars(parser.parse_args(argv))
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
 

@@ -25,7 +25,6 @@ The method, top to bottom:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -52,6 +51,7 @@ from qwen2vl_arms import QWEN2VL_ARMS, run_qwen2vl_arm  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data.assets import asset_path  # noqa: E402
+from recipes.kit.recipe import parse_config  # noqa: E402
 from recipes.mixed.tinyvlm import (  # noqa: E402
     IMAGE,
     TEXT,
@@ -212,17 +212,7 @@ _HELP = {
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(MixedConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=f.default)
-        else:
-            kind = {"int": int, "float": float, "str": str}[
-                f.type if isinstance(f.type, str) else f.type.__name__
-            ]
-            parser.add_argument(flag, type=kind, default=f.default, help=_HELP.get(f.name, f"default: {f.default}"))
-    cfg = MixedConfig(**vars(parser.parse_args(argv)))
+    cfg = parse_config(MixedConfig, argv, __doc__, help=_HELP)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ The method, top to bottom:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -41,6 +40,7 @@ from mmpreproj.data.assets import asset_path  # noqa: E402
 from mmpreproj.train.errors import ModelUnavailableError  # noqa: E402
 from mmpreproj.train.models import pretrained_source, unavailable_error  # noqa: E402  (offline check, one-line message)
 from recipes.kit.data import load_image_zip  # noqa: E402
+from recipes.kit.recipe import parse_config  # noqa: E402
 
 __all__ = ["ProbeConfig", "build_chats", "evaluate", "load_vlm", "main"]
 
@@ -218,14 +218,7 @@ def run(cfg: ProbeConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(ProbeConfig):
-        kind = {"int": int, "float": float, "str": str}[
-            f.type if isinstance(f.type, str) else f.type.__name__
-        ]
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
-                            help=f"{HELP.get(f.name, '')} (default: {f.default})".lstrip())  # fmt: skip
-    cfg = ProbeConfig(**vars(parser.parse_args(argv)))
+    cfg = parse_config(ProbeConfig, argv, __doc__, help=HELP)
     try:
         return run(cfg)
     except ModelUnavailableError as err:
