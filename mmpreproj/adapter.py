@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
 from .hosts import HOSTS, HostSpec, find_host
+from .hosts.paths import check_path
 from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
@@ -616,6 +617,24 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return desc, tensors
 
 
+def _check_saved_paths(desc: dict, path: Path) -> None:
+    """Refuse a file whose paths are not data (calls, dunders, private names), before any of them meets a
+    model and whichever loader reads it: the description and `modules_to_save` are checked for form."""
+    where = f"adapter at {path}"
+    described = desc.get("host_description")
+    try:
+        if isinstance(described, dict) and described.get("parts"):
+            HostSpec.from_dict(described)
+        saved = desc.get("modules_to_save") or {}
+        if not isinstance(saved, dict):
+            raise HostError(f"'modules_to_save' must be an object of name -> path, got {type(saved).__name__}")
+        for name, module_path in saved.items():
+            check_path(name, "modules_to_save")
+            check_path(module_path, f"modules_to_save[{name!r}]")
+    except HostError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     """The row (by name) or described host an adapter was saved for, checked against `model`."""
     saved = desc.get("host")
@@ -654,6 +673,7 @@ def load_adapter(
         check_adapter_name(adapter_name)
     path = adapter_folder(path)
     desc, tensors = read_adapter(path)
+    _check_saved_paths(desc, path)
     if adapter_name is not None and is_injected(model):
         return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])

@@ -6,6 +6,7 @@ import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
+from .hosts.paths import PathError, check_path
 from .jsonconfig import JsonConfig
 from .modules.compute import COMPUTE_DTYPES
 from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
@@ -74,6 +75,11 @@ class PreProjConfig(JsonConfig):
                            "None or a non-empty list of non-empty names")
                 if len(set(value)) != len(value):
                     raise ValueError(f"PreProjConfig.{name} has duplicates: {value}")
+        for i, name in enumerate(self.modules_to_save or []):  # names or paths: data, never calls or dunders
+            try:
+                check_path(name, f"PreProjConfig.modules_to_save[{i}]")
+            except PathError as e:
+                raise ValueError(str(e)) from None
         if isinstance(self.layers, dict):
             self.layers = {k: _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
         elif self.layers is not None:

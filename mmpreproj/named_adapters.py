@@ -84,12 +84,23 @@ def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
         ("config.skip", config.skip, state.config.skip),
         ("modules_to_save", sorted(desc.get("modules_to_save") or {}), sorted(state.modules_to_save)),
     ]
+    saved_desc = desc.get("host_description")
+    if isinstance(saved_desc, dict) and saved_desc.get("parts"):  # the same paths, read in their saved form
+        checks.append(("host_description", _paths_of(saved_desc), _paths_of(state.host_description)))
     for field_name, saved, have in checks:
         if saved is not None and saved != have:  # a field an older file lacks: the weight keys still check it
             raise ValueError(
                 f"load_adapter: the adapter at {where} has {field_name}={saved}, the injection in this model has "
                 f"{field_name}={have}; an added adapter must sit on the same sites (nothing was changed)"
             )
+
+
+def _paths_of(description: dict) -> dict:
+    """The paths of a saved description in one normal form (old spellings read as today's)."""
+    from .hosts.spec import HostSpec
+
+    spec = HostSpec.from_dict(description)
+    return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
 
 
 def add_named_adapter(

@@ -9,6 +9,7 @@ The skip is added to the attention output, so it passes `post_attention_dropout`
 from __future__ import annotations
 
 from ..modules.wrapper import AttentionCall
+from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
 from .spec import HostSpec, PartSpec
 
@@ -28,7 +29,7 @@ GPT_NEOX = register_host(
                 call=AttentionCall(inputs=((0, "hidden_states"),), output_index=0),
             ),
         ),
-        embeddings="get_input_embeddings()",
+        embeddings=INPUT_EMBEDDINGS,
         lora_targets=("query_key_value", "dense"),  # `dense` is the attention output projection
     )
 )

@@ -9,11 +9,13 @@ normed input, where the output sits). `resolve_sites(model, spec)` turns a row i
 
     {"name": "llama", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
       "norm": "input_layernorm", "call": {"inputs": [[0, "hidden_states"]], "output_index": 0}}],
-     "embeddings": "get_input_embeddings()"}
+     "embeddings": "@input_embeddings"}
 
-Paths are dotted attribute names; an integer component indexes a list (`layers.0.attn`); a `blocks` path
-may also be `*:ClassName`, every submodule of that class in module order. Only built-in rows carry code:
-`matches` (which models a row claims) and `check` (a refusal with its reason).
+Paths are data (`paths.py`): dotted attribute names, an integer component indexes a list (`layers.0.attn`),
+nothing is ever called and no name starting with `_` is followed; `@input_embeddings` is the keyword for the
+model's `get_input_embeddings()`. A `blocks` path may also be `*:ClassName`, every submodule of that class in
+module order. Every path of a description is checked for its form before it meets a model. Only built-in
+rows carry code: `matches` (which models a row claims) and `check` (a refusal with its reason).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from ..modules.wrapper import AttentionCall
+from .paths import HostError, check_path, get_path
 
 __all__ = [
     "HostError",
@@ -37,31 +40,6 @@ __all__ = [
     "get_path",
     "resolve_sites",
 ]
-
-class HostError(ValueError):
-    """A model does not fit a host description (a path that does not resolve, a refused block type...)."""
-
-
-def get_path(root: nn.Module, path: str) -> Any:
-    """`root.a.b.0.c` for path "a.b.0.c" ("" = root); HostError naming the first missing component."""
-    obj: Any = root
-    if not path:
-        return obj
-    done = []
-    for name in path.split("."):
-        if name.endswith("()"):
-            fn = getattr(obj, name[:-2], None)
-            obj = fn() if callable(fn) else None
-        elif name.isdigit() and isinstance(obj, (nn.ModuleList, nn.Sequential, list, tuple)):
-            obj = obj[int(name)] if int(name) < len(obj) else None
-        else:
-            obj = getattr(obj, name, None)
-        if obj is None:
-            where = repr(".".join(done)) if done else f"the {type(root).__name__}"
-            raise HostError(f"path {path!r}: {where} has no {name!r}")
-        done.append(name)
-    return obj
-
 
 def call_to_dict(call: AttentionCall) -> dict:
     return {"inputs": [list(i) for i in call.inputs], "output_index": call.output_index}
@@ -148,6 +126,15 @@ class PartSpec:
         for key in ("norm", "width"):
             if d.get(key) is not None and (not isinstance(d[key], str) or not d[key]):
                 raise HostError(f"{where}.{key} must be a path string or null, got {d[key]!r}")
+        for i, b in enumerate(blocks):
+            if b.startswith("*:"):
+                if not b[2:].isidentifier():
+                    raise HostError(f"{where}.blocks[{i}]={b!r}: '*:' must be followed by a class name")
+            else:
+                check_path(b, f"{where}.blocks")
+        for key in ("attention", "norm", "width"):
+            if d.get(key) is not None:
+                check_path(d[key], f"{where}.{key}")
         types = d.get("block_types", [])
         if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
             raise HostError(f"{where}.block_types must be a list of class names, got {types!r}")
@@ -193,12 +180,14 @@ class HostSpec:
         matches: True if a model belongs to this row (built-in rows; a described host is used as given).
         check: raises HostError with the reason when a matching model must be refused (post-norm...).
         embeddings: path to the module whose output starts the residual stream (a frozen base under
-            reentrant gradient checkpointing needs it), `get_input_embeddings()` or None; alternatives
-            are separated by "|".
+            reentrant gradient checkpointing needs it), `@input_embeddings` (the model's
+            `get_input_embeddings()`) or None; alternatives are separated by "|", each a plain path.
         default_parts: parts injected when the config names none (None = all).
         lora_targets: module names peft's LoRA targets in this family's attention (the LoRA baselines).
         trainable_modules: named base modules a config may keep trainable (`{"projector": "model.visual.merger"}`).
         model_types: `config.model_type` values matched when `matches` is not given.
+        described: a host described in data (`from_dict`), not a built-in row: every path it names must
+            resolve (its `embeddings` too).
     """
 
     name: str
@@ -211,6 +200,7 @@ class HostSpec:
     lora_targets: tuple[str, ...] = ()
     trainable_modules: dict[str, str] = field(default_factory=dict)
     model_types: tuple[str, ...] = ()
+    described: bool = False
 
     def matches_model(self, model: nn.Module) -> bool:
         if self.matches is not None:
@@ -266,10 +256,15 @@ class HostSpec:
         if len(set(names)) != len(names):
             raise HostError(f"host description has duplicate part names: {names}")
         emb = d.get("embeddings")
-        if emb is not None and not isinstance(emb, str):
-            raise HostError(f"host description 'embeddings' must be a path string or null, got {emb!r}")
-        return cls(name=name, description=d.get("description", f"described host {name!r}"), parts=specs,
-                   matches=lambda model: True, embeddings=emb)
+        if emb is not None:
+            if not isinstance(emb, str):
+                raise HostError(f"host description 'embeddings' must be a path string or null, got {emb!r}")
+            emb = "|".join(check_path(p, "host description 'embeddings'", keywords=True) for p in emb.split("|"))
+        description = d.get("description", f"described host {name!r}")
+        if not isinstance(description, str):
+            raise HostError(f"host description 'description' must be a string, got {type(description).__name__}")
+        return cls(name=name, description=description, parts=specs, matches=lambda model: True, embeddings=emb,
+                   described=True)
 
 
 def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
@@ -278,7 +273,10 @@ def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
         return [m for m in model.modules() if _has_class(m, (cls_name,))]
     found = get_path(model, path)
     if isinstance(found, (nn.ModuleList, nn.Sequential, list, tuple)):
-        return list(found)
+        blocks = list(found)
+        if not all(isinstance(b, nn.Module) for b in blocks):
+            raise HostError(f"path {path!r} holds items that are not modules")
+        return blocks
     raise HostError(f"path {path!r} is a {type(found).__name__}, not a list of blocks (nn.ModuleList)")
 
 
@@ -346,6 +344,9 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
     """Every injection site of `spec` on `model`, in adapter order; HostError naming what does not fit."""
     if spec.check is not None:
         spec.check(model)
+    if spec.described and spec.embeddings and spec.input_embeddings(model) is None:
+        raise HostError(f"host {spec.name!r}: embeddings={spec.embeddings!r} names no module of "
+                        f"{type(model).__name__}; give a path to the module that starts the residual stream, or null")
     sites: list[Site] = []
     for part, path, _ in _resolved_parts(model, spec):
         for j, block in enumerate(_block_list(model, path)):
@@ -369,6 +370,8 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
                     norm = get_path(block, part.norm)
                 except HostError as e:
                     raise HostError(f"{where}: no pre-attention norm at {part.norm!r} ({e})") from None
+                if not isinstance(norm, nn.Module):
+                    raise HostError(f"{where}: {part.norm!r} is a {type(norm).__name__}, not a module")
             width = _width(block, attention, norm, part, where)
             sites.append(
                 Site(part.name, len(sites), j, block, parent, attr, attention, norm, part.norm, width, part.call)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..modules.wrapper import AttentionCall
+from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 
@@ -53,7 +54,7 @@ def _row(name: str, model_types: tuple[str, ...], part: PartSpec, lora: tuple[st
             description=f"transformers {name} decoders ({', '.join(model_types)})",
             model_types=model_types,
             parts=(part,),
-            embeddings="get_input_embeddings()",
+            embeddings=INPUT_EMBEDDINGS,
             lora_targets=lora,
             **kw,
         )

@@ -16,6 +16,7 @@ ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights)
 from __future__ import annotations
 
 from ..modules.wrapper import AttentionCall
+from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
 from .spec import HostSpec, PartSpec
 from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
@@ -40,7 +41,7 @@ def _qwen_vl(name: str, model_types: tuple[str, ...]) -> HostSpec:
                          call=TENSOR_CALL),
                 hf_decoder_part(("model.language_model.layers", "language_model.layers")),
             ),
-            embeddings="get_input_embeddings()",
+            embeddings=INPUT_EMBEDDINGS,
             lora_targets=QKVO + ("qkv", "proj"),  # the decoder's q/k/v/o_proj, the vision attention's qkv/proj
             trainable_modules={"projector": "model.visual.merger"},
         )

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from .paths import INPUT_EMBEDDINGS
 from .registry import DESCRIBE_HINT, register_host
 from .spec import HostError, HostSpec, PartSpec
 from .transformers_decoders import DECODER_ROWS, HF_CALL, QKVO, hf_decoder_part
@@ -82,7 +83,7 @@ def _vlm(
             model_types=(name,),
             parts=(vision, language),
             check=_check(family, towers),
-            embeddings="get_input_embeddings()",
+            embeddings=INPUT_EMBEDDINGS,
             # the language model's q/k/v/o_proj, the tower's q/k/v/out_proj
             lora_targets=QKVO + ("out_proj",),
             trainable_modules={"projector": projector},

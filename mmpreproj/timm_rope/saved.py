@@ -16,6 +16,7 @@ and `load_adapter` calls `rope_for_load` before it changes anything:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,30 @@ def describe_rope(model: nn.Module) -> dict[str, Any] | None:
     return json.loads(json.dumps(desc))  # tuples -> lists, as a reloaded file has them
 
 
+def _check_saved_values(rope_d: dict, pos_d: dict, model: nn.Module, where: str) -> None:
+    """Each saved value has its type and range (the file is data: a huge head_dim must not allocate)."""
+    head_dims = {getattr(b.attn, "head_dim", None) for b in getattr(model, "blocks", [])}
+    ref = pos_d.get("ref_shape")
+    rules = [
+        ("rope.head_dim", rope_d.get("head_dim"), type(rope_d.get("head_dim")) is int and rope_d["head_dim"] in head_dims,
+         f"the model's head_dim {sorted(h for h in head_dims if h is not None)}"),
+        ("rope.theta", rope_d.get("theta"), _finite(rope_d.get("theta")) and rope_d["theta"] > 0, "a number > 0"),
+        ("rope.pairing", rope_d.get("pairing"), rope_d.get("pairing") in ("interleaved", "half"),
+         "'interleaved' or 'half'"),
+        ("positions.ref_shape", ref, ref is None or (isinstance(ref, list) and len(ref) == 2 and all(
+            type(v) is int and 0 < v <= 1 << 16 for v in ref)), "null or two ints in 1..65536"),
+        ("positions.offset", pos_d.get("offset"), _finite(pos_d.get("offset")), "a finite number"),
+        ("positions.xy", pos_d.get("xy"), type(pos_d.get("xy")) is bool, "true or false"),
+    ]
+    for name, value, ok, rule in rules:
+        if not ok:
+            raise ValueError(f"{where}: corrupt 'rope' entry: {name}={value!r}; must be {rule}")
+
+
+def _finite(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
 def rope_for_load(model: nn.Module, saved: dict[str, Any] | None, where: str) -> Callable[[], None] | None:
     """Check `model`'s positions against the `saved` description (see the module docstring), changing nothing.
 
@@ -65,8 +90,11 @@ def rope_for_load(model: nn.Module, saved: dict[str, Any] | None, where: str) ->
             raise ValueError(f"{where} was saved from a model without add_rope positions, this model has them; "
                              "call mmpreproj.timm_rope.remove_rope(model) first")  # fmt: skip
         return None
-    if not isinstance(saved, dict) or not {"kind", "rope", "positions", "abs_pos_removed"} <= set(saved):
-        raise ValueError(f"{where}: corrupt 'rope' entry {saved!r}")
+    if not isinstance(saved, dict) or not {"kind", "rope", "positions", "abs_pos_removed"} <= set(saved) or not (
+        isinstance(saved["rope"], dict) and isinstance(saved["positions"], dict)
+        and type(saved["abs_pos_removed"]) is bool and saved["kind"] in ("vit", "eva")
+    ):
+        raise ValueError(f"{where}: corrupt 'rope' entry {str(saved)[:200]}")
     if have is not None:
         if have != saved:
             raise ValueError(f"{where} was saved with add_rope positions {saved}, this model has {have}")
@@ -81,9 +109,10 @@ def rope_for_load(model: nn.Module, saved: dict[str, Any] | None, where: str) ->
     kind = _kind(model)
     if kind != saved["kind"]:
         raise ValueError(f"{where} was saved with add_rope on a timm {saved['kind']!r} model, this one is {kind!r}")
-    rope = RoPE2D(int(rope_d["head_dim"]), theta=float(rope_d["theta"]), pairing=rope_d["pairing"])
+    _check_saved_values(rope_d, pos_d, model, where)
+    rope = RoPE2D(rope_d["head_dim"], theta=float(rope_d["theta"]), pairing=rope_d["pairing"])
     ref = pos_d["ref_shape"]
-    positions = GridPositions(tuple(ref) if ref is not None else None, float(pos_d["offset"]), bool(pos_d["xy"]))
+    positions = GridPositions(tuple(ref) if ref is not None else None, float(pos_d["offset"]), pos_d["xy"])
     _check(model, kind, rope)  # every reason add_rope would refuse, before the adapter goes in
     keep = not saved["abs_pos_removed"]
 
