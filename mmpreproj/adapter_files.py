@@ -13,6 +13,9 @@ A reader that finds a marker rolls it forward (step 3-4) before reading, so a ki
 either the old set (before 2) or the new set (from 2 on). Writers and readers of one folder take an
 exclusive `flock` on `.mmpreproj.lock` (released by the OS when a process dies); a writer first removes
 the pending and temp files that killed writers left, so they never accumulate.
+
+The marker is data: its token must be the 16 hex digits a writer makes and its names plain file names,
+so no marker can name a path outside the folder; a reader or writer that finds another one refuses it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from glob import escape as glob_escape
@@ -31,6 +35,7 @@ __all__ = ["COMMIT_MARKER", "LOCK_NAME", "committed_files", "write_files"]
 
 COMMIT_MARKER = ".mmpreproj-commit.json"
 LOCK_NAME = ".mmpreproj.lock"
+_TOKEN = re.compile(r"[0-9a-f]{16}")  # what `secrets.token_hex(8)` writes
 
 
 def _fault_point(point: str) -> None:
@@ -69,23 +74,35 @@ def _locked(folder: Path, *, writer: bool) -> Iterator[bool]:
 
 
 def _read_marker(folder: Path) -> tuple[str, list[str]] | None:
+    """(token, names) of the folder's commit marker, None without one; a marker whose token is not 16 hex
+    digits or whose names are not plain file names is refused before anything is renamed."""
     marker = folder / COMMIT_MARKER
     if not marker.is_file():
         return None
     try:
         info = json.loads(marker.read_text(encoding="utf-8"))
+        if not isinstance(info, dict):
+            raise ValueError(f"expected an object, got {type(info).__name__}")
         token, names = info["token"], info["files"]
-        if not (isinstance(token, str) and isinstance(names, list) and all(_plain_name(n) for n in names)):
-            raise ValueError("unexpected content")
-    except (ValueError, KeyError, TypeError) as e:
+        if not (isinstance(token, str) and _TOKEN.fullmatch(token)):
+            raise ValueError(f"token must be 16 hex digits, got {token!r}")
+        if not (isinstance(names, list) and all(_plain_name(n) for n in names)):
+            raise ValueError(f"files must be a list of plain file names, got {names!r}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(
-            f"corrupt commit marker {marker}: {e}; delete it to keep the files as they are"
+            f"corrupt commit marker {marker}: {e}; no file was changed; delete the marker to keep the files as "
+            "they are"
         ) from None
     return token, names
 
 
 def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+    """A file name in the folder: no separator, not "." or "..", no NUL."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in ("/", os.sep, os.altsep or "/", "\0"))
+    )
 
 
 def _roll_forward(folder: Path) -> None:

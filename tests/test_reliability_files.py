@@ -6,6 +6,7 @@ card's YAML header holds exactly the keys it was written with, whatever the base
 from __future__ import annotations
 
 import ast
+import json
 import os
 import stat
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import mmpreproj
 import pytest
 import torch
+from mmpreproj import adapter_files
+from mmpreproj.adapter import ADAPTER_CONFIG_NAME, read_adapter
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
 from torch import nn
@@ -51,6 +54,50 @@ def _assert_umask_modes(folder: Path, mask: int) -> None:
     assert modes, f"nothing written in {folder}"
     want = oct(0o666 & ~mask)
     assert modes == dict.fromkeys(modes, want), f"umask {mask:03o}: want {want} everywhere, got {modes}"
+
+
+# ---- 3. the commit marker -------------------------------------------------------------------------------
+
+
+BAD_TOKENS = ["../../x", "/tmp/x", "a/b", "x/../../evil", "0123456789ABCDEF", "0123", "", 7, None]
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS, ids=repr)
+def test_a_marker_token_that_could_name_another_path_is_refused(tmp_path, token):
+    folder = mmpreproj.save_adapter(_blocks(), tmp_path / "work" / "a")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    # What a crafted folder holds so that ".NAME.TOKEN.pending" reaches a file two levels up.
+    (folder / f".{ADAPTER_CONFIG_NAME}.x").mkdir()
+    outside = tmp_path / "evil.pending"
+    outside.write_text('{"config": {}}')
+    marker = folder / adapter_files.COMMIT_MARKER
+    marker.write_text(json.dumps({"token": token, "files": [ADAPTER_CONFIG_NAME]}))
+    pattern = rf"corrupt commit marker .*{adapter_files.COMMIT_MARKER}: token must be 16 hex digits"
+    with pytest.raises(ValueError, match=pattern):
+        read_adapter(folder)
+    with pytest.raises(ValueError, match=pattern):
+        mmpreproj.save_adapter(_blocks(seed=1), folder)
+    assert outside.read_text() == '{"config": {}}' and marker.exists()
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p != marker} == before
+
+
+@pytest.mark.parametrize("names", [["../x"], ["/tmp/x"], ["a/b"], [".."], ["a\0b"], "adapter_config.json", [3]])
+def test_a_marker_naming_files_outside_the_folder_is_refused(tmp_path, names):
+    folder = mmpreproj.save_adapter(_blocks(), tmp_path / "a")
+    (folder / adapter_files.COMMIT_MARKER).write_text(json.dumps({"token": "0123456789abcdef", "files": names}))
+    with pytest.raises(ValueError, match="corrupt commit marker .*files must be a list of plain file names"):
+        read_adapter(folder)
+
+
+def test_a_good_marker_still_rolls_forward(tmp_path):
+    folder = mmpreproj.save_adapter(_blocks(), tmp_path / "a")
+    token = "00112233445566ff"
+    new = b'{"config": {"preproj": false}, "note": "new"}'
+    (folder / f".{ADAPTER_CONFIG_NAME}.{token}.pending").write_bytes(new)
+    (folder / adapter_files.COMMIT_MARKER).write_text(json.dumps({"token": token, "files": [ADAPTER_CONFIG_NAME]}))
+    with adapter_files.committed_files(folder, [ADAPTER_CONFIG_NAME]) as paths:
+        assert paths[ADAPTER_CONFIG_NAME].read_bytes() == new
+    assert not (folder / adapter_files.COMMIT_MARKER).exists()
 
 
 # ---- 4. the model card ----------------------------------------------------------------------------------
