@@ -10,27 +10,37 @@ weights with an old config):
      moment the new set is the committed one;
   3. each pending file is renamed onto its final name; 4. the marker is removed.
 A reader that finds a marker rolls it forward (step 3-4) before reading, so a kill at any point leaves
-either the old set (before 2) or the new set (from 2 on). Writers and readers of one folder take an
-exclusive `flock` on `.mmpreproj.lock` (released by the OS when a process dies); a writer first removes
-the pending and temp files that killed writers left, so they never accumulate.
+either the old set (before 2) or the new set (from 2 on). Writers and readers of one folder hold an
+exclusive `flock` on the folder itself (released by the OS when a process dies), so no lock file is ever
+left in an adapter folder, a checkpoint or an upload (`_locked`); a writer first removes the pending and
+temp files that killed writers left, so they never accumulate. Every file gets the mode the user's umask
+gives (`io.new_file_mode`), not the 0600 of safetensors or of a temp file.
+
+The marker is data: its token must be the 16 hex digits a writer makes and its names plain file names,
+so no marker can name a path outside the folder; a reader or writer that finds another one refuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
+import re
 import secrets
+import stat
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from glob import escape as glob_escape
 from pathlib import Path
 
-from .io import atomic_write, fsync_dir, fsync_file, remove_stale_temps
+from .io import atomic_write, fsync_dir, fsync_file, remove_stale_temps, set_new_file_mode
 
-__all__ = ["COMMIT_MARKER", "LOCK_NAME", "committed_files", "write_files"]
+__all__ = ["COMMIT_MARKER", "committed_files", "write_files"]
 
 COMMIT_MARKER = ".mmpreproj-commit.json"
-LOCK_NAME = ".mmpreproj.lock"
+_TOKEN = re.compile(r"[0-9a-f]{16}")  # what `secrets.token_hex(8)` writes
 
 
 def _fault_point(point: str) -> None:
@@ -42,12 +52,74 @@ def _pending(folder: Path, name: str, token: str) -> Path:
     return folder / f".{name}.{token}.pending"
 
 
+def _lock_dir() -> Path:
+    """The per-user folder of the lock files for folders that cannot be locked themselves (see `_locked`):
+    `<tempdir>/mmpreproj-locks-<uid>`, created 0700; refused unless it is a real folder of this user that
+    no one else can write."""
+    path = Path(tempfile.gettempdir()) / f"mmpreproj-locks-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"lock folder {path} is not a private folder of this user (a symlink, another owner, or group/other "
+            "access); remove it, or set TMPDIR to another temp folder"
+        )
+    return path
+
+
+def _outside_lock(folder: Path) -> int:
+    """An open lock file for `folder` in `_lock_dir()`, named by a hash of the folder's resolved path; a
+    symlink there is refused (O_NOFOLLOW), never followed."""
+    key = hashlib.sha256(str(folder.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    path = _lock_dir() / f"{key}.lock"
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError:
+        if os.path.islink(path):
+            raise PermissionError(f"lock file {path} is a symlink; refusing to follow it (remove it)") from None
+        raise
+
+
+def _folder_lock(folder: Path, fcntl) -> int | None:
+    """An fd of `folder` itself holding its exclusive `flock`; None where a folder cannot be opened or
+    locked (NFS locks only files open for writing)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_fd(folder: Path, fcntl) -> int:
+    """An fd holding the exclusive lock of `folder`: the folder's own (`_folder_lock`), else that of its lock
+    file outside it (`_outside_lock`)."""
+    fd = _folder_lock(folder, fcntl)
+    if fd is not None:
+        return fd
+    fd = _outside_lock(folder)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def _locked(folder: Path, *, writer: bool) -> Iterator[bool]:
-    """Hold the folder's exclusive lock; yields whether it is held.
+    """Hold the folder's exclusive lock; yields whether it is held. Nothing is created in the folder.
 
-    A writer creates the lock file; a reader locks only an existing one (so reading never adds a file): no
-    lock file means no writer of this protocol has been here, and a read-only folder has no writer at all.
+    The lock is shared by every process (and user) that can open the folder, whatever path it was given by.
+    A reader that cannot take it reads without it; a writer raises.
     """
     try:
         import fcntl
@@ -55,37 +127,48 @@ def _locked(folder: Path, *, writer: bool) -> Iterator[bool]:
         yield False
         return
     try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | (os.O_CREAT if writer else 0), 0o644)
+        fd = _lock_fd(folder, fcntl)
     except OSError:
         if writer:
             raise
         yield False
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield True
     finally:
         os.close(fd)  # releases the lock
 
 
 def _read_marker(folder: Path) -> tuple[str, list[str]] | None:
+    """(token, names) of the folder's commit marker, None without one; a marker whose token is not 16 hex
+    digits or whose names are not plain file names is refused before anything is renamed."""
     marker = folder / COMMIT_MARKER
     if not marker.is_file():
         return None
     try:
         info = json.loads(marker.read_text(encoding="utf-8"))
+        if not isinstance(info, dict):
+            raise ValueError(f"expected an object, got {type(info).__name__}")
         token, names = info["token"], info["files"]
-        if not (isinstance(token, str) and isinstance(names, list) and all(_plain_name(n) for n in names)):
-            raise ValueError("unexpected content")
-    except (ValueError, KeyError, TypeError) as e:
+        if not (isinstance(token, str) and _TOKEN.fullmatch(token)):
+            raise ValueError(f"token must be 16 hex digits, got {token!r}")
+        if not (isinstance(names, list) and all(_plain_name(n) for n in names)):
+            raise ValueError(f"files must be a list of plain file names, got {names!r}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(
-            f"corrupt commit marker {marker}: {e}; delete it to keep the files as they are"
+            f"corrupt commit marker {marker}: {e}; no file was changed; delete the marker to keep the files as "
+            "they are"
         ) from None
     return token, names
 
 
 def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+    """A file name in the folder: no separator, not "." or "..", no NUL."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in ("/", os.sep, os.altsep or "/", "\0"))
+    )
 
 
 def _roll_forward(folder: Path) -> None:
@@ -129,6 +212,7 @@ def write_files(folder: str | Path, writers: dict[str, Callable[[str], object]])
         try:
             for name, write in writers.items():
                 write(str(pending[name]))
+                set_new_file_mode(pending[name])  # safetensors writes 0600
                 fsync_file(pending[name])
                 _fault_point(f"written:{name}")
         except BaseException:
@@ -156,7 +240,11 @@ def committed_files(folder: str | Path, names: Sequence[str]) -> Iterator[dict[s
         return
     with _locked(folder, writer=False) as held:
         if held:
-            _roll_forward(folder)
+            try:
+                _roll_forward(folder)
+            except OSError as e:  # a read-only folder (or mount): read the committed files where they are
+                if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
+                    raise
         found = _read_marker(folder)
         paths = {name: folder / name for name in names}
         # Not rolled forward (a read-only folder): the committed files are the pending ones.

@@ -1,7 +1,14 @@
 """What an adapter file says about where it belongs (base model, class, name, parameter counts), and the
-short peft-style model card (README.md) `save_adapter(..., readme=True)` writes beside the files."""
+short peft-style model card (README.md) `save_adapter(..., readme=True)` writes beside the files.
+
+Every value the card takes from the adapter's description is data: each YAML header value is a JSON
+scalar or list (JSON is YAML, and a quoted string cannot end the header or add a key), and in the Markdown
+body a value is one line (`_one_line`), so a base model named "x\n---\nfoo: bar" stays a name.
+"""
 
 from __future__ import annotations
+
+import json
 
 import torch
 from torch import nn
@@ -41,6 +48,35 @@ def _method(config: dict) -> str:
     return text
 
 
+def _quoted(text: str) -> str:
+    """`text` as a JSON string literal that is also YAML's and stays on one line: JSON's escapes, plus
+    `\\uXXXX` / `\\UXXXXXXXX` for every character that is not printable (U+0085, U+2028 and the like break lines
+    for some readers). Printable non-ASCII stays as it is (PyYAML cannot read JSON's surrogate pairs)."""
+    return "".join(
+        c if c.isprintable() else (f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+        for c in json.dumps(text, ensure_ascii=False)
+    )
+
+
+def _one_line(value: object) -> str:
+    """`value` as text on one line for the Markdown body: control characters escaped as in `_quoted`."""
+    return _quoted(str(value))[1:-1]
+
+
+def _yaml_value(value: object) -> str:
+    if isinstance(value, str):
+        return _quoted(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return json.dumps(value)  # numbers, booleans, null
+
+
+def yaml_header(fields: dict[str, object]) -> list[str]:
+    """The card's front matter lines, "---" to "---": each value a JSON literal (strings quoted), so no value
+    can end the header or add a key."""
+    return ["---", *(f"{key}: {_yaml_value(value)}" for key, value in fields.items()), "---"]
+
+
 def _count(n: object) -> str:
     return f"{n:,}" if isinstance(n, int) else "?"
 
@@ -59,34 +95,33 @@ def model_card(desc: dict) -> str:
         )
         or "-"
     )
-    front = ["---", "library_name: mmpreproj", "tags: [mmpreproj, pre-projection, content-skip]"]
-    if base:
-        front.insert(1, f"base_model: {base}")
+    header = {"base_model": base} if base else {}
+    header.update(library_name="mmpreproj", tags=["mmpreproj", "pre-projection", "content-skip"])
     lines = [
-        *front,
-        "---",
+        *yaml_header(header),
         "",
         "# mmpreproj adapter",
         "",
         "Position-agnostic pre-projection and content skip for attention (arXiv 2604.10791).",
         "",
-        f"- base model: `{base or 'unknown'}` ({desc.get('base_model_class', 'unknown class')})",
-        f"- method: {tag + ': ' if tag else ''}{_method(config)}",
-        f"- host row: `{desc.get('host')}`; parts: {parts}",
+        f"- base model: `{_one_line(base or 'unknown')}` ({_one_line(desc.get('base_model_class', 'unknown class'))})",
+        f"- method: {_one_line(tag) + ': ' if tag else ''}{_one_line(_method(config))}",
+        f"- host row: `{_one_line(desc.get('host'))}`; parts: {_one_line(parts)}",
         f"- trainable parameters: {_count(counts.get('injected'))} injected"
         + (
             f" + {_count(counts['modules_to_save'])} in modules_to_save {sorted(desc.get('modules_to_save') or {})}"
             if counts.get("modules_to_save")
             else ""
         ),
-        f"- adapter name: `{desc.get('adapter_name', 'default')}`; mmpreproj {desc.get('library_version')}",
+        f"- adapter name: `{_one_line(desc.get('adapter_name', 'default'))}`; "
+        f"mmpreproj {_one_line(desc.get('library_version'))}",
         "",
         "## Load",
         "",
         "```python",
         "import mmpreproj",
         "",
-        f'model = mmpreproj.from_pretrained("{base or "BASE"}", adapter="THIS_FOLDER")',
+        f'model = mmpreproj.from_pretrained({_quoted(base or "BASE")}, adapter="THIS_FOLDER")',  # a Python literal
         "```",
         "",
     ]

@@ -206,7 +206,7 @@ def test_adapter_files_carry_the_model_card_facts(tmp_path):
     assert desc["host"] == "gpt_neox" and desc["library_version"] == mmpreproj.__version__
     assert desc["trainable_parameters"]["injected"] == mmpreproj.trainable_report(loaded).injected
     card = (tmp_path / "card" / "README.md").read_text()
-    assert f"base_model: {tmp_path / 'first'}" in card and "host row: `gpt_neox`" in card
+    assert f"base_model: {json.dumps(str(tmp_path / 'first'))}" in card and "host row: `gpt_neox`" in card
     assert "pre-projection + content skip" in card and mmpreproj.__version__ in card
 
 

@@ -48,6 +48,7 @@ from ..adapter import (
     set_adapter_state_dict,
 )
 from ..adapter import load_adapter as _inject_from
+from ..io import set_new_file_modes
 
 __all__ = [
     "PREPROJ_SUBDIR",
@@ -89,6 +90,7 @@ def save_checkpoint(model: nn.Module, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     if _is_peft(model):
         model.save_pretrained(str(folder))  # PeftModel: adapter_config.json + adapter_model.safetensors
+        set_new_file_modes(folder, (ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
     save_adapter(model, adapter_dir(model, folder))
     return folder
 

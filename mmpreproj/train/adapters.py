@@ -19,6 +19,7 @@ from torch import nn
 
 from .. import adapter as _adapter
 from ..config import PreProjConfig
+from ..io import set_new_file_modes
 from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME
 
@@ -70,6 +71,7 @@ def save_run_adapter(
     if spec.lora:
         lora_dir = path / LORA_SUBDIR if (spec.preproj or spec.skip) else path
         model.save_pretrained(str(lora_dir), state_dict=state.get("lora"))
+        set_new_file_modes(lora_dir, (_adapter.ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
     return path
 
 

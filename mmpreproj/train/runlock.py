@@ -6,7 +6,8 @@
 The lock file is created complete in one step (written under a temp name, then hard-linked onto the lock
 name, which fails if it exists), so a reader never sees a half-written one. A lock whose process is gone
 (same host, pid not running) is stale and replaced; a lock from another host cannot be checked and is
-respected.
+respected. The lock is the one file the library keeps in a run folder while it runs (removed when the run
+ends; a killed run's is taken over by the next); it gets the mode the user's umask gives, like every file.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ..io import set_new_file_mode
 
 __all__ = ["RUN_LOCK_NAME", "RunInUseError", "run_lock"]
 
@@ -43,12 +47,22 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _read_holder(path: Path) -> dict[str, Any] | None:
+    """The lock's content (None: no lock). A symlink there, or anything that is not a small JSON object,
+    reads as an unknown holder (`{}`: respected, never taken over); nothing is read through a symlink."""
     try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
-    except (ValueError, UnicodeDecodeError):
+    except OSError:  # a symlink (ELOOP), unreadable
         return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        holder = json.loads(os.read(fd, 1 << 16).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    finally:
+        os.close(fd)
     return holder if isinstance(holder, dict) else {}
 
 
@@ -64,7 +78,9 @@ def _try_create(path: Path, content: str) -> bool:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
+        set_new_file_mode(tmp)  # mkstemp made it 0600
         try:
+            # os.link never follows a symlink at `path`: one there is "taken", read as data, never written
             os.link(tmp, path)
         except FileExistsError:
             return False
