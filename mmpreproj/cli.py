@@ -182,6 +182,17 @@ def _existing(flag: str, value: str | None) -> None:
         raise ValueError(f"{flag} {value}: no such file or folder")
 
 
+def _adapter_folder(flag: str, value: str) -> None:
+    """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
+    from .adapter import ADAPTER_CONFIG_NAME
+    from .train.adapters import run_adapter_dir
+
+    _existing(flag, value)
+    if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
+        raise ValueError(f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an "
+                         "adapter folder")
+
+
 def _model(flag: str, value: str | None) -> None:
     """A name written as a local path must exist (a hub id is looked up when the model loads)."""
     from .train.models import check_local_model
@@ -223,14 +234,14 @@ def _check_args(args: argparse.Namespace) -> None:
         _names("--tasks", args.tasks, TASKS)
         _output_file("--json", args.json)
         for adapter in _adapters(args.adapter):
-            _existing("--adapter", adapter)
+            _adapter_folder("--adapter", adapter)
         _count("--batch-size", args.batch_size, 1)
         _count("--limit", args.limit, 1)
     elif command == "analyze":
-        for run in args.runs:
-            _existing("run folder", run)
         _output_folder("--out", args.out)
         _count("--texts", args.texts, 0)
+        for run in args.runs:
+            _adapter_folder("run folder", run)
     elif command == "sweep":
         from .sweep import parse_lrs
 

@@ -164,6 +164,8 @@ ODD = [
     (["train", "--steps", "-5"], "TrainConfig.steps=-5; must be a positive int"),
     (["sweep", "--limit", "0"], "--limit 0; must be an integer >= 1"),
     (["analyze", ".", "--texts", "-1"], "--texts -1; must be an integer >= 0"),
+    (["eval", "--adapter", "."], "--adapter .: holds no adapter (adapter_config.json missing)"),
+    (["analyze", "."], "run folder .: holds no adapter (adapter_config.json missing)"),
 ]
 
 
@@ -214,6 +216,21 @@ def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, e
     with pytest.raises(error, match=r"PreProjAttention \(part 'language', block 0\)") as err:
         model(torch.randint(0, 128, (1, 5)))
     assert err.match(expect) and "'call'" in str(err.value)
+
+
+def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
+    from mmpreproj.adapter import new_adapter_modules
+    from mmpreproj.config import PreProjConfig
+    from mmpreproj.modules import AttentionCall, PreProjAttention
+
+    preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
+    wrapper = PreProjAttention(torch.nn.Identity(), AttentionCall(inputs=((1, "mask"),), output_index=None),
+                               preproj, skip, block_index=3, part="vision")
+    with pytest.raises(TypeError, match=r"\(part 'vision', block 3\): .*entry \[1, 'mask'\] gives a torch.float32 "
+                       r"tensor of shape \(2, 5, 7\), not the normed input x\^ \(a float tensor \(\.\.\., N, 8\)\)"):
+        wrapper(torch.zeros(2, 5, 8), torch.zeros(2, 5, 7))
+    wrapper.call = AttentionCall(inputs=((0, "x"),), output_index=None)
+    assert wrapper(torch.zeros(2, 5, 8)).shape == (2, 5, 8)  # the right slot runs
 
 
 def _truncate(path: Path) -> None:
