@@ -108,14 +108,18 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 def corrupt_weights_error(source: str, err: Exception) -> ValueError | None:
     """When loading `source` failed with `err`, the one-line error naming the weights file that cannot be read
     (truncated by an interrupted download or copy, or not a weights file at all), or None when every weights
-    file of it reads. Only headers are read: a local folder's `*.safetensors` / `*.bin`, a hub id's cached ones."""
+    file of it reads. Read: a local folder's `model*.safetensors` (their headers) and `pytorch_model*.bin`
+    (memory-mapped), or a hub id's cached `model.safetensors` / `pytorch_model.bin`."""
     folder = Path(source)
     if folder.is_dir():
-        files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+        files = sorted(folder.glob("model*.safetensors")) + sorted(folder.glob("pytorch_model*.bin"))
     else:
         from huggingface_hub import try_to_load_from_cache
 
-        found = (try_to_load_from_cache(source, f) for f in _WEIGHT_FILES)
+        try:
+            found = [try_to_load_from_cache(source, f) for f in _WEIGHT_FILES]
+        except Exception:  # not a valid repo id: nothing cached to look at
+            return None
         files = [Path(f) for f in found if isinstance(f, str)]
     for f in files:
         why = _unreadable(f)
