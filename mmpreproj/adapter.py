@@ -484,8 +484,13 @@ def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, to
     if missing or unexpected:
         raise ValueError(f"{what}: missing {missing[:4]}, unexpected {unexpected[:4]}")
     for k, dst in expected.items():
-        if tuple(tensors[k].shape) != tuple(dst.shape):
-            raise ValueError(f"{what}: {k} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}")
+        got = tensors[k]
+        if tuple(got.shape) != tuple(dst.shape):
+            raise ValueError(f"{what}: {k} has shape {tuple(got.shape)}, expected {tuple(dst.shape)}")
+        # a float weight may come in another float dtype (cast on copy); integers, bools or complex values never
+        if got.is_floating_point() != dst.is_floating_point() or (not dst.is_floating_point() and got.dtype != dst.dtype):
+            expect = f"a floating-point tensor ({dst.dtype})" if dst.is_floating_point() else str(dst.dtype)
+            raise ValueError(f"{what}: {k} has dtype {got.dtype}, expected {expect}")
 
 
 def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
@@ -580,7 +585,11 @@ def adapter_folder(path: str | Path) -> Path:
 
 
 def _refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """ValueError naming the first tensor with NaN/inf values, or an injected weight (`blocks.*`) that is not
+    floating point (integers, bools, complex: finite garbage where float weights are expected)."""
     for k, v in tensors.items():
+        if not v.is_floating_point() and k.startswith("blocks."):
+            raise ValueError(f"{what}: tensor {k} has dtype {v.dtype}; injected weights are floating point (float32)")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             bad = int((~torch.isfinite(v)).sum())
             raise ValueError(f"{what}: tensor {k} holds {bad} non-finite value(s) (nan/inf) of {v.numel()}")
@@ -609,6 +618,8 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 raise ValueError(f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}")
         except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: {e}") from None
+        except RecursionError:  # json.loads of a file nested thousands of levels deep
+            raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: nested too deeply") from None
         try:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:

@@ -47,9 +47,9 @@ def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         saved = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # torn or garbage (not UTF-8, nested too deeply): computed again
         return None
-    return saved if saved.get("key") == key else None
+    return saved if isinstance(saved, dict) and saved.get("key") == key else None
 
 
 def run_arm(

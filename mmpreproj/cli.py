@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
         p.add_argument("--data", default=None, help="override the preset's training data (hub id or local file)")
         p.add_argument("--seeds", default=None,
-                       help="K (the preset's seed and the next K-1) or a list such as 0,3,7 (default: the preset's seed)")
+                       help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
+                            "(default: the preset's seed)")
 
     p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
     from .sweep import DEFAULT_LRS
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
     p.add_argument("--methods", default="preproj_skip,lora", help="comma-separated (default: %(default)s)")
-    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="peak LRs (default: %(default)s)")
+    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="peak LRs, distinct finite numbers > 0 (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="override the preset's seed")
     p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
@@ -128,14 +129,35 @@ def _count(flag: str, value: int | None, minimum: int) -> None:
 
 
 def _names(flag: str, value: str | None, allowed: Sequence[str]) -> list[str] | None:
-    """A comma-separated list of names from `allowed` (None when the flag was not given)."""
+    """A comma-separated list of distinct names from `allowed` (None when the flag was not given)."""
     if value is None:
         return None
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
         raise ValueError(f"{flag} {value!r}: {'unknown ' + str(unknown) if unknown else 'empty'}; allowed: {', '.join(allowed)}")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ValueError(f"{flag} {value!r}: names {twice[0]!r} twice; each name once, from {', '.join(allowed)}")
     return names
+
+
+# what a path option takes, for the message when it is given empty (`--out ''` is never read as the default)
+_PATH_OPTIONS = {"out": "a folder", "model": "a hub id or a local folder", "data": "a hub dataset id or a local text file",
+                 "json": "a file name", "adapter": "a run folder or an adapter folder", "runs": "a run folder"}
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """Every string option given as '' (or blanks) is refused by name, never read as its default."""
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        if not any(isinstance(v, str) and not v.strip() for v in values):
+            continue
+        flag = "run folder" if dest == "runs" else "--" + dest.replace("_", "-")
+        if dest in _PATH_OPTIONS:
+            raise ValueError(f"{flag}: empty path; pass {_PATH_OPTIONS[dest]}")
+        if dest not in ("tasks", "methods", "lrs", "seeds"):  # lists: their own check names the allowed values
+            raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
 
 
 def _output_file(flag: str, value: str | None) -> None:
@@ -160,30 +182,81 @@ def _existing(flag: str, value: str | None) -> None:
         raise ValueError(f"{flag} {value}: no such file or folder")
 
 
+def _adapter_folder(flag: str, value: str) -> None:
+    """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
+    from .adapter import ADAPTER_CONFIG_NAME
+    from .train.adapters import run_adapter_dir
+
+    _existing(flag, value)
+    if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
+        raise ValueError(f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an "
+                         "adapter folder")
+
+
+def _model(flag: str, value: str | None) -> None:
+    """A name written as a local path must exist (a hub id is looked up when the model loads)."""
+    from .train.models import check_local_model
+
+    if value is not None:
+        try:
+            check_local_model(value)
+        except FileNotFoundError:
+            raise ValueError(f"{flag} {value}: no such folder (a local path; a hub id looks like org/name)") from None
+
+
+def _data(flag: str, value: str | None) -> None:
+    """A name written as a local path (`train.sources`' rule) must be an existing file."""
+    from .train.sources import looks_like_path, resolve_path
+
+    if value is None:
+        return
+    local = resolve_path(value)
+    if local is None and looks_like_path(value):
+        raise ValueError(f"{flag} {value}: no such file (a local text file, one example per line; or a hub dataset id)")
+    if local is not None and not local.is_file():
+        raise ValueError(f"{flag} {value}: is a folder; pass a text file, one example per line")
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    """Every path, count and list option, checked before any work starts."""
+    """Every path, count and list option, checked before any work starts (no arm trained, no file written)."""
     from .eval import TASKS
     from .train.methods import METHODS
 
-    if args.command == "train":
+    _refuse_empty(args)
+    command = args.command
+    if command in ("train", "reproduce", "demo", "sweep"):  # train's counts: TrainConfig names them
         _output_folder("--out", args.out)
-    elif args.command == "eval":
+    if command in ("train", "reproduce", "demo"):
+        _data("--data", args.data)
+    if command in ("reproduce", "demo", "sweep"):
+        _count("--steps", args.steps, 1)
+    if command == "eval":
         _names("--tasks", args.tasks, TASKS)
         _output_file("--json", args.json)
         for adapter in _adapters(args.adapter):
-            _existing("--adapter", adapter)
+            _adapter_folder("--adapter", adapter)
         _count("--batch-size", args.batch_size, 1)
         _count("--limit", args.limit, 1)
-    elif args.command == "analyze":
-        for run in args.runs:
-            _existing("run folder", run)
+    elif command == "analyze":
         _output_folder("--out", args.out)
         _count("--texts", args.texts, 0)
-    else:  # reproduce, demo
+        for run in args.runs:
+            _adapter_folder("run folder", run)
+    elif command == "sweep":
+        from .sweep import parse_lrs
+
         _names("--methods", args.methods, METHODS)
-        _output_folder("--out", args.out)
+        parse_lrs(args.lrs, flag="--lrs")
+        _count("--seed", args.seed, 0)
         _count("--limit", args.limit, 1)
-        _count("--steps", args.steps, 1)
+    elif command in ("reproduce", "demo"):
+        from .reproduce import parse_seeds
+
+        _names("--methods", args.methods, METHODS)
+        parse_seeds(args.seeds, 0, flag="--seeds")
+        _count("--limit", args.limit, 1)
+    if command != "analyze":  # last: the other options are checked even when the model is also wrong
+        _model("--model", args.model)
 
 
 def _train(args: argparse.Namespace) -> str:
@@ -217,6 +290,9 @@ def _loss_curve_png(run: str) -> None:
 def _adapters(values: list[str] | None) -> list[str]:
     """The adapters of repeated and/or comma-separated --adapter options, in order; ValueError on a repeat."""
     names = [a.strip() for v in values or [] for a in v.split(",") if a.strip()]
+    empty = [v for v in values or [] if not v.replace(",", "").strip()]
+    if empty:
+        raise ValueError(f"--adapter {empty[0]!r}: empty path; pass a run folder or an adapter folder")
     if len(set(names)) != len(names):
         raise ValueError(f"--adapter {','.join(names)}: names one adapter twice")
     return names
@@ -286,8 +362,9 @@ def _analyze(args: argparse.Namespace) -> str:
 
 def _reproduce(args: argparse.Namespace, preset: str) -> str:
     from .reproduce import reproduce
+    from .train.methods import METHODS
 
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+    methods = _names("--methods", args.methods, METHODS)
     out = args.out or f"runs/{preset}"
     kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress,
                               "seeds": args.seeds, "command": _command_line()}
@@ -316,10 +393,11 @@ def _command_line() -> str:
 
 def _sweep(args: argparse.Namespace) -> str:
     from .sweep import lr_sweep, parse_lrs
+    from .train.methods import METHODS
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    lr_sweep(args.preset, out, methods, parse_lrs(args.lrs), seed=args.seed, data_source=args.data_source,
+    methods = _names("--methods", args.methods, METHODS)
+    lr_sweep(args.preset, out, methods, parse_lrs(args.lrs, flag="--lrs"), seed=args.seed, data_source=args.data_source,
              eval_settings={"limit": args.limit} if args.limit is not None else None,
              train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
     print((Path(out) / "sweep.md").read_text())

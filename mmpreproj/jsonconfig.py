@@ -53,6 +53,8 @@ class JsonConfig:
             d = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{cls.__name__}: {path} is not valid JSON ({e})") from None
+        except RecursionError:  # json.loads of a file nested thousands of levels deep
+            raise ValueError(f"{cls.__name__}: {path} is not valid JSON (nested too deeply)") from None
         if not isinstance(d, dict):
             raise ValueError(f"{cls.__name__}: {path} holds a JSON {type(d).__name__}, expected an object of fields")
         return cls.from_dict(d)

@@ -222,11 +222,26 @@ def _save_pretrained(
         if is_main_process:
             save_adapter(self, folder, state_dict=adapter_sd)
         return None
+    _refuse_torchao_base(self)
     with base_view(self):
         cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
     if is_main_process:
         save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True)
     return None
+
+
+def _refuse_torchao_base(model: nn.Module) -> None:
+    """A base quantized in place by torchao (`quantize_frozen_base(model, "int8")`, no transformers quantizer)
+    cannot be written by transformers' `save_pretrained` (it fails after writing config.json): refused first."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        return
+    ao = next((n for n, p in model.named_parameters() if type(p).__module__.split(".")[0] == "torchao"), None)
+    if ao is not None:
+        raise ValueError(
+            f"save_pretrained: the base holds torchao int8 weights (e.g. {ao!r}), which transformers cannot save; "
+            "nothing was written. Save the adapter alone (save_pretrained(DIR, adapter_only=True) or "
+            "mmpreproj.save_adapter) and keep the float base: quantize it again after loading, then load_adapter"
+        )
 
 
 def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **download: Any) -> Path | None:
@@ -252,12 +267,16 @@ def from_pretrained(
     """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter loaded.
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
-    `adapter/` subfolder), if any; False = none. `kwargs` go to `from_pretrained` (`dtype=`, `revision=`...).
-    When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
-    FileNotFoundError.
+    `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError
+    (never the plain base in place of the trained model); False = the base alone. `kwargs` go to
+    `from_pretrained` (`dtype=`, `revision=`...). When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub
+    id must be cached, else one-line FileNotFoundError. A weights file that cannot be read (truncated) is named.
     """
-    from .adapter import ADAPTER_CONFIG_NAME, adapter_folder, load_adapter
-    from .train.models import pretrained_source  # the Hub probe (local folder / reachable / cached)
+    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
+    from .train.models import (  # the Hub probe (local / reachable / cached)
+        corrupt_weights_error,
+        pretrained_source,
+    )
 
     if model_cls is None:
         from transformers import AutoModelForCausalLM
@@ -272,6 +291,12 @@ def from_pretrained(
             folder = folder if (folder / ADAPTER_CONFIG_NAME).is_file() else None
         else:
             folder = _hub_adapter(source, (PRETRAINED_ADAPTER_DIR + "/",), local_only, **download)
+        if folder is None:
+            raise FileNotFoundError(
+                f"from_pretrained: {str(path_or_hub_id)!r} holds no mmpreproj adapter (no "
+                f"{PRETRAINED_ADAPTER_DIR}/{ADAPTER_CONFIG_NAME}); pass adapter=False to load only the base, or "
+                "adapter=FOLDER for an adapter saved elsewhere"
+            )
     elif adapter is False:
         folder = None
     else:
@@ -288,5 +313,13 @@ def from_pretrained(
         )
         if folder is None or not (folder / ADAPTER_CONFIG_NAME).is_file():
             raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
-    model = model_cls.from_pretrained(source, **{**extra, **kwargs})
+    if folder is not None and not (folder / ADAPTER_WEIGHTS_NAME).is_file():  # before the base is loaded
+        raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}")
+    try:
+        model = model_cls.from_pretrained(source, **{**extra, **kwargs})
+    except Exception as err:
+        broken = corrupt_weights_error(source, err)
+        if broken is None:
+            raise
+        raise broken from None
     return model if folder is None else load_adapter(model, folder)

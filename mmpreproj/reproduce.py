@@ -49,18 +49,42 @@ REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared wi
 PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
 
 
-def parse_seeds(text: str | int | Sequence[int] | None, default: int) -> list[int]:
-    """"3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default]."""
+def parse_seeds(text: str | int | Sequence[int] | None, default: int, *, flag: str = "seeds") -> list[int]:
+    """"3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default].
+
+    Every seed is checked before any arm trains: integers in [0, 2**32), distinct; a count K >= 1. `flag` names
+    the option in the error ("--seeds" from the command line)."""
     if text is None:
         return [default]
-    if isinstance(text, int) or (isinstance(text, str) and "," not in text):
-        k = int(text)
-        if k < 1:
-            raise ValueError(f"seeds={text!r}; a count must be >= 1 (or pass a list such as 0,3,7)")
-        return [default + i for i in range(k)]
-    seeds = [int(s) for s in text.split(",") if s.strip()] if isinstance(text, str) else [int(s) for s in text]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds={text!r}; must be distinct integers, e.g. 0,3,7")
+    label = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
+    hint = "pass K (a count >= 1: the preset's seed and the next K-1) or distinct integers >= 0 such as 0,3,7"
+
+    def integer(s: object) -> int:
+        if isinstance(s, int) and not isinstance(s, bool):
+            return s
+        if isinstance(s, str) and s.strip().removeprefix("-").isdecimal():
+            return int(s)
+        raise ValueError(f"{label}: {s!r} is not an integer; {hint}")
+
+    if isinstance(text, str) and "," not in text:
+        text = integer(text.strip())
+    if isinstance(text, int) and not isinstance(text, bool):  # a count K
+        if text < 1:
+            raise ValueError(f"{label}: a count must be >= 1; {hint}")
+        seeds = [default + i for i in range(text)]
+    elif isinstance(text, (str, Sequence)):
+        items = text.split(",") if isinstance(text, str) else list(text)
+        seeds = [integer(s) for s in items if not (isinstance(s, str) and not s.strip())]
+        if not seeds:
+            raise ValueError(f"{label}: no seed given; {hint}")
+    else:
+        raise ValueError(f"{label}: not a count or a list of seeds; {hint}")
+    bad = [s for s in seeds if not 0 <= s < 2**32]
+    if bad:
+        raise ValueError(f"{label}: seed {bad[0]} is out of range [0, 2**32); {hint}")
+    twice = [s for i, s in enumerate(seeds) if s in seeds[:i]]
+    if twice:
+        raise ValueError(f"{label}: seed {twice[0]} is named twice; {hint}")
     return seeds
 
 
@@ -147,11 +171,14 @@ def reproduce(
     """
     methods = check_methods(methods)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))
     settings["tasks"] = list(settings["tasks"])
     base_cfg = get_preset(preset, **(train_overrides or {}))
     seed_list = parse_seeds(seeds, base_cfg.seed)
+    cfgs = {(seed, method): get_preset(preset, method=method, seed=seed, out=str(out / method / f"seed-{seed}"),
+                                       progress=progress, **(train_overrides or {}))
+            for seed in seed_list for method in methods}  # every arm checked before the first one trains
+    out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     device = next(base.parameters()).device
     eval_key = {**settings, "protocol": protocol, "data_source": data_source}
@@ -170,9 +197,8 @@ def reproduce(
     rows, items, reused_arms = [row], {("baseline", None): its}, []
     for seed in seed_list:
         for method in methods:
-            run_dir = out / method / f"seed-{seed}"
-            cfg = get_preset(preset, method=method, seed=seed, out=str(run_dir), progress=progress,
-                             **(train_overrides or {}))
+            cfg = cfgs[(seed, method)]
+            run_dir = Path(cfg.out)
 
             def compute(fresh: bool, cfg=cfg, run_dir=run_dir):
                 model, row = train_arm(cfg, base, tokenizer, fresh=fresh)

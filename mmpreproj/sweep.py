@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from .report_md import format_sweep_table
 from .train import get_preset, load_model_and_tokenizer
 from .train.methods import check_methods
 
-__all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "lr_sweep", "parse_lrs"]
+__all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "check_lrs", "lr_sweep", "parse_lrs"]
 
 log = logging.getLogger("mmpreproj.sweep")
 
@@ -31,12 +32,37 @@ DEFAULT_LRS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2)
 SWEEP_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "test", "limit": None}
 
 
-def parse_lrs(text: str) -> list[float]:
-    """"1e-5,1e-3" -> [1e-05, 0.001] (positive, distinct)."""
-    lrs = [float(s) for s in text.split(",") if s.strip()]
-    if not lrs or any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
-        raise ValueError(f"lrs={text!r}; must be distinct positive numbers, e.g. 1e-5,1e-4,1e-3")
-    return lrs
+LRS_HINT = "pass distinct finite numbers > 0, e.g. 1e-5,1e-4,1e-3"
+
+
+def parse_lrs(text: str, *, flag: str = "lrs") -> list[float]:
+    """"1e-5,1e-3" -> [1e-05, 0.001]; each a finite number > 0, all distinct (`check_lrs`). `flag` names the
+    option in the error ("--lrs" from the command line)."""
+    label = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
+    lrs = []
+    for s in (s.strip() for s in text.split(",")):
+        if not s:
+            continue
+        try:
+            lrs.append(float(s))
+        except ValueError:
+            raise ValueError(f"{label}: {s!r} is not a number; {LRS_HINT}") from None
+    return check_lrs(lrs, label)
+
+
+def check_lrs(lrs: Sequence[float], label: str = "lrs") -> list[float]:
+    """`lrs` as floats, or ValueError naming the first one that is not a finite number > 0 or is repeated
+    (two LRs equal to 6 digits share a point's folder, `lr-{lr:g}`)."""
+    out = []
+    for lr in lrs:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"{label}: {lr!r} is not a finite number > 0; {LRS_HINT}")
+        if f"{lr:g}" in {f"{x:g}" for x in out}:
+            raise ValueError(f"{label}: {lr:g} is named twice; {LRS_HINT}")
+        out.append(float(lr))
+    if not out:
+        raise ValueError(f"{label}: no learning rate given; {LRS_HINT}")
+    return out
 
 
 def lr_sweep(
@@ -52,15 +78,20 @@ def lr_sweep(
     progress: bool = True,
     command: str | None = None,
 ) -> dict[str, dict[float, dict[str, Any]]]:
-    """Train every method at every LR (all else the preset's) and score PPL; returns {method: {lr: row}}."""
+    """Train every method at every LR (all else the preset's) and score PPL; returns {method: {lr: row}}.
+
+    Every method, LR and arm config is checked before anything is written or trained."""
     methods = check_methods(methods)
+    lrs = check_lrs(lrs)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))
     overrides = dict(train_overrides or {})
     if seed is not None:
         overrides["seed"] = seed
     base_cfg = get_preset(preset, **overrides)
+    cfgs = {(lr, method): get_preset(preset, method=method, lr=lr, out=str(out / method / f"lr-{lr:g}"),
+                                     progress=progress, **overrides) for lr in lrs for method in methods}
+    out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
     t0 = time.time()
@@ -77,8 +108,8 @@ def lr_sweep(
     reused_n = 0
     for lr in lrs:  # LR-major: a sweep cut short still compares the methods at the LRs it reached
         for method in methods:
-            run_dir = out / method / f"lr-{lr:g}"
-            cfg = get_preset(preset, method=method, lr=lr, out=str(run_dir), progress=progress, **overrides)
+            cfg = cfgs[(lr, method)]
+            run_dir = Path(cfg.out)
 
             def compute(fresh: bool, cfg=cfg, run_dir=run_dir):
                 model, row = train_arm(cfg, base, tokenizer, fresh=fresh)

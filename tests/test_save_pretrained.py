@@ -226,7 +226,10 @@ def test_from_pretrained_with_an_adapter_folder_elsewhere(tmp_path):
     model.save_pretrained(tmp_path / "base")
     got = mmpreproj.from_pretrained(tmp_path / "base", adapter=tmp_path / "only").eval()
     assert torch.equal(lm_forward(got), injected_out)
-    assert not mmpreproj.is_injected(mmpreproj.from_pretrained(tmp_path / "base"))  # no adapter beside it
+    # no adapter beside it: said, never the plain base returned as if it were the trained model
+    with pytest.raises(FileNotFoundError, match=r"holds no mmpreproj adapter .*pass adapter=False to load only"):
+        mmpreproj.from_pretrained(tmp_path / "base")
+    assert not mmpreproj.is_injected(mmpreproj.from_pretrained(tmp_path / "base", adapter=False))
     with pytest.raises(FileNotFoundError, match="no mmpreproj adapter files"):
         mmpreproj.from_pretrained(tmp_path / "base", adapter=tmp_path / "base")
 

@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 from ..adapter import is_injected
 
 __all__ = [
+    "COMPUTE_DTYPES",
     "FrozenInt8Linear",
     "QUANT_SCHEMES",
     "disable_cpu_4bit_packing",
@@ -46,6 +47,7 @@ QUANT_SCHEMES = {
     "fp4": "bitsandbytes Linear4bit, FP4 4-bit weights in blocks of 64 with a nested-quantized scale",
 }
 _PACKAGES = {"int8": "torchao", "nf4": "bitsandbytes", "fp4": "bitsandbytes"}  # import name = pip name
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what a 4-bit layer may compute in
 OUTPUT_HEADS = ("lm_head", "embed_out")  # kept float, as transformers' bitsandbytes loading does
 
 
@@ -107,14 +109,26 @@ def quantize_frozen_base(
             (bitsandbytes `Linear4bit`).
         skip_modules: attribute names of linear layers kept float (default: the output heads `lm_head`,
             `embed_out`, as transformers does; a tied head must stay float anyway).
-        compute_dtype: 4-bit only: the dtype bitsandbytes computes in (None = each layer's weight dtype).
+        compute_dtype: 4-bit only: the dtype bitsandbytes computes in, one of `COMPUTE_DTYPES`
+            (torch.float32, torch.float16, torch.bfloat16; None = each layer's weight dtype).
 
     Biases and every other parameter stay as they are (`inject` freezes them). Checked before any change:
-    the scheme, the backend's import, an injected model and a model without any linear layer to quantize.
+    the scheme, the compute dtype, the backend's import, an injected model and a model without any linear
+    layer to quantize.
     Returns the same model.
     """
     if scheme not in QUANT_SCHEMES:
         raise ValueError(f"quantize_frozen_base: scheme={scheme!r}; allowed values: {sorted(QUANT_SCHEMES)}")
+    if compute_dtype is not None and (not isinstance(compute_dtype, torch.dtype) or compute_dtype not in COMPUTE_DTYPES):
+        raise ValueError(
+            f"quantize_frozen_base: compute_dtype={compute_dtype!r}; allowed values: None (each layer's weight "
+            f"dtype), {', '.join(map(str, COMPUTE_DTYPES))}"
+        )
+    if compute_dtype is not None and scheme == "int8":
+        raise ValueError(
+            "quantize_frozen_base: compute_dtype applies to the 4-bit schemes ('nf4', 'fp4') only; torchao's int8 "
+            "layers compute in the input's dtype: leave compute_dtype=None"
+        )
     if isinstance(skip_modules, str) or not all(isinstance(s, str) for s in skip_modules):
         raise TypeError(
             f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}"

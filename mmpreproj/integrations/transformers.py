@@ -103,16 +103,29 @@ def load_checkpoint(model: nn.Module, folder: str | Path) -> nn.Module:
     """
     folder = Path(folder)
     if not has_checkpoint(model, folder):
+        missing = [n for n in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME) if not (adapter_dir(model, folder) / n).is_file()]
         raise FileNotFoundError(
-            f"no mmpreproj adapter at {adapter_dir(model, folder)} ({ADAPTER_CONFIG_NAME} + {ADAPTER_WEIGHTS_NAME})"
+            f"cannot resume from checkpoint {folder}: no mmpreproj adapter at {adapter_dir(model, folder)} "
+            f"(missing {', '.join(missing)})"
         )
-    _, tensors = read_adapter(adapter_dir(model, folder))
-    if _is_peft(model):
-        have = {k: tuple(v.shape) for k, v in adapter_state_dict(model).items()}
-        if have != {k: tuple(v.shape) for k, v in tensors.items()}:  # refuse before peft's part is loaded
-            set_adapter_state_dict(model, tensors)  # raises, naming the keys or the shape
-        model.load_adapter(str(folder), model.active_adapters[0], is_trainable=True)
-    return set_adapter_state_dict(model, tensors)
+    try:
+        _, tensors = read_adapter(adapter_dir(model, folder))
+        if _is_peft(model):
+            have = {k: tuple(v.shape) for k, v in adapter_state_dict(model).items()}
+            if have != {k: tuple(v.shape) for k, v in tensors.items()}:  # refuse before peft's part is loaded
+                set_adapter_state_dict(model, tensors)  # raises, naming the keys or the shape
+            model.load_adapter(str(folder), model.active_adapters[0], is_trainable=True)
+        return set_adapter_state_dict(model, tensors)
+    except (ValueError, FileNotFoundError) as err:  # damaged files: said with the checkpoint, nothing was copied
+        kind = FileNotFoundError if isinstance(err, FileNotFoundError) else ValueError
+        raise kind(f"cannot resume from checkpoint {folder}: {err}") from None
+
+
+def _holds_our_files(model: nn.Module, folder: str | Path) -> bool:
+    """Whether `folder` holds either of our adapter files where `save_checkpoint` writes them (a damaged
+    checkpoint missing one of them is then ours to name, not the Trainer's to call "not a checkpoint")."""
+    where = adapter_dir(model, folder)
+    return any((where / n).is_file() for n in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME))
 
 
 def load_trained(model: nn.Module, folder: str | Path, *, is_trainable: bool = False) -> nn.Module:
@@ -139,7 +152,7 @@ def _holds_peft_adapter(folder: Path) -> bool:
     """Whether `folder/adapter_config.json` is peft's (it names a `peft_type`; ours has a `config` object)."""
     try:
         desc = json.loads((folder / ADAPTER_CONFIG_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # read_adapter then names what is wrong with the file
         return False
     return isinstance(desc, dict) and "peft_type" in desc
 
@@ -172,14 +185,14 @@ class PreProjTrainerMixin:
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         model = self.model if model is None else model
-        if is_injected(model) and has_checkpoint(model, resume_from_checkpoint):
+        if is_injected(model) and _holds_our_files(model, resume_from_checkpoint):
             load_checkpoint(model, resume_from_checkpoint)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
-        if is_injected(self.model) and best is not None and has_checkpoint(self.model, best):
+        if is_injected(self.model) and best is not None and _holds_our_files(self.model, best):
             load_checkpoint(self.model, best)
             return
         super()._load_best_model()  # type: ignore[misc]

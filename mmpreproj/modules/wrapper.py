@@ -109,6 +109,8 @@ class PreProjAttention(BaseLayerWrapper):
             x = container[slot]
             if x is None:
                 continue
+            if id(x) not in done:
+                self._check_input(x, pos, key)
             if self.seam_check is not None and first is None:
                 self.seam_check.verify(x)
                 if self.seam_check.done:  # checked once: no further cost on the hot path
@@ -119,14 +121,28 @@ class PreProjAttention(BaseLayerWrapper):
             first = done[id(x)] if first is None else first
         return tuple(args), kwargs, first
 
+    def _check_input(self, x: Any, pos: int, key: str) -> None:
+        """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's width."""
+        width = (self.preproj if self.preproj is not None else self.skip).dim
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2 and x.shape[-1] == width:
+            return
+        got = (f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
+               else f"a {type(x).__name__}")
+        raise TypeError(
+            f"PreProjAttention (part {self.part!r}, block {self.block_index}): the host description's call.inputs "
+            f"entry [{pos}, {key!r}] gives {got}, not the normed input x^ (a float tensor (..., N, {width})); fix "
+            "'call' (inputs: [[position, keyword], ...]) to name the argument that carries the block's hidden states"
+        )
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.adapter_enabled:
             return self.base_layer(*args, **kwargs)
         args, kwargs, x_tilde = self._swap_inputs(args, kwargs)
         if x_tilde is None:
             raise RuntimeError(
-                f"PreProjAttention (block {self.block_index}) found no attention input among "
-                f"{self.call.inputs}; the host table entry does not match how this block calls attention"
+                f"PreProjAttention (part {self.part!r}, block {self.block_index}) found no attention input among "
+                f"call.inputs {[list(i) for i in self.call.inputs]}; the host description's 'call' does not match how "
+                "this block calls attention"
             )
         out = self.base_layer(*args, **kwargs)
         if self.skip is None:

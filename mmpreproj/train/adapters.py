@@ -20,6 +20,7 @@ from torch import nn
 from .. import adapter as _adapter
 from ..config import PreProjConfig
 from ..io import set_new_file_modes
+from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME
 
@@ -65,14 +66,30 @@ def save_run_adapter(
     spec = METHOD_SPECS[method]
     state = state or {}
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    if spec.preproj or spec.skip:
-        _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if spec.preproj or spec.skip:  # both files replaced together or not at all (`adapter_files`)
+            _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"cannot write the adapter to {path}: {_why(err)}; nothing there was replaced (the previous adapter "
+            "files, if any, are kept). Free space (or choose another output folder) and run again"
+        ) from err
     if spec.lora:
         lora_dir = path / LORA_SUBDIR if (spec.preproj or spec.skip) else path
-        model.save_pretrained(str(lora_dir), state_dict=state.get("lora"))
+        try:
+            model.save_pretrained(str(lora_dir), state_dict=state.get("lora"))
+        except OSError as err:  # peft writes in place: its files may be torn
+            raise CheckpointWriteError(
+                f"cannot write the LoRA adapter to {lora_dir}: {_why(err)}; peft's files there may be incomplete. "
+                "Free space (or choose another output folder) and run again"
+            ) from err
         set_new_file_modes(lora_dir, (_adapter.ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
     return path
+
+
+def _why(err: OSError) -> str:
+    return f"{type(err).__name__}: " + ((err.strerror or str(err)).strip().splitlines() or [""])[0][:200]
 
 
 def run_adapter_dir(path: str | Path) -> Path:
@@ -120,6 +137,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    except RecursionError:  # json.loads of a file nested thousands of levels deep
+        what = "adapter config" if path.name == _adapter.ADAPTER_CONFIG_NAME else "JSON file"
+        raise ValueError(f"corrupt {what} {path}: nested too deeply") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path} holds a JSON {type(d).__name__}, expected an object")
     return d

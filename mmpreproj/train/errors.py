@@ -9,7 +9,8 @@ from ..data.hub import DataUnavailableError  # one class for "data cannot be rea
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (disk full, permissions, ...); the message names the file and why."""
+    """A checkpoint or the final adapter could not be written (disk full, permissions, ...); the message names
+    the file or folder, why, and what was kept."""
 
 
 class ModelUnavailableError(RuntimeError):

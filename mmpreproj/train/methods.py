@@ -77,10 +77,15 @@ PAPER_METHODS: tuple[str, ...] = tuple(n for n, s in METHOD_SPECS.items() if s.i
 
 
 def check_methods(names: Sequence[str]) -> tuple[str, ...]:
-    """`names` as a tuple, or ValueError naming the first unknown one and the allowed values."""
-    for name in names:
+    """`names` as a tuple, or ValueError naming the first unknown or repeated one and the allowed values."""
+    if isinstance(names, str):
+        raise ValueError(f"methods={names!r}: pass a list of names, e.g. ['preproj_skip', 'lora']")
+    names = list(names)
+    for i, name in enumerate(names):
         if name not in METHOD_SPECS:
             raise ValueError(f"unknown method {name!r}; allowed values: {list(METHODS)}")
+        if name in names[:i]:
+            raise ValueError(f"method {name!r} is named twice; each method is one arm")
     return tuple(names)
 
 

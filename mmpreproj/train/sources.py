@@ -11,10 +11,11 @@ from ..data import hub
 from ..data.assets import resolve_path  # the one locator (honours MMPREPROJ_ASSETS)
 from .errors import DataUnavailableError
 
-__all__ = ["read_lines", "resolve_path"]
+__all__ = ["looks_like_path", "read_lines", "resolve_path"]
 
 
-def _looks_like_path(source: str) -> bool:
+def looks_like_path(source: str) -> bool:
+    """Whether a data name is written as a local file (`./x`, `/x`, `~/x`, `dir/x.txt`), not a hub dataset id."""
     return source.startswith((".", "/", "~")) or (os.sep in source and Path(source).suffix != "")
 
 
@@ -33,7 +34,7 @@ def read_lines(
             raise DataUnavailableError(f"data path {source!r} is not a file; pass a text file, one example per line")
         yield from _file_lines(local)
         return
-    if _looks_like_path(source):
+    if looks_like_path(source):
         raise DataUnavailableError(f"data file not found: {source}")
     yield from _hub_rows(source, config, split, text_field)
 

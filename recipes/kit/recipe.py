@@ -36,9 +36,24 @@ def parse_config(
             parser.add_argument(flag, type=typing.get_args(hint)[0], nargs="+", default=default, help=text)
         else:
             kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint)  # X | None -> X
+            if kind is str and default != "":  # '' would stand in for the default silently (`--out ''`)
+                kind = _non_empty(default)
             parser.add_argument(flag, type=kind, default=default, help=text)
     args = vars(parser.parse_args(argv))
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+
+
+def _non_empty(default: Any):
+    """An argparse type for a string option whose default is not '': refuses '' and blanks by name."""
+    def check(value: str) -> str:
+        if not value.strip():
+            what = "path" if isinstance(default, str) and ("/" in default or os.sep in default) else "value"
+            shown = "" if default is None else f" (default: {default})"
+            raise argparse.ArgumentTypeError(f"empty {what}; pass one, or leave the option out{shown}")
+        return value
+
+    check.__name__ = "non-empty string"
+    return check
 
 
 def environment() -> dict[str, Any]:
