@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
     if is_injected(model):
         raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
+    _refuse_compiled_or_peft(model)
     spec = as_host(model, host)
     try:
         sites = resolve_sites(model, spec)
@@ -177,6 +179,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         if host is None or isinstance(host, dict):
             raise
         raise forced_mismatch(model, spec, e) from None
+    _refuse_overlapping_parts(model, spec, sites)
     parts, chosen = _select(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
@@ -212,6 +215,55 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         base_model_name_or_path=_name_or_path(model),
     )
     return _Plan(spec, state, placements, seams)
+
+
+def peft_layers(model: nn.Module) -> list[str]:
+    """Names of the peft adapter layers (LoRA, ...) inside `model` ("" for a `PeftModel` itself); peft is
+    looked up in `sys.modules`, never imported."""
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    layer_cls = getattr(tuners, "BaseTunerLayer", None)
+    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
+    if layer_cls is None and peft_model is None:
+        return []
+    return [n for n, m in model.named_modules() if (layer_cls is not None and isinstance(m, layer_cls))
+            or (n == "" and peft_model is not None and isinstance(m, peft_model))]
+
+
+def _refuse_compiled_or_peft(model: nn.Module) -> None:
+    """inject comes before `torch.compile` and before peft: refuse the other order, naming the one that works."""
+    compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    found = [n for n, m in model.named_modules() if compiled is not None and isinstance(m, compiled)]
+    if found:
+        what = "the model is" if found[0] == "" else f"its submodule {found[0]!r} is"
+        raise RuntimeError(
+            f"inject: {what} a torch.compile wrapper (OptimizedModule); inject the model before compiling it: "
+            "mmpreproj.inject(model), then model = torch.compile(model)"
+        )
+    layers = peft_layers(model)
+    if layers:
+        what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
+        raise RuntimeError(
+            f"inject: {what}; injecting now would freeze the peft adapter's weights with the base. Inject first, "
+            "then add peft: mmpreproj.inject(model), then peft.get_peft_model(model, lora_config) (the order of "
+            "method 'preproj_lora', mmpreproj.train.apply_method)"
+        )
+
+
+def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site]) -> None:
+    """ValueError naming both parts and the module when two sites share a block or an attention module: the
+    second wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind)."""
+    seen: dict[tuple[str, int], Site] = {}
+    for site in sites:
+        for what, module in (("block", site.block), ("attention module", site.attention)):
+            first = seen.setdefault((what, id(module)), site)
+            if first is site:
+                continue
+            name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+            raise ValueError(
+                f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
+                f"{site.part_index} resolve to the same {what} {name!r}; each block and attention may belong to "
+                "one part only: fix the parts' 'blocks' paths so that they do not overlap (nothing was changed)"
+            )
 
 
 def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -1,0 +1,113 @@
+"""Nothing half-changed, nothing silently wrong (issue 18, section 2): each case is refused with its reason and
+the model left exactly as it was, or handled correctly. Every test here failed on the code before the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_neox
+from host_contract import assert_same_snapshot, snapshot
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+
+TOKENS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+NEOX_PART = {
+    "name": "language",
+    "blocks": "gpt_neox.layers",
+    "attention": "attention",
+    "norm": "input_layernorm",
+    "call": {"inputs": [[0, "hidden_states"]], "output_index": 0},
+}
+
+
+def _no_hooks_left(model) -> bool:
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+# --- 1. two parts of a description over the same blocks --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"blocks": "gpt_neox.layers"},  # the very same blocks
+        {"blocks": "*:GPTNeoXLayer"},  # the same blocks found another way
+    ],
+    ids=["same_path", "same_blocks_by_class"],
+)
+def test_parts_over_the_same_blocks_are_refused_before_anything_changes(second):
+    model = tiny_neox()
+    host = {"name": "twice", "parts": [NEOX_PART, {**NEOX_PART, "name": "again", **second}]}
+    snap = snapshot(model)
+    with pytest.raises(ValueError, match=r"part 'language' block 0 and part 'again' block 0 resolve to the same "
+                                         r"block 'gpt_neox.layers.0'"):
+        mmpreproj.inject(model, PreProjConfig(), host=host)
+    assert_same_snapshot(snapshot(model), snap)
+    assert _no_hooks_left(model)
+
+
+def test_parts_sharing_one_attention_module_are_refused():
+    model = tiny_neox()
+    model.gpt_neox.layers[1].attention = model.gpt_neox.layers[0].attention  # two blocks, one attention
+    host = {"name": "shared", "parts": [{**NEOX_PART, "blocks": "gpt_neox.layers"}]}
+    snap = snapshot(model)
+    with pytest.raises(ValueError, match=r"block 0 and part 'language' block 1 resolve to the same attention module "
+                                         r"'gpt_neox.layers.0.attention'"):
+        mmpreproj.inject(model, PreProjConfig(), host=host)
+    assert_same_snapshot(snapshot(model), snap)
+
+
+# --- 5. inject after peft; 6. inject after torch.compile ---------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_inject_after_peft_is_refused_with_the_order_that_works():
+    peft = pytest.importorskip("peft")
+    pm = peft.get_peft_model(tiny_neox(), peft.LoraConfig(r=4, target_modules=["query_key_value"]))
+    for model, what in ((pm, "the model is a peft PeftModel"), (pm.base_model.model, "the model holds peft layers")):
+        snap = snapshot(model)
+        with pytest.raises(RuntimeError, match=f"{what}.*Inject first, then add peft: mmpreproj.inject"):
+            mmpreproj.inject(model)
+        assert_same_snapshot(snapshot(model), snap)
+    assert {n for n, p in pm.named_parameters() if p.requires_grad} == {
+        n for n, _ in pm.named_parameters() if "lora_" in n
+    }  # LoRA still trains
+
+
+def test_inject_into_a_compiled_model_is_refused_with_the_order_that_works():
+    model = tiny_neox()
+    compiled = torch.compile(model, backend="eager")
+    snap = snapshot(model)
+    with pytest.raises(RuntimeError, match=r"torch.compile wrapper \(OptimizedModule\); inject the model before "
+                                           r"compiling it: mmpreproj.inject\(model\), then model = torch.compile"):
+        mmpreproj.inject(compiled)
+    assert_same_snapshot(snapshot(model), snap)
+    model.gpt_neox.layers[0] = torch.compile(model.gpt_neox.layers[0], backend="eager")
+    with pytest.raises(RuntimeError, match=r"its submodule 'gpt_neox.layers.0' is a torch.compile wrapper"):
+        mmpreproj.inject(model)
+
+
+# --- 3. the output side of the seam: the skip goes onto a tensor of the attention input's shape ----------
+
+
+@pytest.mark.parametrize(
+    ("output_index", "said"),
+    [
+        (1, r"item 1 has shape \(1, 4, 32, 32\)"),  # eager attention weights (B, H, N, N): broadcast silently before
+        (None, r"not one tensor"),
+        (5, r"item 5 is missing"),
+    ],
+)
+def test_a_wrong_output_index_is_refused_naming_the_index_that_fits(output_index, said):
+    from mmpreproj.modules.seam import SeamError
+
+    model = tiny_neox(attn_implementation="eager")
+    call = {"inputs": [[0, "hidden_states"]], "output_index": output_index}
+    mmpreproj.inject(model, PreProjConfig(preproj=False, skip_init_std=0.5),
+                     host={"name": "neox", "parts": [{**NEOX_PART, "call": call}]})
+    tokens = torch.randint(0, 128, (1, 32))  # N == d == 32: weights (1, 4, 32, 32) + skip (1, 32, 32) broadcast
+    with pytest.raises(SeamError, match=rf"part 'language', block 0\): with call.output_index={output_index} the "
+                                        rf"attention returns a tuple of 2 items.{{0,2}}{said}, but the skip must be added to a tensor of the attention "
+                                        r"input's shape \(1, 32, 32\); output_index 0 would fit"):
+        model(tokens)
