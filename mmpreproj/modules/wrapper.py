@@ -26,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
-from .seam import SeamCheck
+from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
 
 __all__ = ["AttentionCall", "Observer", "PreProjAttention"]
@@ -132,14 +132,40 @@ class PreProjAttention(BaseLayerWrapper):
         if self.skip is None:
             return out
         skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
-        tensor_out = self.call.output_index is None or isinstance(out, torch.Tensor)
-        attn = out if tensor_out else out[self.call.output_index]
+        tensor_out = isinstance(out, torch.Tensor)
+        i = self.call.output_index
+        attn = out if tensor_out else out[i] if i is not None and i < len(out) else None
+        if not isinstance(attn, torch.Tensor) or attn.shape != skip.shape:
+            self._output_mismatch(out, skip)
         for fn in self._observers.values():
             fn(self, attn, skip)
         if tensor_out:
             return out + skip
-        i = self.call.output_index
         return (*out[:i], out[i] + skip, *out[i + 1 :])
+
+    def _output_mismatch(self, out: Any, skip: torch.Tensor) -> None:
+        """SeamError: the output the skip would be added to is not of the attention input's shape (a wrong
+        `output_index` could otherwise broadcast, e.g. eager attention weights (B, H, N, N) when N == d)."""
+        i = self.call.output_index
+        if isinstance(out, torch.Tensor):
+            got, fits = f"returns one tensor of shape {tuple(out.shape)}", []
+        else:
+            items = list(out) if isinstance(out, (tuple, list)) else []
+            picked = items[i] if i is not None and i < len(items) else None
+            got = f"returns a {type(out).__name__} of {len(items)} items"
+            if i is None:
+                got += ", not one tensor"
+            elif isinstance(picked, torch.Tensor):
+                got += f"; item {i} has shape {tuple(picked.shape)}"
+            else:
+                got += f"; item {i} is {'missing' if i >= len(items) else type(picked).__name__}"
+            fits = [j for j, o in enumerate(items) if isinstance(o, torch.Tensor) and o.shape == skip.shape]
+        hint = f"output_index {fits[0]} would fit" if fits else "no output has that shape"
+        raise SeamError(
+            f"PreProjAttention (part {self.part!r}, block {self.block_index}): with call.output_index={i} the "
+            f"attention {got}, but the skip must be added to a tensor of the attention input's shape "
+            f"{tuple(skip.shape)}; {hint}: fix 'call.output_index' in the host description"
+        )
 
     # --- several named adapters (mmpreproj.named_adapters): the active one is `preproj`/`skip` ---------------
 
