@@ -69,7 +69,8 @@ class InjectionState:
     modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
     base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
-    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
+    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
+    thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
     # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
     active_adapter: str = "default"
@@ -369,6 +370,8 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
                 wrapper.seam_check.close()
         for p in plan.state.frozen:
             p.requires_grad_(True)
+        for p in plan.state.thawed:
+            p.requires_grad_(False)
         if plan.state.input_grad_hook is not None:
             plan.state.input_grad_hook.remove()
         remove_save_pretrained(model)
@@ -385,7 +388,10 @@ def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
         for k, v in module.state_dict().items():
             state.saved_originals[f"{name}.{k}"] = v.detach().clone()
         keep = {id(p) for p in module.parameters()}
+        frozen_here = {id(p) for p in state.frozen}
         for p in module.parameters():
+            if not p.requires_grad and id(p) not in frozen_here:
+                state.thawed.append(p)
             p.requires_grad_(True)
         state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
 
@@ -413,6 +419,11 @@ def unload(model: nn.Module) -> nn.Module:
     `model` may be the injected model or anything that holds it (a peft `PeftModel`, a container module,
     DDP/FSDP, `torch.compile`): every injected model inside is restored. Everything is checked before the
     first change, so a refused call leaves the model as it was.
+
+    Only the flags inject changed are put back: the base weights it froze become trainable again, the
+    `modules_to_save` weights it made trainable are frozen again. Under peft (the `preproj_lora` shape: peft
+    wrapped the model after inject and froze the base for its own adapter) the base stays frozen, as peft
+    wants it: the LoRA model goes on training only its LoRA weights.
     """
     if not is_injected(model):
         raise RuntimeError("this model has no mmpreproj modules to unload")
@@ -440,11 +451,17 @@ def unload(model: nn.Module) -> nn.Module:
         if wrapper.seam_check is not None:
             wrapper.seam_check.close()
         setattr(parent, name, base)
+    wrapped_by_peft = peft_layers(model)[:1] == [""]
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
         _restore_saved_modules(owner, state)
-        for p in state.frozen:
-            p.requires_grad_(True)
+        if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
+            for p in state.frozen:
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+        for p in state.thawed:
+            if p.requires_grad:
+                p.requires_grad_(False)
         if state.input_grad_hook is not None:
             state.input_grad_hook.remove()
         delattr(owner, STATE_ATTR)

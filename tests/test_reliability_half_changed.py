@@ -111,3 +111,32 @@ def test_a_wrong_output_index_is_refused_naming_the_index_that_fits(output_index
                                         rf"attention returns a tuple of 2 items.{{0,2}}{said}, but the skip must be added to a tensor of the attention "
                                         r"input's shape \(1, 32, 32\); output_index 0 would fit"):
         model(tokens)
+
+
+# --- 4. unload puts back only the requires_grad flags inject changed ------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_unload_of_preproj_lora_keeps_the_base_frozen_for_peft():
+    pytest.importorskip("peft")
+    from mmpreproj.train.methods import apply_method
+
+    pm = apply_method(tiny_neox(), "preproj_lora")
+    mmpreproj.unload(pm)
+    assert not mmpreproj.is_injected(pm)
+    trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n, _ in pm.named_parameters() if "lora_" in n}  # not the whole base
+    plain = mmpreproj.unload(mmpreproj.inject(pm.unload()))  # peft gone: inject/unload restores as usual
+    assert all(not p.requires_grad for p in plain.parameters())  # peft's freeze is what it had before inject
+
+
+def test_unload_freezes_again_the_modules_to_save_inject_made_trainable():
+    model = tiny_neox()
+    head = model.get_output_embeddings()
+    head.requires_grad_(False)
+    model.gpt_neox.final_layer_norm.requires_grad_(False)  # frozen before, frozen after
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    mmpreproj.inject(model, PreProjConfig(modules_to_save=["lm_head"]))
+    assert head.weight.requires_grad
+    mmpreproj.unload(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
