@@ -140,3 +140,23 @@ def test_unload_freezes_again_the_modules_to_save_inject_made_trainable():
     assert head.weight.requires_grad
     mmpreproj.unload(model)
     assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+
+
+# --- 7. trace_seams: neither the caller's RNG nor a train-mode model's dropout matters ------------------
+
+
+def test_trace_seams_keeps_the_callers_rng_and_traces_a_train_mode_model_with_dropout():
+    from mmpreproj.hosts import trace_seams
+
+    model = tiny_neox(attention_dropout=0.5, hidden_dropout=0.5).train()
+    model.gpt_neox.layers[1].eval()  # a mixed model: each flag comes back as it was
+    flags = [m.training for m in model.modules()]
+    rng = torch.random.get_rng_state()
+    description = trace_seams(model, TOKENS)  # dropout on would fail the identity check
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert [m.training for m in model.modules()] == flags
+    assert [p["blocks"] for p in description["parts"]] == ["gpt_neox.layers"]
+    eval_model = tiny_neox().eval()
+    rng = torch.random.get_rng_state()
+    trace_seams(eval_model, TOKENS)  # the identity check builds modules: that drew from the caller's RNG
+    assert torch.equal(torch.random.get_rng_state(), rng)
