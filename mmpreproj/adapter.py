@@ -26,7 +26,14 @@ from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
-from .pretrained import PRETRAINED_ADAPTER_DIR, install_save_pretrained, remove_save_pretrained
+from .pretrained import (
+    BASE_SAVE_TOKEN,
+    PRETRAINED_ADAPTER_DIR,
+    check_saved_pair,
+    config_save_token,
+    install_save_pretrained,
+    remove_save_pretrained,
+)
 from .timm_rope.saved import describe_rope, rope_for_load
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
@@ -582,6 +589,7 @@ def save_adapter(
     state_dict: dict[str, torch.Tensor] | None = None,
     adapter_name: str | None = None,
     readme: bool = False,
+    base_save_token: str | None = None,
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
@@ -593,6 +601,7 @@ def save_adapter(
 
     `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
     `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
+    `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
     from .model_card import card_fields, model_card
     from .named_adapters import named_adapter
@@ -610,6 +619,8 @@ def save_adapter(
     if rope is not None:  # add_rope positions: load_adapter restores or checks them
         desc["rope"] = rope
     desc["config"] = config.to_dict()
+    if base_save_token is not None:
+        desc[BASE_SAVE_TOKEN] = base_save_token
     for k, v in card_fields(owner, name, tensors, state).items():
         desc.setdefault(k, v)  # keys another writer already put in describe() win
     text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
@@ -705,7 +716,8 @@ def load_adapter(
 ) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
 
-    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read). The
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
+    when the base beside it comes from another save: `pretrained.check_saved_pair`). The
     adapter file carries the host description (parts, paths, call convention), so a user-described host
     reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
     parts the model does not have, another hidden size or block count, or weights that do not match.
@@ -721,8 +733,10 @@ def load_adapter(
     refuse_meta_parameters(model, "load_adapter")
     if adapter_name is not None:
         check_adapter_name(adapter_name)
-    path = adapter_folder(path)
+    given, path = Path(path), adapter_folder(path)
     desc, tensors = read_adapter(path)
+    if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
+        check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
     if adapter_name is not None and is_injected(model):
         return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])

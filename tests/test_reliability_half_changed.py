@@ -160,3 +160,80 @@ def test_trace_seams_keeps_the_callers_rng_and_traces_a_train_mode_model_with_dr
     rng = torch.random.get_rng_state()
     trace_seams(eval_model, TOKENS)  # the identity check builds modules: that drew from the caller's RNG
     assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+# --- 2. save_pretrained's two halves: a save killed between them is refused on load ---------------------
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs."""
+
+
+def _saved_pair(folder, seed):
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    with torch.no_grad():
+        for p in mmpreproj.adapter_state_dict(model).values():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(seed))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
+    import transformers as tf
+
+    import mmpreproj.adapter as adapter_module
+    from mmpreproj import adapter_files
+
+    _saved_pair(tmp_path, seed=1)
+    newer = mmpreproj.inject(tiny_neox(seed=7), PreProjConfig(skip_init_std=0.05))  # another base, another adapter
+
+    def killed_after_the_base(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(adapter_module, "save_adapter", killed_after_the_base)
+    with pytest.raises(Killed):
+        newer.save_pretrained(tmp_path)  # the new base is written, the old adapter stays
+    monkeypatch.undo()
+    assert "mmpreproj_save_token" not in vars(newer.config)  # the model's config is as it was
+    with pytest.raises(ValueError, match=r"the base and the adapter in its adapter/ were written by different "
+                                         r"save_pretrained calls .* Nothing was loaded"):
+        mmpreproj.from_pretrained(tmp_path)
+    base = tf.GPTNeoXForCausalLM.from_pretrained(tmp_path)  # the base alone still loads the plain way
+    snap = snapshot(base)
+    with pytest.raises(ValueError, match="written by different save_pretrained calls"):
+        mmpreproj.load_adapter(base, tmp_path)
+    assert_same_snapshot(snapshot(base), snap)
+
+    # killed inside the adapter's own write: before its commit the old adapter stays (refused), after it the
+    # reader finishes the new one (the pair matches again)
+    for point, loads in (("written:adapter_model.safetensors", False), ("committed", True)):
+        def fault(at, point=point):
+            if at == point:
+                raise Killed
+
+        monkeypatch.setattr(adapter_files, "_fault_point", fault)
+        with pytest.raises(Killed):
+            newer.save_pretrained(tmp_path)
+        monkeypatch.undo()
+        if loads:
+            got = mmpreproj.from_pretrained(tmp_path).eval()
+            with torch.no_grad():
+                assert torch.equal(got(TOKENS).logits, newer(TOKENS).logits)
+        else:
+            with pytest.raises(ValueError, match="written by different save_pretrained calls"):
+                mmpreproj.from_pretrained(tmp_path)
+
+
+def test_a_complete_save_pretrained_pair_loads_and_an_untokened_pair_still_loads(tmp_path):
+    import json
+
+    model = _saved_pair(tmp_path, seed=2)
+    with torch.no_grad():
+        want = model(TOKENS).logits
+        assert torch.equal(mmpreproj.from_pretrained(tmp_path).eval()(TOKENS).logits, want)
+    for name, key in (("config.json", "mmpreproj_save_token"), ("adapter/adapter_config.json", "base_save_token")):
+        d = json.loads((tmp_path / name).read_text())
+        assert isinstance(d.pop(key), str)
+        (tmp_path / name).write_text(json.dumps(d))  # as a save from before the tokens
+    with torch.no_grad():
+        assert torch.equal(mmpreproj.from_pretrained(tmp_path).eval()(TOKENS).logits, want)
