@@ -26,6 +26,7 @@ from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
+from .modules.wrapper import InFlight
 from .pretrained import (
     BASE_SAVE_TOKEN,
     PRETRAINED_ADAPTER_DIR,
@@ -192,6 +193,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
     placements, seams = [], []
+    flight = InFlight()  # shared by the wrappers: graphs awaiting backward (set_adapter refuses a switch then)
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
@@ -199,6 +201,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
         )
+        wrapper.flight = flight
         placements.append((site, wrapper))
         if site.norm is not None:
             where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
@@ -569,9 +572,13 @@ def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -
     The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
     shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
-    Not for FSDP2-sharded models (their weights are DTensors).
+    Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
+    running, or a graph through the adapter awaiting backward: `named_adapters.refuse_in_flight`).
     """
-    _, state = injected_owner(model, "set_adapter_state_dict")
+    from .named_adapters import refuse_in_flight
+
+    owner, state = injected_owner(model, "set_adapter_state_dict")
+    refuse_in_flight(owner, "set_adapter_state_dict")
     expected = _wrapper_tensors(injected_modules(model))
     expected.update(_saved_module_tensors(model, state.modules_to_save))
     check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")

@@ -237,3 +237,118 @@ def test_a_complete_save_pretrained_pair_loads_and_an_untokened_pair_still_loads
         (tmp_path / name).write_text(json.dumps(d))  # as a save from before the tokens
     with torch.no_grad():
         assert torch.equal(mmpreproj.from_pretrained(tmp_path).eval()(TOKENS).logits, want)
+
+
+# --- 8. no adapter switch while a step is in flight ------------------------------------------------------
+
+
+@pytest.fixture
+def two_adapters(tmp_path):
+    """An injected model with the trainable adapter "default" active and "b" loaded beside it."""
+    other = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    mmpreproj.save_adapter(other, tmp_path / "b")
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    return mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+
+
+IN_FLIGHT = r"set_adapter: a forward/backward is in flight"
+
+
+def test_a_switch_between_forward_and_backward_is_refused_until_the_backward(two_adapters):
+    model = two_adapters
+    skip = mmpreproj.injected_modules(model)[0].skip.proj.weight  # the active adapter's
+    loss = model(TOKENS).logits.square().mean()
+    with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph\(s\) .* not been backwarded"):
+        mmpreproj.set_adapter(model, "b")
+    for refused, what in ((lambda: mmpreproj.delete_adapter(model, "b"), "delete_adapter"),
+                          (lambda: mmpreproj.set_adapter_state_dict(model, mmpreproj.adapter_state_dict(model)),
+                           "set_adapter_state_dict")):
+        with pytest.raises(RuntimeError, match=f"{what}: a forward/backward is in flight"):
+            refused()
+    assert mmpreproj.active_adapter(model) == "default"
+    loss.backward()  # the step ends: the gradient went to the adapter that ran
+    assert skip.grad is not None and skip.grad.abs().sum() > 0
+    mmpreproj.set_adapter(model, "b")  # `loss` is still alive: backwarded is enough
+    assert mmpreproj.active_adapter(model) == "b"
+
+
+def test_graphs_never_backwarded_or_built_without_grad_do_not_block(two_adapters):
+    model = two_adapters
+    out = model(TOKENS).logits  # built a graph, then dropped unbackwarded
+    del out
+    mmpreproj.set_adapter(model, "b")
+    with torch.no_grad():
+        kept = model(TOKENS).logits  # no graph at all
+    mmpreproj.set_adapter(model, "default")
+
+    def failing_forward():
+        h = model.gpt_neox.layers[1].register_forward_hook(lambda *a: 1 / 0)
+        try:
+            model(TOKENS)
+        except ZeroDivisionError:
+            pass
+        finally:
+            h.remove()
+
+    failing_forward()  # an exception mid-forward leaves nothing counted once it is dropped
+    mmpreproj.set_adapter(model, "b")
+    assert kept.shape == (2, 9, 128)
+
+
+def test_each_forward_counts_until_its_own_backward(two_adapters):
+    import copy
+
+    model = two_adapters
+    first = model(TOKENS).logits.mean()
+    second = model(TOKENS).logits.mean()  # two graphs before any backward (gradient accumulation)
+    twin = copy.deepcopy(model)  # a copy starts with nothing in flight
+    mmpreproj.set_adapter(twin, "b")
+    first.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph"):
+        mmpreproj.set_adapter(model, "b")
+    first.backward()  # a second backward of the same graph counts nothing twice
+    second.backward()
+    mmpreproj.set_adapter(model, "b")
+
+
+def test_a_switch_from_inside_the_forward_is_refused(two_adapters):
+    model = two_adapters
+
+    def switch(module, args, output):
+        mmpreproj.set_adapter(model, "b")
+
+    handle = model.gpt_neox.layers[0].register_forward_hook(switch)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=IN_FLIGHT + r": 'gpt_neox.layers.0' of the injected "
+                                                                        r"model is running \(thread 'MainThread'\)"):
+        model(TOKENS)
+    handle.remove()
+    assert mmpreproj.active_adapter(model) == "default"
+    mmpreproj.set_adapter(model, "b")  # after the forward: fine
+
+
+def test_a_switch_while_another_thread_runs_a_forward_is_refused(two_adapters):
+    import threading
+
+    model = two_adapters
+    inside, release = threading.Event(), threading.Event()
+
+    def wait(module, args, output):
+        inside.set()
+        release.wait(30)
+
+    handle = model.gpt_neox.layers[0].mlp.register_forward_hook(wait)
+    def serve():
+        with torch.no_grad():  # per thread: no graph, only the running forward tells
+            model(TOKENS)
+
+    worker = threading.Thread(target=serve, name="server")
+    worker.start()
+    assert inside.wait(30)
+    try:
+        with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 'gpt_neox.layers.0.mlp' .* \(thread 'server'\)"):
+            mmpreproj.set_adapter(model, "b")
+    finally:
+        release.set()
+        worker.join(30)
+    handle.remove()
+    mmpreproj.set_adapter(model, "b")
