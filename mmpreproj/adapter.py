@@ -228,7 +228,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
     return _Plan(spec, state, placements, seams)
 
 
-def peft_layers(model: nn.Module) -> list[str]:
+def _peft_layers(model: nn.Module) -> list[str]:
     """Names of the peft adapter layers (LoRA, ...) inside `model` ("" for a `PeftModel` itself); peft is
     looked up in `sys.modules`, never imported."""
     tuners = sys.modules.get("peft.tuners.tuners_utils")
@@ -250,7 +250,7 @@ def _refuse_compiled_or_peft(model: nn.Module) -> None:
             f"inject: {what} a torch.compile wrapper (OptimizedModule); inject the model before compiling it: "
             "mmpreproj.inject(model), then model = torch.compile(model)"
         )
-    layers = peft_layers(model)
+    layers = _peft_layers(model)
     if layers:
         what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
         raise RuntimeError(
@@ -461,11 +461,11 @@ def unload(model: nn.Module) -> nn.Module:
         if wrapper.seam_check is not None:
             wrapper.seam_check.close()
         setattr(parent, name, base)
-    wrapped_by_peft = peft_layers(model)[:1] == [""]
+    wrapped_by_peft = _peft_layers(model)[:1] == [""]
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
         _restore_saved_modules(owner, state)
-        if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
+        if not (wrapped_by_peft or _peft_layers(owner)):  # peft froze the base after inject: it stays frozen
             for p in state.frozen:
                 if not p.requires_grad:
                     p.requires_grad_(True)

@@ -100,6 +100,13 @@ def _running_module(owner: nn.Module) -> tuple[str, str] | None:
 def refuse_in_flight(owner: nn.Module, what: str) -> None:
     """RuntimeError while a forward of the injected `owner` runs (any thread) or a graph through its active
     adapter's weights awaits backward: an adapter switch then would mix adapters or lose the step."""
+    running = _running_module(owner)
+    if running is not None:
+        raise RuntimeError(
+            f"{what}: a forward/backward is in flight: {running[0]!r} of the injected model is running (thread "
+            f"{running[1]!r}), so blocks before and after the switch would run different adapters; switch "
+            "between steps"
+        )
     flights = {id(w.flight): w.flight for w in _wrappers(owner) if getattr(w, "flight", None) is not None}
     graphs = sum(f.graphs for f in flights.values())
     if graphs:  # a graph held only by a reference cycle (a dropped exception's frames) is freed first
@@ -110,13 +117,6 @@ def refuse_in_flight(owner: nn.Module, what: str) -> None:
             f"{what}: a forward/backward is in flight: {graphs} autograd graph(s) built through the active "
             "adapter's weights have not been backwarded yet, so the switch would lose that step; call "
             "backward first (or drop those outputs, or run forwards that need no backward under torch.no_grad())"
-        )
-    running = _running_module(owner)
-    if running is not None:
-        raise RuntimeError(
-            f"{what}: a forward/backward is in flight: {running[0]!r} of the injected model is running (thread "
-            f"{running[1]!r}), so blocks before and after the switch would run different adapters; switch "
-            "between steps"
         )
 
 
