@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,15 @@ from .hosts.registry import as_host, forced_mismatch
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
-from .pretrained import PRETRAINED_ADAPTER_DIR, install_save_pretrained, remove_save_pretrained
+from .modules.wrapper import InFlight
+from .pretrained import (
+    BASE_SAVE_TOKEN,
+    PRETRAINED_ADAPTER_DIR,
+    check_saved_pair,
+    config_save_token,
+    install_save_pretrained,
+    remove_save_pretrained,
+)
 from .timm_rope.saved import describe_rope, rope_for_load
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
@@ -69,7 +78,8 @@ class InjectionState:
     modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
     base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
-    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)
+    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
+    thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
     # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
     active_adapter: str = "default"
@@ -171,6 +181,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
     if is_injected(model):
         raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
+    _refuse_compiled_or_peft(model)
     spec = as_host(model, host)
     try:
         sites = resolve_sites(model, spec)
@@ -178,10 +189,12 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         if host is None or isinstance(host, dict):
             raise
         raise forced_mismatch(model, spec, e) from None
+    _refuse_overlapping_parts(model, spec, sites)
     parts, chosen = _select(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
     placements, seams = [], []
+    flight = InFlight()  # shared by the wrappers: graphs awaiting backward (set_adapter refuses a switch then)
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
@@ -189,6 +202,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
         )
+        wrapper.flight = flight
         placements.append((site, wrapper))
         if site.norm is not None:
             where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
@@ -213,6 +227,55 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         base_model_name_or_path=_name_or_path(model),
     )
     return _Plan(spec, state, placements, seams)
+
+
+def _peft_layers(model: nn.Module) -> list[str]:
+    """Names of the peft adapter layers (LoRA, ...) inside `model` ("" for a `PeftModel` itself); peft is
+    looked up in `sys.modules`, never imported."""
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    layer_cls = getattr(tuners, "BaseTunerLayer", None)
+    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
+    if layer_cls is None and peft_model is None:
+        return []
+    return [n for n, m in model.named_modules() if (layer_cls is not None and isinstance(m, layer_cls))
+            or (n == "" and peft_model is not None and isinstance(m, peft_model))]
+
+
+def _refuse_compiled_or_peft(model: nn.Module) -> None:
+    """inject comes before `torch.compile` and before peft: refuse the other order, naming the one that works."""
+    compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    found = [n for n, m in model.named_modules() if compiled is not None and isinstance(m, compiled)]
+    if found:
+        what = "the model is" if found[0] == "" else f"its submodule {found[0]!r} is"
+        raise RuntimeError(
+            f"inject: {what} a torch.compile wrapper (OptimizedModule); inject the model before compiling it: "
+            "mmpreproj.inject(model), then model = torch.compile(model)"
+        )
+    layers = _peft_layers(model)
+    if layers:
+        what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
+        raise RuntimeError(
+            f"inject: {what}; injecting now would freeze the peft adapter's weights with the base. Inject first, "
+            "then add peft: mmpreproj.inject(model), then peft.get_peft_model(model, lora_config) (the order of "
+            "method 'preproj_lora', mmpreproj.train.apply_method)"
+        )
+
+
+def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site]) -> None:
+    """ValueError naming both parts and the module when two sites share a block or an attention module: the
+    second wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind)."""
+    seen: dict[tuple[str, int], Site] = {}
+    for site in sites:
+        for what, module in (("block", site.block), ("attention module", site.attention)):
+            first = seen.setdefault((what, id(module)), site)
+            if first is site:
+                continue
+            name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+            raise ValueError(
+                f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
+                f"{site.part_index} resolve to the same {what} {name!r}; each block and attention may belong to "
+                "one part only: fix the parts' 'blocks' paths so that they do not overlap (nothing was changed)"
+            )
 
 
 def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -318,6 +381,8 @@ def _apply(model: nn.Module, plan: _Plan) -> nn.Module:
                 wrapper.seam_check.close()
         for p in plan.state.frozen:
             p.requires_grad_(True)
+        for p in plan.state.thawed:
+            p.requires_grad_(False)
         if plan.state.input_grad_hook is not None:
             plan.state.input_grad_hook.remove()
         remove_save_pretrained(model)
@@ -334,7 +399,10 @@ def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
         for k, v in module.state_dict().items():
             state.saved_originals[f"{name}.{k}"] = v.detach().clone()
         keep = {id(p) for p in module.parameters()}
+        frozen_here = {id(p) for p in state.frozen}
         for p in module.parameters():
+            if not p.requires_grad and id(p) not in frozen_here:
+                state.thawed.append(p)
             p.requires_grad_(True)
         state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
 
@@ -362,6 +430,11 @@ def unload(model: nn.Module) -> nn.Module:
     `model` may be the injected model or anything that holds it (a peft `PeftModel`, a container module,
     DDP/FSDP, `torch.compile`): every injected model inside is restored. Everything is checked before the
     first change, so a refused call leaves the model as it was.
+
+    Only the flags inject changed are put back: the base weights it froze become trainable again, the
+    `modules_to_save` weights it made trainable are frozen again. Under peft (the `preproj_lora` shape: peft
+    wrapped the model after inject and froze the base for its own adapter) the base stays frozen, as peft
+    wants it: the LoRA model goes on training only its LoRA weights.
     """
     if not is_injected(model):
         raise RuntimeError("this model has no mmpreproj modules to unload")
@@ -389,11 +462,17 @@ def unload(model: nn.Module) -> nn.Module:
         if wrapper.seam_check is not None:
             wrapper.seam_check.close()
         setattr(parent, name, base)
+    wrapped_by_peft = _peft_layers(model)[:1] == [""]
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
         _restore_saved_modules(owner, state)
-        for p in state.frozen:
-            p.requires_grad_(True)
+        if not (wrapped_by_peft or _peft_layers(owner)):  # peft froze the base after inject: it stays frozen
+            for p in state.frozen:
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+        for p in state.thawed:
+            if p.requires_grad:
+                p.requires_grad_(False)
         if state.input_grad_hook is not None:
             state.input_grad_hook.remove()
         delattr(owner, STATE_ATTR)
@@ -499,9 +578,13 @@ def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -
     The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
     shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
-    Not for FSDP2-sharded models (their weights are DTensors).
+    Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
+    running, or a graph through the adapter awaiting backward: `named_adapters.refuse_in_flight`).
     """
-    _, state = injected_owner(model, "set_adapter_state_dict")
+    from .named_adapters import refuse_in_flight
+
+    owner, state = injected_owner(model, "set_adapter_state_dict")
+    refuse_in_flight(owner, "set_adapter_state_dict")
     expected = _wrapper_tensors(injected_modules(model))
     expected.update(_saved_module_tensors(model, state.modules_to_save))
     check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")
@@ -519,6 +602,7 @@ def save_adapter(
     state_dict: dict[str, torch.Tensor] | None = None,
     adapter_name: str | None = None,
     readme: bool = False,
+    base_save_token: str | None = None,
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
@@ -530,6 +614,7 @@ def save_adapter(
 
     `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
     `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
+    `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
     from .model_card import card_fields, model_card
     from .named_adapters import named_adapter
@@ -547,6 +632,8 @@ def save_adapter(
     if rope is not None:  # add_rope positions: load_adapter restores or checks them
         desc["rope"] = rope
     desc["config"] = config.to_dict()
+    if base_save_token is not None:
+        desc[BASE_SAVE_TOKEN] = base_save_token
     for k, v in card_fields(owner, name, tensors, state).items():
         desc.setdefault(k, v)  # keys another writer already put in describe() win
     text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
@@ -666,7 +753,8 @@ def load_adapter(
 ) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
 
-    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read). The
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
+    when the base beside it comes from another save: `pretrained.check_saved_pair`). The
     adapter file carries the host description (parts, paths, call convention), so a user-described host
     reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
     parts the model does not have, another hidden size or block count, or weights that do not match.
@@ -682,9 +770,11 @@ def load_adapter(
     refuse_meta_parameters(model, "load_adapter")
     if adapter_name is not None:
         check_adapter_name(adapter_name)
-    path = adapter_folder(path)
+    given, path = Path(path), adapter_folder(path)
     desc, tensors = read_adapter(path)
     _check_saved_paths(desc, path)
+    if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
+        check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
     if adapter_name is not None and is_injected(model):
         return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])

@@ -16,10 +16,20 @@ values of the inactive adapters live in the injection state and are copied in an
 An added adapter must fit the injection's sites: the same host row, parts, blocks and widths, the same
 preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
 dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
+
+No switch while a step is in flight (`refuse_in_flight`): `set_adapter`, `delete_adapter` and
+`set_adapter_state_dict` raise while a forward of the injected model runs (found on the threads' call
+stacks, so nothing is counted on the hot path and nothing can stay counted after an exception) or while an
+autograd graph built through the active adapter's trainable weights awaits its backward (`InFlight`, one
+token per graph). Otherwise blocks before and after the switch would run different adapters, or the
+backward would fill gradients of an adapter the optimizer no longer steps.
 """
 
 from __future__ import annotations
 
+import gc
+import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -35,6 +45,7 @@ __all__ = [
     "check_adapter_name",
     "delete_adapter",
     "named_adapter",
+    "refuse_in_flight",
     "set_adapter",
 ]
 
@@ -68,6 +79,45 @@ def _wrappers(owner: nn.Module) -> list:
     from .adapter import injected_modules
 
     return injected_modules(owner)
+
+
+_CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
+
+
+def _running_module(owner: nn.Module) -> tuple[str, str] | None:
+    """(module name, thread name) of a module of `owner` whose call is on some thread's stack, else None."""
+    mine = {id(m): name for name, m in owner.named_modules()}
+    threads = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        f = frame
+        while f is not None:
+            if f.f_code in _CALL_CODES and id(f.f_locals.get("self")) in mine:
+                return mine[id(f.f_locals["self"])] or type(owner).__name__, threads.get(ident, str(ident))
+            f = f.f_back
+    return None
+
+
+def refuse_in_flight(owner: nn.Module, what: str) -> None:
+    """RuntimeError while a forward of the injected `owner` runs (any thread) or a graph through its active
+    adapter's weights awaits backward: an adapter switch then would mix adapters or lose the step."""
+    running = _running_module(owner)
+    if running is not None:
+        raise RuntimeError(
+            f"{what}: a forward/backward is in flight: {running[0]!r} of the injected model is running (thread "
+            f"{running[1]!r}), so blocks before and after the switch would run different adapters; switch "
+            "between steps"
+        )
+    flights = {id(w.flight): w.flight for w in _wrappers(owner) if getattr(w, "flight", None) is not None}
+    graphs = sum(f.graphs for f in flights.values())
+    if graphs:  # a graph held only by a reference cycle (a dropped exception's frames) is freed first
+        gc.collect()
+        graphs = sum(f.graphs for f in flights.values())
+    if graphs:
+        raise RuntimeError(
+            f"{what}: a forward/backward is in flight: {graphs} autograd graph(s) built through the active "
+            "adapter's weights have not been backwarded yet, so the switch would lose that step; call "
+            "backward first (or drop those outputs, or run forwards that need no backward under torch.no_grad())"
+        )
 
 
 def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
@@ -148,7 +198,15 @@ def add_named_adapter(
 
 
 def set_adapter(model: nn.Module, name: str) -> nn.Module:
-    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did."""
+    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did.
+
+    Switch between steps, never inside one: RuntimeError ("set_adapter: a forward/backward is in flight")
+    while a forward of the injected model runs (a hook or observer inside it, another thread) or while an
+    autograd graph built through the active adapter's trainable weights has not been backwarded yet nor
+    freed. After `loss.backward()`, or once such outputs are dropped, the switch goes through. Not seen: a
+    forward under reentrant gradient checkpointing (it builds no graph through the adapter until backward)
+    and a forward of a `torch.compile`d model (its compiled code keeps no count).
+    """
     from .adapter import _saved_module_tensors
 
     owner, state = injected_owner(model, "set_adapter")
@@ -156,6 +214,7 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     old = state.active_adapter
     if name == old:
         return model
+    refuse_in_flight(owner, "set_adapter")
     live = _saved_module_tensors(owner, state.modules_to_save)
     kept = {k: v.detach().clone() for k, v in live.items()}
     for w in _wrappers(owner):
@@ -175,6 +234,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     removes them all)."""
     owner, state = injected_owner(model, "delete_adapter")
     name, _ = named_adapter(state, check_adapter_name(name))
+    refuse_in_flight(owner, "delete_adapter")
     if name == state.active_adapter:
         others = [n for n in state.adapter_configs if n != name]
         hint = (

@@ -20,11 +20,19 @@ caller passes (the Trainer does, under some launchers) is translated the same wa
 
 `inject` installs the method on the instance and `unload` takes it off; the class and every other model
 are untouched.
+
+The two halves are two writes (transformers', then ours), so each records which save it belongs to: a fresh
+token goes into the base's `config.json` (`mmpreproj_save_token`, written with the config, before the
+weights) and into the adapter's config (`base_save_token`). A save killed between the halves leaves a new
+base beside an old adapter; `load_adapter(model, DIR)` and `from_pretrained(DIR)` refuse such a pair
+(`check_saved_pair`) instead of loading it. A folder saved before tokens existed has none in either half.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import types
 import warnings
 from collections.abc import Iterator
@@ -34,12 +42,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from .io import set_new_file_modes
 from .modules import PreProjAttention
 from .unwrap import STATE_ATTR
 
 __all__ = [
+    "BASE_SAVE_TOKEN",
     "PRETRAINED_ADAPTER_DIR",
+    "SAVE_TOKEN_KEY",
     "base_view",
+    "check_saved_pair",
+    "config_save_token",
     "from_pretrained",
     "install_save_pretrained",
     "load_base_keys",
@@ -48,6 +61,8 @@ __all__ = [
 ]
 
 PRETRAINED_ADAPTER_DIR = "adapter"
+SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
+BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
 _WRAPPER_OWN = ("preproj.", "skip.", "stored_adapters.")  # wrapper state that is not the base's
 
 
@@ -184,6 +199,61 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, name, wrapper)
 
 
+@contextlib.contextmanager
+def _save_token_in_config(model: nn.Module) -> Iterator[str | None]:
+    """A fresh token on `model.config` (so transformers writes it into config.json) for the block; the
+    config is put back afterwards. None when the model has no transformers-style config."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not callable(getattr(cfg, "to_json_string", None)):
+        yield None
+        return
+    had, old = SAVE_TOKEN_KEY in vars(cfg), vars(cfg).get(SAVE_TOKEN_KEY)
+    token = secrets.token_hex(8)
+    setattr(cfg, SAVE_TOKEN_KEY, token)
+    try:
+        yield token
+    finally:
+        if had:
+            setattr(cfg, SAVE_TOKEN_KEY, old)
+        else:
+            delattr(cfg, SAVE_TOKEN_KEY)
+
+
+def config_save_token(config_file: str | Path) -> str | None:
+    """The `mmpreproj_save_token` of a base's config.json; None when the file, or the key, is absent."""
+    try:
+        cfg = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg.get(SAVE_TOKEN_KEY) if isinstance(cfg, dict) else None
+
+
+def check_saved_pair(base_token: str | None, adapter_token: str | None, where: str | Path) -> None:
+    """ValueError unless the base and the adapter of a `save_pretrained` folder come from one save."""
+    if base_token != adapter_token:
+        raise ValueError(
+            f"{where}: the base and the adapter in its {PRETRAINED_ADAPTER_DIR}/ were written by different "
+            f"save_pretrained calls (config.json {SAVE_TOKEN_KEY}={base_token!r}, adapter {BASE_SAVE_TOKEN}="
+            f"{adapter_token!r}): a save was interrupted between its two halves, or one half was replaced. "
+            "Nothing was loaded; save the model again, or name the adapter to use explicitly "
+            "(from_pretrained(DIR, adapter=...), load_adapter(model, DIR/adapter))"
+        )
+
+
+def _adapter_token(folder: Path) -> str | None:
+    """The `base_save_token` of the adapter in `folder` (its committed config); None if absent or unreadable
+    (`load_adapter` then names what is wrong with the file)."""
+    from .adapter import ADAPTER_CONFIG_NAME
+    from .adapter_files import committed_files
+
+    with committed_files(folder, (ADAPTER_CONFIG_NAME,)) as files:
+        try:
+            desc = json.loads(files[ADAPTER_CONFIG_NAME].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    return desc.get(BASE_SAVE_TOKEN) if isinstance(desc, dict) else None
+
+
 def _save_pretrained(
     self: nn.Module,
     save_directory: str | Path,
@@ -223,10 +293,12 @@ def _save_pretrained(
             save_adapter(self, folder, state_dict=adapter_sd)
         return None
     _refuse_torchao_base(self)
-    with base_view(self):
+    with base_view(self), _save_token_in_config(self) as token:  # config.json carries the token
         cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
-    if is_main_process:
-        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True)
+    if is_main_process:  # transformers writes its safetensors 0600 whatever the umask
+        set_new_file_modes(folder, tuple(p.name for p in folder.glob("model*.safetensors")))
+        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True,
+                     base_save_token=token)
     return None
 
 
@@ -268,9 +340,10 @@ def from_pretrained(
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
     `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError
-    (never the plain base in place of the trained model); False = the base alone. `kwargs` go to
-    `from_pretrained` (`dtype=`, `revision=`...). When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub
-    id must be cached, else one-line FileNotFoundError. A weights file that cannot be read (truncated) is named.
+    (never the plain base in place of the trained model), and the two must come from one save
+    (`check_saved_pair`); False = the base alone. `kwargs` go to `from_pretrained` (`dtype=`, `revision=`...).
+    When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
+    FileNotFoundError. A weights file that cannot be read (truncated) is named.
     """
     from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
     from .train.models import (  # the Hub probe (local / reachable / cached)
@@ -315,6 +388,8 @@ def from_pretrained(
             raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
     if folder is not None and not (folder / ADAPTER_WEIGHTS_NAME).is_file():  # before the base is loaded
         raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}")
+    if adapter is None and folder is not None and folder != Path(source):  # the pair save_pretrained wrote
+        check_saved_pair(_base_token(source, local_only, download), _adapter_token(folder), path_or_hub_id)
     try:
         model = model_cls.from_pretrained(source, **{**extra, **kwargs})
     except Exception as err:
@@ -323,3 +398,16 @@ def from_pretrained(
             raise
         raise broken from None
     return model if folder is None else load_adapter(model, folder)
+
+
+def _base_token(source: str, local_only: bool, download: dict[str, Any]) -> str | None:
+    """The save token in the config.json of a local folder or a hub repo."""
+    if Path(source).is_dir():
+        return config_save_token(Path(source) / "config.json")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return config_save_token(hf_hub_download(source, "config.json", local_files_only=local_only, **download))
+    except (EntryNotFoundError, LocalEntryNotFoundError):
+        return None

@@ -86,6 +86,7 @@ def test_save_pretrained_adapter_files_get_the_umask_mode(tmp_path, user_umask):
     model = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip_init_std=0.05))
     model.save_pretrained(tmp_path / "full")
     _assert_umask_modes(tmp_path / "full" / "adapter", user_umask)
+    _assert_umask_modes(tmp_path / "full", user_umask)  # the base too (transformers writes its safetensors 0600)
     model.save_pretrained(tmp_path / "only", adapter_only=True)
     _assert_umask_modes(tmp_path / "only", user_umask)
 

@@ -4,13 +4,16 @@ Hooks record every norm-like module's output and every attention-like module's i
 attention whose first input (positional, or `hidden_states=` / `x=` / `query=`) *is* a norm's output, both
 inside the same block of a `ModuleList`. Seams are grouped by their block list into parts, giving the
 JSON description `inject(model, host=...)` takes. `check=True` injects at identity init into a copy and
-confirms the outputs are unchanged.
+confirms the outputs are unchanged. The probe forwards run in eval mode (dropout off) under a forked RNG, so
+neither a train-mode model nor the caller's random stream affects the answer, and both are left as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,12 +54,34 @@ def _split_block(path: str) -> tuple[str, str] | None:
     return None
 
 
+@contextlib.contextmanager
+def _probing(model: nn.Module) -> Iterator[None]:
+    """Eval mode and a forked RNG (CPU and the model's CUDA devices) for the block; every submodule's
+    `training` flag and the caller's RNG state are put back afterwards."""
+    training = [(m, m.training) for m in model.modules()]
+    cuda = sorted({torch.cuda.current_device() if t.device.index is None else t.device.index
+                   for t in (*model.parameters(), *model.buffers()) if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda):
+        try:
+            model.eval()
+            yield
+        finally:
+            for m, flag in training:
+                m.training = flag
+
+
 def trace_seams(model: nn.Module, *args: Any, check: bool = True, **kwargs: Any) -> dict:
     """The host description of `model` found by running `model(*args, **kwargs)` once (no gradients).
 
     Raises ValueError if no seam is found. With `check`, a deep copy is injected at identity init with
-    the description and must reproduce the model's outputs (fp32, 1e-5).
+    the description and must reproduce the model's outputs (fp32, 1e-5). The forwards run in eval mode
+    under a forked RNG: the caller's RNG and the model's train/eval flags are left as they were.
     """
+    with _probing(model):
+        return _trace(model, args, kwargs, check)
+
+
+def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
     norms: dict[int, tuple[weakref.ref, str]] = {}
     seams: dict[str, dict] = {}
     handles = []

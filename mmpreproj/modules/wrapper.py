@@ -11,6 +11,9 @@ No activations are kept between calls. What the wrapper does keep: the seam chec
 and, inside the pre-projection and the skip, each weight cast once to the compute dtype for inference
 (`modules.compute.WeightCasts`: a bf16 host would otherwise recast the fp32 weights on every decode step;
 rebuilt after any in-place update, never used while a gradient is needed, never in a state dict).
+
+The wrappers of one injection share an `InFlight`: the number of autograd graphs through their trainable
+weights that are not backwarded yet, so that `set_adapter` can refuse a switch between forward and backward.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from torch.utils.hooks import RemovableHandle
 
 from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
-from .seam import SeamCheck
+from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
 
-__all__ = ["AttentionCall", "Observer", "PreProjAttention"]
+__all__ = ["AttentionCall", "InFlight", "Observer", "PreProjAttention"]
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
 Observer = Callable[["PreProjAttention", torch.Tensor, torch.Tensor], None]
@@ -49,6 +52,52 @@ class AttentionCall:
     output_index: int | None = 0
 
 
+class InFlight:
+    """The autograd graphs through one injection's trainable weights that are not backwarded yet: `graphs`.
+
+    A wrapper arms a token on the tensor it makes when a graph starts there (its input needs no grad, or no
+    graph is counted yet): one small object per graph, nothing per block. The token ends when a backward
+    reaches that tensor (counted at the end of that backward) or when the graph is freed unbackwarded (the
+    outputs dropped), so an exception or a forward never backwarded cannot leave the count up. A copy
+    (deepcopy, pickle) starts at zero.
+    """
+
+    __slots__ = ("graphs",)
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def arm(self, t: torch.Tensor) -> None:
+        t.grad_fn.register_prehook(_GraphToken(self))
+
+    def __deepcopy__(self, memo: dict) -> InFlight:
+        return InFlight()
+
+    def __reduce__(self) -> tuple:
+        return (InFlight, ())
+
+
+class _GraphToken:
+    """Counted in its `InFlight` from creation until the backward reaches its tensor or its graph is freed."""
+
+    __slots__ = ("flight",)
+
+    def __init__(self, flight: InFlight) -> None:
+        self.flight: InFlight | None = flight
+        flight.graphs += 1
+
+    def __call__(self, grad_outputs: tuple) -> None:  # grad_fn pre-hook: this backward passes our output
+        torch.autograd.Variable._execution_engine.queue_callback(self.finish)  # runs when the backward ends
+
+    def finish(self) -> None:
+        flight, self.flight = self.flight, None
+        if flight is not None:
+            flight.graphs -= 1
+
+    def __del__(self) -> None:  # the graph was freed (the node held this hook)
+        self.finish()
+
+
 class PreProjAttention(BaseLayerWrapper):
     """The host's attention, fed `x~` and joined by the content skip.
 
@@ -60,6 +109,7 @@ class PreProjAttention(BaseLayerWrapper):
         block_index: index of the host block this wrapper sits in (over all parts, the adapter's index).
         part: the host part the block belongs to ("language", "vision", ...).
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
+        flight: the injection's count of graphs awaiting backward (`InFlight`, set by inject), or None.
     """
 
     def __init__(
@@ -83,6 +133,9 @@ class PreProjAttention(BaseLayerWrapper):
         self.part = part
         self.seam_check = seam_check
         self.adapter_enabled = True
+        self.flight: InFlight | None = None
+        self._inputs_checked = False  # the first call checks what the `call.inputs` slots hold (`_check_input`)
+        self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._observers: OrderedDict[int, Observer] = OrderedDict()
 
     def observe(self, fn: Observer) -> RemovableHandle:
@@ -94,11 +147,13 @@ class PreProjAttention(BaseLayerWrapper):
         self._observers[handle.id] = fn
         return handle
 
-    def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None]:
-        """Replace every `x^` argument by `x~`; return the new args and the first `x~` (for the skip)."""
+    def _swap_inputs(
+        self, args: tuple, kwargs: dict
+    ) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
+        """Replace every `x^` argument by `x~`; return the new args, the first `x^` and its `x~` (for the skip)."""
         args = list(args)
         done: dict[int, torch.Tensor] = {}  # id(x^) -> x~, so q = k = v is pre-projected once
-        first = None
+        first = first_in = None
         for pos, key in self.call.inputs:
             if pos < len(args):
                 container, slot = args, pos
@@ -109,7 +164,7 @@ class PreProjAttention(BaseLayerWrapper):
             x = container[slot]
             if x is None:
                 continue
-            if id(x) not in done:
+            if not self._inputs_checked and id(x) not in done:
                 self._check_input(x, pos, key)
             if self.seam_check is not None and first is None:
                 self.seam_check.verify(x)
@@ -118,8 +173,17 @@ class PreProjAttention(BaseLayerWrapper):
             if id(x) not in done:
                 done[id(x)] = self.preproj(x) if self.preproj is not None else x
             container[slot] = done[id(x)]
-            first = done[id(x)] if first is None else first
-        return tuple(args), kwargs, first
+            if first is None:
+                first, first_in = done[id(x)], x
+        if first is not None and not torch.compiler.is_compiling():
+            self._inputs_checked = True  # the slots are static: one call that passes settles them
+        return tuple(args), kwargs, first_in, first
+
+    def _count_graph(self, x: torch.Tensor, made: torch.Tensor) -> None:
+        """Arm a token when a graph through our trainable weights starts at `made` (`InFlight`); called only
+        when `made` requires grad."""
+        if not torch.compiler.is_compiling() and (not x.requires_grad or self.flight.graphs == 0):
+            self.flight.arm(made)
 
     def _check_input(self, x: Any, pos: int, key: str) -> None:
         """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's width."""
@@ -137,7 +201,7 @@ class PreProjAttention(BaseLayerWrapper):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.adapter_enabled:
             return self.base_layer(*args, **kwargs)
-        args, kwargs, x_tilde = self._swap_inputs(args, kwargs)
+        args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs)
         if x_tilde is None:
             raise RuntimeError(
                 f"PreProjAttention (part {self.part!r}, block {self.block_index}) found no attention input among "
@@ -146,16 +210,54 @@ class PreProjAttention(BaseLayerWrapper):
             )
         out = self.base_layer(*args, **kwargs)
         if self.skip is None:
+            if x_tilde.requires_grad and self.flight is not None and x_tilde is not x:
+                self._count_graph(x, x_tilde)
             return out
         skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
-        tensor_out = self.call.output_index is None or isinstance(out, torch.Tensor)
-        attn = out if tensor_out else out[self.call.output_index]
+        if not self._output_checked:
+            self._check_output(out, skip)
+        tensor_out = isinstance(out, torch.Tensor)
+        i = self.call.output_index
+        attn = out if tensor_out else out[i]
         for fn in self._observers.values():
             fn(self, attn, skip)
-        if tensor_out:
-            return out + skip
+        y = attn + skip
+        if y.requires_grad and self.flight is not None:
+            self._count_graph(x, y)
+        return y if tensor_out else (*out[:i], y, *out[i + 1 :])
+
+    def _check_output(self, out: Any, skip: torch.Tensor) -> None:
+        """On the first call: the output the skip is added to must have the attention input's shape exactly,
+        else SeamError naming the index that fits (a wrong `output_index` could otherwise broadcast, e.g. eager
+        attention weights (B, H, N, N) when N == d). The index is static, so one passing call settles it."""
         i = self.call.output_index
-        return (*out[:i], out[i] + skip, *out[i + 1 :])
+        try:
+            attn = out if isinstance(out, torch.Tensor) else out[i]
+        except (IndexError, KeyError, TypeError):  # no item i (or i is None on a tuple)
+            attn = None
+        if isinstance(attn, torch.Tensor) and attn.shape == skip.shape:
+            if not torch.compiler.is_compiling():
+                self._output_checked = True
+            return
+        if isinstance(out, torch.Tensor):
+            got, fits = f"returns one tensor of shape {tuple(out.shape)}", []
+        else:
+            items = list(out) if isinstance(out, (tuple, list)) else []
+            picked = items[i] if i is not None and i < len(items) else None
+            got = f"returns a {type(out).__name__} of {len(items)} items"
+            if i is None:
+                got += ", not one tensor"
+            elif isinstance(picked, torch.Tensor):
+                got += f"; item {i} has shape {tuple(picked.shape)}"
+            else:
+                got += f"; item {i} is {'missing' if i >= len(items) else type(picked).__name__}"
+            fits = [j for j, o in enumerate(items) if isinstance(o, torch.Tensor) and o.shape == skip.shape]
+        hint = f"output_index {fits[0]} would fit" if fits else "no output has that shape"
+        raise SeamError(
+            f"PreProjAttention (part {self.part!r}, block {self.block_index}): with call.output_index={i} the "
+            f"attention {got}, but the skip must be added to a tensor of the attention input's shape "
+            f"{tuple(skip.shape)}; {hint}: fix 'call.output_index' in the host description"
+        )
 
     # --- several named adapters (mmpreproj.named_adapters): the active one is `preproj`/`skip` ---------------
 

@@ -1,0 +1,354 @@
+"""Nothing half-changed, nothing silently wrong (issue 18, section 2): each case is refused with its reason and
+the model left exactly as it was, or handled correctly. Every test here failed on the code before the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_neox
+from host_contract import assert_same_snapshot, snapshot
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+
+TOKENS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+NEOX_PART = {
+    "name": "language",
+    "blocks": "gpt_neox.layers",
+    "attention": "attention",
+    "norm": "input_layernorm",
+    "call": {"inputs": [[0, "hidden_states"]], "output_index": 0},
+}
+
+
+def _no_hooks_left(model) -> bool:
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+# --- 1. two parts of a description over the same blocks --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"blocks": "gpt_neox.layers"},  # the very same blocks
+        {"blocks": "*:GPTNeoXLayer"},  # the same blocks found another way
+    ],
+    ids=["same_path", "same_blocks_by_class"],
+)
+def test_parts_over_the_same_blocks_are_refused_before_anything_changes(second):
+    model = tiny_neox()
+    host = {"name": "twice", "parts": [NEOX_PART, {**NEOX_PART, "name": "again", **second}]}
+    snap = snapshot(model)
+    with pytest.raises(ValueError, match=r"part 'language' block 0 and part 'again' block 0 resolve to the same "
+                                         r"block 'gpt_neox.layers.0'"):
+        mmpreproj.inject(model, PreProjConfig(), host=host)
+    assert_same_snapshot(snapshot(model), snap)
+    assert _no_hooks_left(model)
+
+
+def test_parts_sharing_one_attention_module_are_refused():
+    model = tiny_neox()
+    model.gpt_neox.layers[1].attention = model.gpt_neox.layers[0].attention  # two blocks, one attention
+    host = {"name": "shared", "parts": [{**NEOX_PART, "blocks": "gpt_neox.layers"}]}
+    snap = snapshot(model)
+    with pytest.raises(ValueError, match=r"block 0 and part 'language' block 1 resolve to the same attention module "
+                                         r"'gpt_neox.layers.0.attention'"):
+        mmpreproj.inject(model, PreProjConfig(), host=host)
+    assert_same_snapshot(snapshot(model), snap)
+
+
+# --- 5. inject after peft; 6. inject after torch.compile ---------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_inject_after_peft_is_refused_with_the_order_that_works():
+    peft = pytest.importorskip("peft")
+    pm = peft.get_peft_model(tiny_neox(), peft.LoraConfig(r=4, target_modules=["query_key_value"]))
+    for model, what in ((pm, "the model is a peft PeftModel"), (pm.base_model.model, "the model holds peft layers")):
+        snap = snapshot(model)
+        with pytest.raises(RuntimeError, match=f"{what}.*Inject first, then add peft: mmpreproj.inject"):
+            mmpreproj.inject(model)
+        assert_same_snapshot(snapshot(model), snap)
+    assert {n for n, p in pm.named_parameters() if p.requires_grad} == {
+        n for n, _ in pm.named_parameters() if "lora_" in n
+    }  # LoRA still trains
+
+
+def test_inject_into_a_compiled_model_is_refused_with_the_order_that_works():
+    model = tiny_neox()
+    compiled = torch.compile(model, backend="eager")
+    snap = snapshot(model)
+    with pytest.raises(RuntimeError, match=r"torch.compile wrapper \(OptimizedModule\); inject the model before "
+                                           r"compiling it: mmpreproj.inject\(model\), then model = torch.compile"):
+        mmpreproj.inject(compiled)
+    assert_same_snapshot(snapshot(model), snap)
+    model.gpt_neox.layers[0] = torch.compile(model.gpt_neox.layers[0], backend="eager")
+    with pytest.raises(RuntimeError, match=r"its submodule 'gpt_neox.layers.0' is a torch.compile wrapper"):
+        mmpreproj.inject(model)
+
+
+# --- 3. the output side of the seam: the skip goes onto a tensor of the attention input's shape ----------
+
+
+@pytest.mark.parametrize(
+    ("output_index", "said"),
+    [
+        (1, r"item 1 has shape \(1, 4, 32, 32\)"),  # eager attention weights (B, H, N, N): broadcast silently before
+        (None, r"not one tensor"),
+        (5, r"item 5 is missing"),
+    ],
+)
+def test_a_wrong_output_index_is_refused_naming_the_index_that_fits(output_index, said):
+    from mmpreproj.modules.seam import SeamError
+
+    model = tiny_neox(attn_implementation="eager")
+    call = {"inputs": [[0, "hidden_states"]], "output_index": output_index}
+    mmpreproj.inject(model, PreProjConfig(preproj=False, skip_init_std=0.5),
+                     host={"name": "neox", "parts": [{**NEOX_PART, "call": call}]})
+    tokens = torch.randint(0, 128, (1, 32))  # N == d == 32: weights (1, 4, 32, 32) + skip (1, 32, 32) broadcast
+    with pytest.raises(SeamError, match=rf"part 'language', block 0\): with call.output_index={output_index} the "
+                                        rf"attention returns a tuple of 2 items.{{0,2}}{said}, but the skip must be added to a tensor of the attention "
+                                        r"input's shape \(1, 32, 32\); output_index 0 would fit"):
+        model(tokens)
+
+
+# --- 4. unload puts back only the requires_grad flags inject changed ------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_unload_of_preproj_lora_keeps_the_base_frozen_for_peft():
+    pytest.importorskip("peft")
+    from mmpreproj.train.methods import apply_method
+
+    pm = apply_method(tiny_neox(), "preproj_lora")
+    mmpreproj.unload(pm)
+    assert not mmpreproj.is_injected(pm)
+    trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n, _ in pm.named_parameters() if "lora_" in n}  # not the whole base
+    plain = mmpreproj.unload(mmpreproj.inject(pm.unload()))  # peft gone: inject/unload restores as usual
+    assert all(not p.requires_grad for p in plain.parameters())  # peft's freeze is what it had before inject
+
+
+def test_unload_freezes_again_the_modules_to_save_inject_made_trainable():
+    model = tiny_neox()
+    head = model.get_output_embeddings()
+    head.requires_grad_(False)
+    model.gpt_neox.final_layer_norm.requires_grad_(False)  # frozen before, frozen after
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    mmpreproj.inject(model, PreProjConfig(modules_to_save=["lm_head"]))
+    assert head.weight.requires_grad
+    mmpreproj.unload(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+
+
+# --- 7. trace_seams: neither the caller's RNG nor a train-mode model's dropout matters ------------------
+
+
+def test_trace_seams_keeps_the_callers_rng_and_traces_a_train_mode_model_with_dropout():
+    from mmpreproj.hosts import trace_seams
+
+    model = tiny_neox(attention_dropout=0.5, hidden_dropout=0.5).train()
+    model.gpt_neox.layers[1].eval()  # a mixed model: each flag comes back as it was
+    flags = [m.training for m in model.modules()]
+    rng = torch.random.get_rng_state()
+    description = trace_seams(model, TOKENS)  # dropout on would fail the identity check
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert [m.training for m in model.modules()] == flags
+    assert [p["blocks"] for p in description["parts"]] == ["gpt_neox.layers"]
+    eval_model = tiny_neox().eval()
+    rng = torch.random.get_rng_state()
+    trace_seams(eval_model, TOKENS)  # the identity check builds modules: that drew from the caller's RNG
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+# --- 2. save_pretrained's two halves: a save killed between them is refused on load ---------------------
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs."""
+
+
+def _saved_pair(folder, seed):
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    with torch.no_grad():
+        for p in mmpreproj.adapter_state_dict(model).values():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(seed))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
+    import transformers as tf
+
+    import mmpreproj.adapter as adapter_module
+    from mmpreproj import adapter_files
+
+    _saved_pair(tmp_path, seed=1)
+    newer = mmpreproj.inject(tiny_neox(seed=7), PreProjConfig(skip_init_std=0.05))  # another base, another adapter
+
+    def killed_after_the_base(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(adapter_module, "save_adapter", killed_after_the_base)
+    with pytest.raises(Killed):
+        newer.save_pretrained(tmp_path)  # the new base is written, the old adapter stays
+    monkeypatch.undo()
+    assert "mmpreproj_save_token" not in vars(newer.config)  # the model's config is as it was
+    with pytest.raises(ValueError, match=r"the base and the adapter in its adapter/ were written by different "
+                                         r"save_pretrained calls .* Nothing was loaded"):
+        mmpreproj.from_pretrained(tmp_path)
+    base = tf.GPTNeoXForCausalLM.from_pretrained(tmp_path)  # the base alone still loads the plain way
+    snap = snapshot(base)
+    with pytest.raises(ValueError, match="written by different save_pretrained calls"):
+        mmpreproj.load_adapter(base, tmp_path)
+    assert_same_snapshot(snapshot(base), snap)
+
+    # killed inside the adapter's own write: before its commit the old adapter stays (refused), after it the
+    # reader finishes the new one (the pair matches again)
+    for point, loads in (("written:adapter_model.safetensors", False), ("committed", True)):
+        def fault(at, point=point):
+            if at == point:
+                raise Killed
+
+        monkeypatch.setattr(adapter_files, "_fault_point", fault)
+        with pytest.raises(Killed):
+            newer.save_pretrained(tmp_path)
+        monkeypatch.undo()
+        if loads:
+            got = mmpreproj.from_pretrained(tmp_path).eval()
+            with torch.no_grad():
+                assert torch.equal(got(TOKENS).logits, newer(TOKENS).logits)
+        else:
+            with pytest.raises(ValueError, match="written by different save_pretrained calls"):
+                mmpreproj.from_pretrained(tmp_path)
+
+
+def test_a_complete_save_pretrained_pair_loads_and_an_untokened_pair_still_loads(tmp_path):
+    import json
+
+    model = _saved_pair(tmp_path, seed=2)
+    with torch.no_grad():
+        want = model(TOKENS).logits
+        assert torch.equal(mmpreproj.from_pretrained(tmp_path).eval()(TOKENS).logits, want)
+    for name, key in (("config.json", "mmpreproj_save_token"), ("adapter/adapter_config.json", "base_save_token")):
+        d = json.loads((tmp_path / name).read_text())
+        assert isinstance(d.pop(key), str)
+        (tmp_path / name).write_text(json.dumps(d))  # as a save from before the tokens
+    with torch.no_grad():
+        assert torch.equal(mmpreproj.from_pretrained(tmp_path).eval()(TOKENS).logits, want)
+
+
+# --- 8. no adapter switch while a step is in flight ------------------------------------------------------
+
+
+@pytest.fixture
+def two_adapters(tmp_path):
+    """An injected model with the trainable adapter "default" active and "b" loaded beside it."""
+    other = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    mmpreproj.save_adapter(other, tmp_path / "b")
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
+    return mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+
+
+IN_FLIGHT = r"set_adapter: a forward/backward is in flight"
+
+
+def test_a_switch_between_forward_and_backward_is_refused_until_the_backward(two_adapters):
+    model = two_adapters
+    skip = mmpreproj.injected_modules(model)[0].skip.proj.weight  # the active adapter's
+    loss = model(TOKENS).logits.square().mean()
+    with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph\(s\) .* not been backwarded"):
+        mmpreproj.set_adapter(model, "b")
+    for refused, what in ((lambda: mmpreproj.delete_adapter(model, "b"), "delete_adapter"),
+                          (lambda: mmpreproj.set_adapter_state_dict(model, mmpreproj.adapter_state_dict(model)),
+                           "set_adapter_state_dict")):
+        with pytest.raises(RuntimeError, match=f"{what}: a forward/backward is in flight"):
+            refused()
+    assert mmpreproj.active_adapter(model) == "default"
+    loss.backward()  # the step ends: the gradient went to the adapter that ran
+    assert skip.grad is not None and skip.grad.abs().sum() > 0
+    mmpreproj.set_adapter(model, "b")  # `loss` is still alive: backwarded is enough
+    assert mmpreproj.active_adapter(model) == "b"
+
+
+def test_graphs_never_backwarded_or_built_without_grad_do_not_block(two_adapters):
+    model = two_adapters
+    out = model(TOKENS).logits  # built a graph, then dropped unbackwarded
+    del out
+    mmpreproj.set_adapter(model, "b")
+    with torch.no_grad():
+        kept = model(TOKENS).logits  # no graph at all
+    mmpreproj.set_adapter(model, "default")
+
+    def failing_forward():
+        h = model.gpt_neox.layers[1].register_forward_hook(lambda *a: 1 / 0)
+        try:
+            model(TOKENS)
+        except ZeroDivisionError:
+            pass
+        finally:
+            h.remove()
+
+    failing_forward()  # an exception mid-forward leaves nothing counted once it is dropped
+    mmpreproj.set_adapter(model, "b")
+    assert kept.shape == (2, 9, 128)
+
+
+def test_each_forward_counts_until_its_own_backward(two_adapters):
+    import copy
+
+    model = two_adapters
+    first = model(TOKENS).logits.mean()
+    second = model(TOKENS).logits.mean()  # two graphs before any backward (gradient accumulation)
+    twin = copy.deepcopy(model)  # a copy starts with nothing in flight
+    mmpreproj.set_adapter(twin, "b")
+    first.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph"):
+        mmpreproj.set_adapter(model, "b")
+    first.backward()  # a second backward of the same graph counts nothing twice
+    second.backward()
+    mmpreproj.set_adapter(model, "b")
+
+
+def test_a_switch_from_inside_the_forward_is_refused(two_adapters):
+    model = two_adapters
+
+    def switch(module, args, output):
+        mmpreproj.set_adapter(model, "b")
+
+    handle = model.gpt_neox.layers[0].register_forward_hook(switch)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=IN_FLIGHT + r": 'gpt_neox.layers.0' of the injected "
+                                                                        r"model is running \(thread 'MainThread'\)"):
+        model(TOKENS)
+    handle.remove()
+    assert mmpreproj.active_adapter(model) == "default"
+    mmpreproj.set_adapter(model, "b")  # after the forward: fine
+
+
+def test_a_switch_while_another_thread_runs_a_forward_is_refused(two_adapters):
+    import threading
+
+    model = two_adapters
+    inside, release = threading.Event(), threading.Event()
+
+    def wait(module, args, output):
+        inside.set()
+        release.wait(30)
+
+    handle = model.gpt_neox.layers[0].mlp.register_forward_hook(wait)
+    def serve():
+        with torch.no_grad():  # per thread: no graph, only the running forward tells
+            model(TOKENS)
+
+    worker = threading.Thread(target=serve, name="server")
+    worker.start()
+    assert inside.wait(30)
+    try:
+        with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 'gpt_neox.layers.0.mlp' .* \(thread 'server'\)"):
+            mmpreproj.set_adapter(model, "b")
+    finally:
+        release.set()
+        worker.join(30)
+    handle.remove()
+    mmpreproj.set_adapter(model, "b")
