@@ -3,6 +3,8 @@ holds, resume after a stop, activation checkpointing on a frozen base, bf16 auto
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_neox
@@ -165,11 +167,23 @@ def test_load_best_model_at_end_reloads_the_best_adapter(tmp_path, lm_data):
     assert all(torch.equal(v, saved[k]) for k, v in mmpreproj.adapter_state_dict(model).items())
 
 
-def test_a_model_without_injection_is_saved_by_the_trainer_as_usual(tmp_path, lm_data):
-    trainer = PreProjTrainer(model=tiny_neox(), args=_args(tmp_path), train_dataset=lm_data)
+def test_a_model_without_injection_or_peft_is_refused_before_training(tmp_path, lm_data):
+    """It would fine-tune every base weight; the error gives the call to make, nothing is written."""
+    model, before = tiny_neox(), sorted(tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=r"no mmpreproj modules injected.*mmpreproj\.inject\(model\)"):
+        PreProjTrainer(model=model, args=_args(tmp_path), train_dataset=lm_data)
+    assert all(p.requires_grad for p in model.parameters())  # untouched
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_peft_model_without_injection_is_saved_by_the_trainer_as_usual(tmp_path, lm_data):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_neox(), LoraConfig(r=2, target_modules=["query_key_value"]))
+    trainer = PreProjTrainer(model=model, args=_args(tmp_path), train_dataset=lm_data)
     trainer.save_model(str(tmp_path / "plain"))
-    assert (tmp_path / "plain" / "model.safetensors").is_file()
-    assert not (tmp_path / "plain" / "adapter_config.json").exists()
+    assert (tmp_path / "plain" / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "plain" / "adapter_config.json").read_text())["peft_type"] == "LORA"
 
 
 def test_preproj_trainer_builds_a_subclass_and_refuses_other_classes():

@@ -146,3 +146,12 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
         merged = model.merge_and_unload()
         assert mmpreproj.is_injected(merged)
         torch.testing.assert_close(merged(x).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sft_with_a_model_id_and_no_injection_is_refused_not_a_full_fine_tune(tmp_path, tokenizer, chat):
+    """`PreProjSFTTrainer(model="<id or folder>")` loads the model itself; with no injection it would train all
+    of it, so it is refused with the call to make (before: all 7.35M weights of the mini model trained)."""
+    folder = tmp_path / "base"
+    tiny_neox(vocab_size=len(tokenizer)).save_pretrained(folder)
+    with pytest.raises(ValueError, match="no mmpreproj modules injected"):
+        _sft(tmp_path / "out", str(folder), tokenizer, chat)

@@ -16,7 +16,8 @@ optimizer, scheduler, RNG and data-order state included, is the Trainer's own:
 - `_load_from_checkpoint` / `_load_best_model`: `load_checkpoint(model, dir)` copies the weights into the
   model in place (`mmpreproj.set_adapter_state_dict`), so the optimizer's references stay valid.
 
-A model that is not injected goes to the Trainer's own methods unchanged. With a peft model on top of an
+A peft model that is not injected goes to the Trainer's own methods unchanged; a model with neither an
+injection nor a peft adapter is refused at construction (it would fine-tune the whole base). With a peft model on top of an
 injected one (the `preproj_lora` shape), peft's files stay at the top of the folder, where Trainer and
 `PeftModel.from_pretrained` look, and ours go to `dir/preproj/` (`adapter_dir`). `preproj_trainer(cls)`
 builds the same subclass of any Trainer subclass (TRL's: `mmpreproj.integrations.trl`).
@@ -31,6 +32,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -168,7 +170,20 @@ def _injected_params(model: nn.Module) -> list[nn.Parameter]:
 
 
 class PreProjTrainerMixin:
-    """Put before a `transformers.Trainer` subclass: injected models checkpoint and resume as adapters."""
+    """Put before a `transformers.Trainer` subclass: injected models checkpoint and resume as adapters.
+
+    A model with neither an injection nor a peft adapter is refused at construction (the Trainer would
+    otherwise fine-tune every base weight under a name that promises a frozen probe); a peft model without
+    an injection trains as the Trainer trains it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("model", args[0] if args else None)
+        if isinstance(given, nn.Module):
+            _refuse_full_fine_tune(given, type(self).__name__)  # before the Trainer prepares anything
+        super().__init__(*args, **kwargs)
+        if not isinstance(given, nn.Module):  # a hub id or folder TRL loaded itself
+            _refuse_full_fine_tune(self.model, type(self).__name__)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if not is_injected(self.model):
@@ -196,6 +211,19 @@ class PreProjTrainerMixin:
             load_checkpoint(self.model, best)
             return
         super()._load_best_model()  # type: ignore[misc]
+
+
+def _refuse_full_fine_tune(model: nn.Module, trainer: str) -> None:
+    """ValueError with the call to make when `model` has no injection and no peft adapter."""
+    from ..adapter import _peft_layers
+
+    if is_injected(model) or _peft_layers(model) or not any(p.requires_grad for p in model.parameters()):
+        return
+    raise ValueError(
+        f"{trainer}: the model has no mmpreproj modules injected (nor a peft adapter), so it would fine-tune "
+        "every base weight; inject first (`model = mmpreproj.inject(model)`, or "
+        "`mmpreproj.train.apply_method(model, 'preproj_lora')`), or use the plain Trainer to fine-tune the whole model"
+    )
 
 
 def preproj_trainer(trainer_cls: type[Trainer]) -> type[Trainer]:
