@@ -230,3 +230,13 @@ def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
     assert torch.equal(out(twin), out(mmpreproj.load_adapter(tiny_neox(), b)))
     assert torch.equal(out(model), out(mmpreproj.load_adapter(tiny_neox(), a)))
     assert twin.mmpreproj_state.config is twin.mmpreproj_state.adapter_configs["b"]
+
+
+def test_forward_with_adapter_names_is_refused_not_ignored():
+    """peft's mixed-batch `adapter_names=` reaches the attention through transformers' kwargs; ours refuse it."""
+    model = mmpreproj.inject(tiny_neox())
+    tokens = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0))
+    ref = model(tokens).logits
+    with pytest.raises(ValueError, match=r"adapter_names=.*set_adapter"):
+        model(tokens, adapter_names=["default", "default"])
+    assert torch.equal(model(tokens).logits, ref)

@@ -199,6 +199,12 @@ class PreProjAttention(BaseLayerWrapper):
         )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if "adapter_names" in kwargs:  # transformers hands a model's extra kwargs down to attention
+            raise ValueError(
+                f"PreProjAttention (block {self.block_index}): forward(adapter_names=...) (one adapter per row of a "
+                "mixed batch) is not supported by mmpreproj adapters, and would be ignored; run each adapter's rows "
+                "as their own batch after mmpreproj.set_adapter(model, name)"
+            )
         if not self.adapter_enabled:
             return self.base_layer(*args, **kwargs)
         args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs)
