@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from _train_ddp_worker import CONFIG, DATA
 from conftest import assert_adamw_runs_agree, tiny_neox
@@ -50,3 +51,34 @@ def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     seed_everything(42)  # what train() starts from
     init = mmpreproj.adapter_state_dict(apply_method(tiny_neox(), "preproj_skip"))
     assert not any(torch.equal(w0[k], init[k]) for k in w0)  # training moved every weight
+
+
+def test_the_current_cuda_device_set_for_nccl_is_put_back(monkeypatch):
+    """`init_distributed` sets the current CUDA device (process-wide) only for the group it opens;
+    `shutdown` puts the caller's back, also when joining the group fails."""
+    import torch.distributed as dist
+
+    from mmpreproj.train import distributed
+
+    current, joined = [0], []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, d if isinstance(d, int) else d.index))
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.append(kw["backend"]))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "destroy_process_group", joined.clear)
+    ctx = distributed.init_distributed("cuda:1")
+    assert (joined, current, ctx.owns_group) == (["nccl"], [1], True)
+    distributed.shutdown(ctx)
+    assert (joined, current) == ([], [0])
+
+    def refuse(**kw):
+        raise RuntimeError("no rendezvous")
+
+    monkeypatch.setattr(dist, "init_process_group", refuse)
+    with pytest.raises(RuntimeError, match="no rendezvous"):
+        distributed.init_distributed("cuda:1")
+    assert current == [0]

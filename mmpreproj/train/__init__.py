@@ -6,8 +6,8 @@
 
 Files: config (TrainConfig), presets, sources (local file / hub lines), data (lines -> padded/packed examples), order (sharded shuffled order),
 methods (apply_method, parameter counts), precision (autocast, bf16 weights), models (loading, checkpointing),
-schedule, checkpoint (resumable state), distributed (torchrun: DDP or FSDP2), runlog (run folder), adapters
-(save/load trained weights), trainer (train).
+schedule, checkpoint (resumable state), rng (the run's own seeded RNG stream), distributed (torchrun: DDP or
+FSDP2), runlog (run folder), adapters (save/load trained weights), trainer (train).
 """
 
 from .adapters import load_run_adapter, run_adapter_dir, save_run_adapter

@@ -1,8 +1,9 @@
 """Resumable training state in one file, written atomically (temp file in the same folder + `os.replace`).
 
 `checkpoint.pt` holds the trainable weights (by parameter name), the optimizer and scheduler states, the
-RNG states of every rank (torch CPU/CUDA, python `random`, numpy), the data position and counters, and the
-config. It is loaded with `torch.load(weights_only=True)`: numpy's RNG keys are stored as a tensor.
+RNG states of every rank (torch CPU/CUDA, python `random`, numpy: the run's own streams, `rng.seeded_rng`),
+the data position and counters, and the config. It is loaded with `torch.load(weights_only=True)`: numpy's
+RNG keys are stored as a tensor.
 """
 
 from __future__ import annotations
@@ -48,13 +49,15 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what `capture_rng` returned."""
+    """Put back what `capture_rng` returned. The CUDA states only where CUDA is initialised: setting them
+    on an uninitialised CUDA would queue them for its later initialisation, outside the run (`rng.seeded_rng`
+    saves and restores CUDA's generators only for a run on CUDA or an already initialised CUDA)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -54,7 +54,8 @@ class TrainConfig(JsonConfig):
         paper_bf16_weights: cast the trainable weights to bf16 (the paper's setting; updates round away).
         gradient_checkpointing, reentrant_checkpointing: activation checkpointing and its variant.
         lora_r, lora_alpha: override the LoRA rank/alpha (None = the paper's rule for the method).
-        seed: seeds torch, python `random` and numpy, the injected-weight init and the data order.
+        seed: seeds the run's torch, python `random` and numpy streams (the caller's are restored after it:
+            `rng.seeded_rng`), the injected-weight init and the data order.
         device: "auto" (cuda:LOCAL_RANK if available, else cpu), "cpu", "cuda", "cuda:1", ...
         parallel: with several processes, "ddp" (every rank holds the whole model) or "fsdp" (FSDP2
             `fully_shard` per block, then the root: base and trainable weights sharded over the ranks; no

@@ -43,13 +43,15 @@ __all__ = [
 
 @dataclass
 class DistContext:
-    """Where this process stands: rank, world size, local rank, device, and whether it opened the group."""
+    """Where this process stands: rank, world size, local rank, device, and whether it opened the group
+    (then also the current CUDA device it found, which `shutdown` puts back)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     owns_group: bool = False
+    prior_cuda_device: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -76,19 +78,27 @@ def init_distributed(device: str = "auto") -> DistContext:
         return DistContext(device=dev)
     if not dist.is_available():
         raise RuntimeError(f"WORLD_SIZE={world} but this torch build has no torch.distributed")
-    owns = False
+    owns, prior = False, None
     if not dist.is_initialized():
         if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", init_method="env://")
+            prior = torch.cuda.current_device()
+            torch.cuda.set_device(dev)  # process-wide, for NCCL: `shutdown` puts the caller's back
+        try:
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", init_method="env://")
+        except BaseException:
+            if prior is not None:
+                torch.cuda.set_device(prior)
+            raise
         owns = True
-    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, owns)
+    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, owns, prior)
 
 
 def shutdown(ctx: DistContext) -> None:
-    """Leave the process group if `init_distributed` opened it."""
+    """Leave the process group if `init_distributed` opened it, and put back the current CUDA device it set."""
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+    if ctx.prior_cuda_device is not None:
+        torch.cuda.set_device(ctx.prior_cuda_device)
 
 
 def wrap_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:

@@ -11,8 +11,10 @@ next step's batches without gradients). Nothing on disk changes before the run i
 method, checkpoint all loaded); an overwritten run is cleared only then, and one process at a time trains
 into a run folder (`runlock`). Resuming restores weights, optimizer,
 scheduler, RNG states and the data position, so the resumed run ends bit-identical to an uninterrupted one
-(on CPU; same world size). With `parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`);
-the adapter is gathered on every rank and written by rank 0; there are no checkpoints.
+(on CPU; same world size). The RNG streams are the run's own: the process-wide generators, seeded with
+`cfg.seed` on entry and put back as the caller left them on exit (`rng.seeded_rng`). With
+`parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`); the adapter is gathered on
+every rank and written by rank 0; there are no checkpoints.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,9 +60,10 @@ from .distributed import (
 )
 from .errors import NonFiniteLossError
 from .methods import apply_method, count_trainable
-from .models import enable_checkpointing, load_model, load_tokenizer
+from .models import enable_checkpointing, load_model, load_tokenizer, resolve_device
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
+from .rng import seed_everything, seeded_rng
 from .runlock import RunInUseError, run_lock
 from .runlog import CONFIG_NAME, LOG_NAME, METRICS_NAME, StepLog, write_json
 from .schedule import make_scheduler
@@ -90,13 +91,6 @@ class RunResult:
     model: nn.Module = field(repr=False)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed torch (all devices), python `random` and numpy."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
 def train(
     config: TrainConfig,
     model: nn.Module | None = None,
@@ -114,13 +108,18 @@ def train(
         examples: pre-tokenized data (skips reading `config.data`), e.g. `LMExamples.random(...)` in tests.
 
     Under `torchrun` (WORLD_SIZE > 1) every process calls `train` with the same config.
+
+    The run draws from the process-wide generators (torch CPU/CUDA, python `random`, numpy) seeded with
+    `config.seed`, as `seed_everything(config.seed)` would, but inside `rng.seeded_rng`: when `train` returns
+    or raises, the caller's generator states are exactly as they were before the call.
     """
-    ctx = init_distributed(config.device)
-    try:
-        with _locked(Path(config.out), ctx):
-            return _train(config, ctx, model, tokenizer, examples)
-    finally:
-        shutdown(ctx)
+    with seeded_rng(config.seed, resolve_device(config.device)):  # the device's type decides which generators
+        ctx = init_distributed(config.device)
+        try:
+            with _locked(Path(config.out), ctx):
+                return _train(config, ctx, model, tokenizer, examples)
+        finally:
+            shutdown(ctx)
 
 
 @contextlib.contextmanager
@@ -231,9 +230,9 @@ def _setup(
 ) -> tuple[_Run, LMExamples]:
     """Check the folder, load, apply the method, build the optimizer; restore a checkpoint if resuming.
 
-    Nothing on disk changes here: an overwritten run is cleared by the caller once this has succeeded.
+    Nothing on disk changes here: an overwritten run is cleared by the caller once this has succeeded. The
+    RNG streams are the run's own, seeded with `cfg.seed` by `train` (`seeded_rng`); nothing has drawn yet.
     """
-    seed_everything(cfg.seed)
     if model is None:
         model = load_model(cfg.model, cfg.model_dtype)
     if examples is None:
