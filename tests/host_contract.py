@@ -135,9 +135,16 @@ class HostContract:
         assert {p.dtype for p in injected_params(model).values()} == {torch.float32}
         out = run(case, model, torch.bfloat16)
         assert out.dtype == torch.bfloat16
-        # identity init adds exact zeros; what can move is the host's own bf16 kernels once the base is frozen
-        # (requires_grad flags pick other matmul paths, as the fp32 note above): a few bf16 ulps of the scale
-        assert (out - ref).abs().max() <= 2e-2 * ref.abs().max()
+        # Identity init adds exact zeros; what can move is the host's own bf16 kernels once the base is frozen
+        # (requires_grad flags pick other matmul paths, as the fp32 note above). Bound: one bf16 ulp of the
+        # largest output, 2 * u * max|ref| with u = 2**-8 bf16's unit roundoff (an ulp at |x| is <= 2u|x|).
+        # Measured over every host row (CPU): 44 of 47 rows are bit-identical; the timm relative-position rows
+        # move by 0.47u (beit_relpos_layerscale) and 0.99u (vit_relpos_shared_cls) of max|ref|. A spurious skip
+        # of 1e-3 * randn moves every row by >= 2.1u (coca; 1e-2 * randn: >= 21u), which the former bound
+        # (2e-2 * max|ref| = 5.1u) let through on 11 of the 47 rows.
+        u = 2.0**-8
+        err, scale = (out.float() - ref.float()).abs().max(), ref.float().abs().max()
+        assert err <= 2 * u * scale, f"bf16 identity output moved by {err / scale / u:.2f}u of max|ref|"
 
     def test_paper_init_is_close_but_not_equal(self, case):
         model = case.build()

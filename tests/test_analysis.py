@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_neox
+from png_content import assert_draws, colour_mask
 
 import mmpreproj
 from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms, skip_norms_from_adapter
@@ -107,6 +108,21 @@ def test_observer_sees_the_two_terms_the_wrapper_adds():
     assert len(seen) == 1  # removed
 
 
-def test_plot_writes_png(tmp_path):
-    p = plot_skip_norms({"a": [0.1, 0.2, 0.3], "b": [0.2, 0.2, 0.1]}, tmp_path / "fig.png")
-    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_plot_writes_png(tmp_path, monkeypatch):
+    import mmpreproj.analysis.plot as plot_module
+
+    figures = []
+    save = plot_module._save
+    monkeypatch.setattr(plot_module, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    series = {"a": [0.1, 0.2, 0.3], "b": [0.2, 0.2, 0.1]}
+    p = plot_skip_norms(series, tmp_path / "fig.png")
+    # the figure holds one line per series, with the series' values over layers 0..n-1
+    (ax,) = figures[0].axes
+    assert [line.get_label() for line in ax.lines] == list(series)
+    for line, values in zip(ax.lines, series.values()):
+        assert list(line.get_xdata()) == list(range(len(values))) and list(line.get_ydata()) == values
+    # ... and the saved PNG shows both lines (C0, C1) drawn across the axes, not a blank or legend-only figure
+    img = assert_draws(p, ["C0", "C1"])
+    # other data draw other lines: with the series swapped, each colour's pixels move
+    swapped = plot_skip_norms(dict(zip(series, reversed(series.values()))), tmp_path / "swapped.png")
+    assert (colour_mask(img, "C0") != colour_mask(assert_draws(swapped, ["C0"]), "C0")).sum() > 100

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -12,11 +14,29 @@ from mmpreproj.cli import build_parser, main
 
 
 def test_every_subcommand_has_help(capsys):
-    for cmd in ("train", "eval", "analyze", "reproduce", "demo"):
+    # the subcommands are read from the parser itself, so a new one cannot be left out of this test
+    ap = build_parser()
+    (sub,) = [a for a in ap._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {"train", "eval", "analyze", "reproduce", "demo", "sweep"} <= set(sub.choices)
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    top = capsys.readouterr().out
+    for choice in sub._choices_actions:  # the top-level help lists every subcommand with its one-line help
+        assert re.search(rf"^\s+{choice.dest}\s", top, re.M) and choice.help, choice.dest
+    for cmd, parser in sub.choices.items():
         with pytest.raises(SystemExit) as e:
             main([cmd, "--help"])
         assert e.value.code == 0
-        assert "usage: mmpreproj " + cmd in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert out.startswith("usage: mmpreproj " + cmd), cmd
+        # every option (and positional) of the subcommand has its own entry line in the help
+        lines = [line.strip() for line in out.splitlines()]
+        for action in parser._actions:
+            names = action.option_strings or [action.metavar or action.dest]
+            assert any(
+                line.startswith(names[0]) and all(n in line for n in names) for line in lines
+            ), (cmd, names)
 
 
 def test_python_dash_m_works():

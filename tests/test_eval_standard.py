@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
 from eval_fixtures import ForcedNext, tiny_pythia
+from net_guard import refuse_network
 
 from mmpreproj.data import pythia_tokenizer, wikitext_articles, wikitext_detokenize
 from mmpreproj.eval import (
@@ -150,10 +150,15 @@ def test_run_lm_eval_errors_are_one_line(model, tok, monkeypatch):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("mmpreproj.eval.lm_eval_bridge.hub_reachable", lambda timeout=3.0: False)
-    start = time.monotonic()
+    # an unreachable hub fails at once: no network attempt, and no lm-eval task indexing, model wrapping or run
+    attempts = refuse_network(monkeypatch)
+    reached = []
+    for name in ("_task_manager", "make_hflm"):
+        monkeypatch.setattr(f"mmpreproj.eval.lm_eval_bridge.{name}", lambda *a, _n=name, **k: reached.append(_n))
+    monkeypatch.setattr("lm_eval.simple_evaluate", lambda *a, **k: reached.append("simple_evaluate"))
     with pytest.raises(LmEvalUnavailableError) as err:
         run_lm_eval(model, tok, ["lambada_openai"], data_source="hub")
-    assert time.monotonic() - start < 10
+    assert attempts == [] and reached == []
     assert str(err.value) == (
         "cannot download the data of lm-eval task(s) lambada_openai (no network?); use --data-source local"
     )

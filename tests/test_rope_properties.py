@@ -38,8 +38,100 @@ def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-1, -2)  # (B, H, N, N)
 
 
+def _rotated_like_cos_sin(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str
+) -> torch.Tensor:
+    """x (B, H, N, r) turned by cos/sin (B, N, r) laid out for `pairing`: x * cos + partner * [-s | s] per pair."""
+    cos, sin = cos[:, None], sin[:, None]
+    if pairing == "half":
+        a, b = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-b, a), dim=-1) * sin
+    a, b = x[..., 0::2], x[..., 1::2]
+    return x * cos + torch.stack((-b, a), dim=-1).flatten(-2) * sin
+
+
+def _assert_rotary_like(rope) -> None:
+    """The call convention of mmpreproj.rope.base, checked by behaviour rather than by attribute names."""
+    assert isinstance(rope, RotaryLike)
+    a, r = rope.num_axes, rope.rotary_dim
+    assert isinstance(a, int) and a >= 1 and isinstance(r, int) and 0 < r <= D and r % 2 == 0
+    b, p, n = 2, 3, 7  # batch, prefix tokens, rotated tokens
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(b, 4, p + n, D, generator=g)
+    k = torch.randn(b, 2, p + n, D, generator=g)  # fewer key heads, as in grouped-query attention
+    pos = torch.randint(1, 60, (b, n, a), generator=g)  # no zero coordinates: every pair turns
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd = q.to(dtype), k.to(dtype)
+        out = rope(qd, kd, pos, num_prefix_tokens=p)
+        assert isinstance(out, tuple) and len(out) == 2
+        q2, k2 = out
+        assert q2.shape == qd.shape and k2.shape == kd.shape and q2.dtype == k2.dtype == dtype
+        # prefix tokens are returned bit-identical; channels past rotary_dim pass through
+        assert torch.equal(q2[:, :, :p], qd[:, :, :p]) and torch.equal(k2[:, :, :p], kd[:, :, :p])
+        assert torch.equal(q2[..., r:], qd[..., r:]) and torch.equal(k2[..., r:], kd[..., r:])
+        # a rotation: every head vector keeps its norm (to the output dtype's rounding) ...
+        tol = 1e-5 if dtype == torch.float32 else 2**-7
+        for x, x2 in ((qd, q2), (kd, k2)):
+            torch.testing.assert_close(x2.float().norm(dim=-1), x.float().norm(dim=-1), rtol=tol, atol=tol)
+            # ... and not the identity: every rotated token moved
+            moved = (x2[:, :, p:, :r].float() - x[:, :, p:, :r].float()).norm(dim=-1)
+            assert (moved > 1e-2 * x[:, :, p:, :r].float().norm(dim=-1)).all()
+    # the rotation is the one cos_sin describes: float32 (B, N, r) tables with cos^2 + sin^2 = 1, applied per pair
+    cos, sin = rope.cos_sin(pos)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (b, n, r)
+    torch.testing.assert_close(cos**2 + sin**2, torch.ones_like(cos))
+    q2, k2 = rope(q, k, pos, num_prefix_tokens=p)
+    for x, x2 in ((q, q2), (k, k2)):
+        got = x2[:, :, p:, :r]
+        candidates = [_rotated_like_cos_sin(x[:, :, p:, :r], cos, sin, pr) for pr in ("half", "interleaved")]
+        assert any(torch.allclose(got, want, rtol=1e-5, atol=1e-5) for want in candidates)
+    # the same position gives the same rotation at any batch row, and position 0 is no rotation at all
+    zero = torch.zeros(n, a, dtype=torch.long)
+    q0, k0 = rope(q, k, zero, num_prefix_tokens=p)
+    torch.testing.assert_close(q0, q, rtol=0, atol=1e-6)
+    torch.testing.assert_close(k0, k, rtol=0, atol=1e-6)
+
+
 def test_is_rotary_like(make):
-    assert isinstance(make(), RotaryLike)
+    _assert_rotary_like(make())
+
+
+class _Fake(nn.Module):
+    """Has the protocol's attribute names (so isinstance(., RotaryLike) is True) but breaks its behaviour."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.inner, self.how = RoPE1D(D), how
+        self.num_axes, self.rotary_dim = 1, D
+
+    def cos_sin(self, pos, device=None):
+        return self.inner.cos_sin(pos, device)
+
+    def forward(self, q, k, pos, num_prefix_tokens=0):
+        if self.how == "identity":
+            return q, k
+        if self.how == "scales":  # rotates, then stretches the rotated tokens by 1%
+            q2, k2 = self.inner(q, k, pos, num_prefix_tokens)
+            p = num_prefix_tokens
+            return torch.cat((q2[:, :, :p], 1.01 * q2[:, :, p:]), 2), torch.cat(
+                (k2[:, :, :p], 1.01 * k2[:, :, p:]), 2
+            )
+        if self.how == "fp32_out":
+            return self.inner(q.float(), k.float(), pos, num_prefix_tokens)
+        if self.how == "rotates_prefix":
+            full = torch.cat((pos.new_ones(*pos.shape[:-2], num_prefix_tokens, 1), pos), dim=-2)
+            return self.inner(q, k, full)
+        if self.how == "list":
+            return list(self.inner(q, k, pos, num_prefix_tokens))
+        raise AssertionError(self.how)
+
+
+@pytest.mark.parametrize("how", ["identity", "scales", "fp32_out", "rotates_prefix", "list"])
+def test_rotary_like_check_rejects_impostors(how):
+    fake = _Fake(how)
+    assert isinstance(fake, RotaryLike)  # the runtime protocol alone cannot tell
+    with pytest.raises(AssertionError):
+        _assert_rotary_like(fake)
 
 
 def test_scores_depend_only_on_relative_position(make):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from png_content import assert_draws
 
 from mmpreproj.models import ViT
 from recipes.kit import accuracy, fit_classifier
@@ -38,8 +39,17 @@ def check_outputs(out: Path, pngs: list[str], n_train: int | None = None, n_test
     cfg = metrics["config"]
     n_train = n_train or 10 * cfg["train_per_class"]  # CIFAR-10: per class x 10 classes
     n_test = n_test or 10 * cfg["test_per_class"]
+    # each figure is decoded and must show its data: one bar per method (tab:blue) and one skip-norm line per
+    # injected variant (C0, C1, ...; variants' norms may coincide, so only the top line must show) drawn
+    # across the axes. loss.png is only checked to be a drawn-on PNG here: in --quick mode every loss curve has
+    # one point and shows nothing (test_quick_loss_figure_shows_its_curves, xfail).
+    series = {
+        "accuracy.png": ["tab:blue"],
+        "loss.png": [],
+        "skip_norms.png": [f"C{i}" for i in range(len(metrics.get("skip_norms", {})))],
+    }
     for name in pngs:
-        assert (out / name).stat().st_size > 1000, name
+        assert_draws(out / name, series[name], all_visible=False)
     for r in metrics["results"].values():
         assert counted(r["test_accuracy"], n_test) and counted(r["train_accuracy"], n_train), r
         assert r["trainable_params"] > 0 and len(r["loss_curve"]) >= 1
@@ -48,6 +58,18 @@ def check_outputs(out: Path, pngs: list[str], n_train: int | None = None, n_test
 
 
 QUICK = ["--quick", "--threads", "1", "--no-progress"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="recipe bug: --quick runs 8 steps and fit_classifier logs every 20, so each loss curve has one "
+    "point, which recipes/kit/recipe.py plot_curves (lines, no markers) does not draw: loss.png is a legend only",
+)
+def test_quick_loss_figure_shows_its_curves(tmp_path, monkeypatch):
+    recipe("vision/cifar_scratch.py", monkeypatch).main([*QUICK, "--out", str(tmp_path)])
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    curves = [f"C{i}" for i in range(len(metrics["results"]))]  # one loss curve per variant
+    assert_draws(tmp_path / "loss.png", curves, all_visible=False)
 
 
 def test_cifar_scratch_quick(tmp_path, monkeypatch):
