@@ -41,8 +41,8 @@ def check_outputs(out: Path, pngs: list[str], n_train: int | None = None, n_test
     n_test = n_test or 10 * cfg["test_per_class"]
     # each figure is decoded and must show its data: one bar per method (tab:blue) and one skip-norm line per
     # injected variant (C0, C1, ...; variants' norms may coincide, so only the top line must show) drawn
-    # across the axes. loss.png is only checked to be a drawn-on PNG here: in --quick mode every loss curve has
-    # one point and shows nothing (test_quick_loss_figure_shows_its_curves, xfail).
+    # across the axes. loss.png is only checked to be a drawn-on PNG here; its curves are checked in
+    # test_quick_loss_figure_shows_its_curves (a --quick run logs every step: `recipes.kit.log_interval`).
     series = {
         "accuracy.png": ["tab:blue"],
         "loss.png": [],
@@ -60,11 +60,6 @@ def check_outputs(out: Path, pngs: list[str], n_train: int | None = None, n_test
 QUICK = ["--quick", "--threads", "1", "--no-progress"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recipe bug: --quick runs 8 steps and fit_classifier logs every 20, so each loss curve has one "
-    "point, which recipes/kit/recipe.py plot_curves (lines, no markers) does not draw: loss.png is a legend only",
-)
 def test_quick_loss_figure_shows_its_curves(tmp_path, monkeypatch):
     recipe("vision/cifar_scratch.py", monkeypatch).main([*QUICK, "--out", str(tmp_path)])
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -13,7 +13,7 @@ A recipe script puts the repository root on `sys.path` and imports `recipes.kit`
 """
 
 from .data import load_image_zip, read_video
-from .fit import FitResult, accuracy, fit_classifier
+from .fit import FitResult, accuracy, fit_classifier, log_interval
 from .recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "accuracy",
     "environment",
     "fit_classifier",
+    "log_interval",
     "load_image_zip",
     "parse_config",
     "plot_bars",

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-__all__ = ["FitResult", "accuracy", "fit_classifier"]
+__all__ = ["FitResult", "accuracy", "fit_classifier", "log_interval"]
 
 Batch = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]  # uint8 batch -> model input
 
@@ -27,6 +27,12 @@ class FitResult:
     seconds: float
     trainable_params: int
     loss_curve: list[float] = field(default_factory=list)  # mean train loss per logging window
+
+
+def log_interval(steps: int, log_every: int = 20) -> int:
+    """Steps per logged loss point: `log_every`, shortened so a run of `steps` logs at least 8 points (a smoke
+    run of 8 steps logs every step; a curve of one point would draw nothing)."""
+    return max(1, min(log_every, steps // 8))
 
 
 @torch.no_grad()
@@ -54,7 +60,7 @@ def fit_classifier(
     weight_decay: float = 0.05,
     warmup_steps: int = 0,
     seed: int = 0,
-    log_every: int = 20,
+    log_every: int = 20,  # shortened for short runs (`log_interval`)
     desc: str = "train",
     progress: bool = True,
 ) -> FitResult:
@@ -80,6 +86,7 @@ def fit_classifier(
     g = torch.Generator().manual_seed(seed)
     order, cursor = torch.randperm(len(x), generator=g), 0
     model.train()
+    log_every = log_interval(steps, log_every)
     curve, window = [], []
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0)

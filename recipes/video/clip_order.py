@@ -43,6 +43,7 @@ from mmpreproj.models import VideoViT  # noqa: E402
 from recipes.kit import (  # noqa: E402
     environment,
     fit_classifier,
+    log_interval,
     parse_config,
     plot_bars,
     plot_curves,
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = print_table(rows, ["positions", "test acc", "train acc", "params", "seconds"])
     plot_bars({v: r["test_accuracy"] for v, r in results.items()}, out / "accuracy.png",
               f"{cfg.task} vs in order, {len(test_segs)} held-out clips (chance 0.5)")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=20)
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
+                every=log_interval(cfg.steps))
     metrics = {"recipe": "clip_order", "config": dataclasses.asdict(cfg), "results": results, "table": table,
                "num_frames": len(video), "train_clips": len(train_segs), "test_clips": len(test_segs),
                "wall_seconds": time.perf_counter() - t0, "environment": environment(),

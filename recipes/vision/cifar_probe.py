@@ -44,6 +44,7 @@ from recipes.kit import (  # noqa: E402
     environment,
     fit_classifier,
     load_image_zip,
+    log_interval,
     parse_config,
     plot_bars,
     plot_curves,
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = print_table(rows, ["method", "test acc", "train acc", "trainable", "seconds"])
     plot_bars({m: r["test_accuracy"] for m, r in results.items()}, out / "accuracy.png",
               f"frozen probe of {cfg.backbone}, CIFAR-10 subset")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=20)
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
+                every=log_interval(cfg.steps))
     if norms:
         plot_skip_norms(norms, out / "skip_norms.png", title=f"||W_skip||_F per layer, {cfg.backbone}")
     metrics = {"recipe": "cifar_probe", "config": dataclasses.asdict(cfg), "results": results, "skip_norms": norms,

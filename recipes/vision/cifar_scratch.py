@@ -40,6 +40,7 @@ from recipes.kit import (  # noqa: E402
     environment,
     fit_classifier,
     load_image_zip,
+    log_interval,
     parse_config,
     plot_bars,
     plot_curves,
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     plot_bars({v: r["test_accuracy"] for v, r in results.items()}, out / "accuracy.png",
               f"ViT from scratch, CIFAR-10 subset ({len(train_x)} train / {len(test_x)} test)")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=20)
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
+                every=log_interval(cfg.steps))
     if norms:
         plot_skip_norms(norms, out / "skip_norms.png", title="||W_skip||_F per layer, trained from scratch")
     metrics = {"recipe": "cifar_scratch", "config": dataclasses.asdict(cfg), "results": results,
