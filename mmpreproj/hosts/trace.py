@@ -2,7 +2,9 @@
 
 Hooks record every norm-like module's output and every attention-like module's input; a seam is an
 attention whose first input (positional, or `hidden_states=` / `x=` / `query=`) *is* a norm's output, both
-inside the same block of a `ModuleList`. Seams are grouped by their block list into parts, giving the
+inside the same block of a `ModuleList`. Every argument slot of that call holding the same tensor, by
+position or keyword, goes into `call.inputs` (query, key and value of `nn.MultiheadAttention(y, y, y)`), so
+the attention reads `x~` wherever it read `x^`. Seams are grouped by their block list into parts, giving the
 JSON description `inject(model, host=...)` takes. `check=True` injects at identity init into a copy and
 confirms the outputs are unchanged. The probe forwards run in eval mode (dropout off) under a forked RNG, so
 neither a train-mode model nor the caller's random stream affects the answer, and both are left as they were.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +46,30 @@ def _first_input(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, list]:
         if isinstance(kwargs.get(key), torch.Tensor):
             return kwargs[key], [0, key]
     return None, []
+
+
+def _positional_names(module: nn.Module) -> list[str]:
+    """The names of `module.forward`'s positional parameters, in order (empty if unknown)."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _slots_of(x: torch.Tensor, module: nn.Module, args: tuple, kwargs: dict) -> list[list]:
+    """Every [position, keyword] slot of this call that holds `x` itself (query, key and value of
+    `nn.MultiheadAttention(y, y, y)`, whether passed by position or by keyword)."""
+    names = _positional_names(module)
+    beyond = max(len(args), len(names))  # a keyword the signature does not list: a position never passed
+    slots = []
+    for i, a in enumerate(args):
+        if a is x:
+            slots.append([i, names[i] if i < len(names) else _INPUT_KEYS[0]])
+    for key, a in kwargs.items():
+        if a is x:
+            slots.append([names.index(key) if key in names else beyond, key])
+    return slots
 
 
 def _split_block(path: str) -> tuple[str, str] | None:
@@ -97,8 +124,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
                 x, slot = _first_input(a, kw)
                 hit = norms.get(id(x)) if x is not None else None
                 if hit is not None and hit[0]() is x and name not in seams:
-                    slot = slot if a and a[0] is x else [0, next(k for k in _INPUT_KEYS if kw.get(k) is x)]
-                    seams[name] = {"norm": hit[1], "slot": slot}
+                    seams[name] = {"norm": hit[1], "slots": _slots_of(x, m, a, kw)}
             handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
     try:
         with torch.no_grad():
@@ -119,7 +145,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
             "blocks": blocks,
             "attention": attn_name[len(block) + 1 :],
             "norm": seam["norm"][len(block) + 1 :],
-            "call": {"inputs": [[0, seam["slot"][1]]], "output_index": None},
+            "call": {"inputs": seam["slots"], "output_index": None},
         })
         probe = named[attn_name]
         part.setdefault("_probe", probe)
