@@ -262,20 +262,22 @@ def _refuse_compiled_or_peft(model: nn.Module) -> None:
 
 
 def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site]) -> None:
-    """ValueError naming both parts and the module when two sites share a block or an attention module: the
-    second wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind)."""
-    seen: dict[tuple[str, int], Site] = {}
+    """ValueError naming both parts and the module when two sites share an attention module: the second
+    wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind). Two
+    parts over the same blocks with different attention modules (a block with two norm -> attention seams)
+    are fine: each site is its own wrapper with its own adapter block index."""
+    seen: dict[int, Site] = {}
     for site in sites:
-        for what, module in (("block", site.block), ("attention module", site.attention)):
-            first = seen.setdefault((what, id(module)), site)
-            if first is site:
-                continue
-            name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
-            raise ValueError(
-                f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
-                f"{site.part_index} resolve to the same {what} {name!r}; each block and attention may belong to "
-                "one part only: fix the parts' 'blocks' paths so that they do not overlap (nothing was changed)"
-            )
+        module = site.attention
+        first = seen.setdefault(id(module), site)
+        if first is site:
+            continue
+        name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+        raise ValueError(
+            f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
+            f"{site.part_index} resolve to the same attention module {name!r}; each attention may belong to one "
+            "part only: fix the parts' 'blocks'/'attention' paths so that they do not overlap (nothing was changed)"
+        )
 
 
 def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -89,3 +89,59 @@ def test_multihead_attention_q_k_v_all_read_x_tilde(by_keyword):
         q, k, v = (kwargs["query"], kwargs["key"], kwargs["value"]) if by_keyword else args[:3]
         assert q is k is v
         assert _not_a_norm_output(q, norm_outs)
+
+
+# --- 2. two norm -> attention seams in one block (TimeSformer-like): one part each -------------------------
+
+
+class SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(D, 3 * D)
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.proj(torch.softmax(q @ k.transpose(-1, -2) / D**0.5, dim=-1) @ v)
+
+
+class TwoSeamBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm_t, self.attn_t = nn.LayerNorm(D), SelfAttention()
+        self.norm_s, self.attn_s = nn.LayerNorm(D), SelfAttention()
+        self.mlp = nn.Linear(D, D)
+
+    def forward(self, x):
+        x = x + self.attn_t(self.norm_t(x))  # "temporal"
+        x = x + self.attn_s(self.norm_s(x))  # "spatial"
+        return x + self.mlp(x)
+
+
+def test_a_block_with_two_seams_gives_two_parts_and_both_attentions_read_x_tilde(tmp_path):
+    torch.manual_seed(0)
+    model = Stack(TwoSeamBlock)
+    description = trace_seams(model, _x())
+    got = sorted((p["attention"], p["norm"]) for p in description["parts"])
+    assert got == [("attn_s", "norm_s"), ("attn_t", "norm_t")]
+    assert len({p["name"] for p in description["parts"]}) == 2
+    assert {p["blocks"] for p in description["parts"]} == {"blocks"}
+    ref = model(_x()).detach()
+    mmpreproj.inject(model, PreProjConfig(), host=description)
+    wrappers = mmpreproj.injected_modules(model)
+    assert len(wrappers) == 4 and len({w.block_index for w in wrappers}) == 4
+    seen = _inputs_seen(model, SelfAttention, _x())
+    assert len(seen) == 4
+    for args, _, norm_outs in seen:  # hand check: each attention reads x~, not its norm's output
+        assert _not_a_norm_output(args[0], norm_outs)
+    with torch.no_grad():
+        for w in wrappers:
+            w.skip.weight.normal_()
+    out = model(_x()).detach()
+    mmpreproj.save_adapter(model, tmp_path / "a")
+    mmpreproj.unload(model)
+    assert torch.allclose(model(_x()), ref) and not mmpreproj.is_injected(model)
+    mmpreproj.load_adapter(model, tmp_path / "a")
+    assert torch.allclose(model(_x()), out)
+    mmpreproj.unload(model)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -4,7 +4,8 @@ Hooks record every norm-like module's output and every attention-like module's i
 attention whose first input (positional, or `hidden_states=` / `x=` / `query=`) *is* a norm's output, both
 inside the same block of a `ModuleList`. Every argument slot of that call holding the same tensor, by
 position or keyword, goes into `call.inputs` (query, key and value of `nn.MultiheadAttention(y, y, y)`), so
-the attention reads `x~` wherever it read `x^`. Seams are grouped by their block list into parts, giving the
+the attention reads `x~` wherever it read `x^`. A block with several seams (a TimeSformer block's temporal
+and spatial attention, each after its own norm) gives one part per seam over the same blocks. Seams are grouped by their block list into parts, giving the
 JSON description `inject(model, host=...)` takes. `check=True` injects at identity init into a copy and
 confirms the outputs are unchanged. The probe forwards run in eval mode (dropout off) under a forked RNG, so
 neither a train-mode model nor the caller's random stream affects the answer, and both are left as they were.
@@ -134,19 +135,27 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
             h.remove()
     parts: dict[str, dict] = {}
     for attn_name, seam in seams.items():
+        if any(attn_name.startswith(outer + ".") and other["norm"] == seam["norm"] for outer, other in seams.items()):
+            continue  # inside an attention fed the same norm (GPT-2's attn.c_attn): the outer one is the seam
         split = _split_block(attn_name)
         if split is None:
             continue
         blocks, block = split
         if not _split_block(seam["norm"]) or _split_block(seam["norm"])[1] != block:
             continue
-        part = parts.setdefault(blocks, {
-            "name": blocks.replace(".", "_") or "blocks",
-            "blocks": blocks,
-            "attention": attn_name[len(block) + 1 :],
-            "norm": seam["norm"][len(block) + 1 :],
-            "call": {"inputs": seam["slots"], "output_index": None},
-        })
+        attention, norm = attn_name[len(block) + 1 :], seam["norm"][len(block) + 1 :]
+        key = (blocks, attention, norm)  # two seams in one block (temporal + spatial attention): two parts
+        if key not in parts:
+            base = blocks.replace(".", "_") or "blocks"
+            first = not any(k[0] == blocks for k in parts)
+            parts[key] = {
+                "name": base if first else f"{base}_{attention.replace('.', '_')}",
+                "blocks": blocks,
+                "attention": attention,
+                "norm": norm,
+                "call": {"inputs": seam["slots"], "output_index": None},
+            }
+        part = parts[key]
         probe = named[attn_name]
         part.setdefault("_probe", probe)
     if not parts:
