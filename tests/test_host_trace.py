@@ -145,3 +145,55 @@ def test_a_block_with_two_seams_gives_two_parts_and_both_attentions_read_x_tilde
     assert torch.allclose(model(_x()), out)
     mmpreproj.unload(model)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+# --- 3. post-norm seams are refused; a parallel block (one norm feeding attention and MLP) is not -----------
+
+
+class PostNormBlock(nn.Module):
+    """BART decoder-like: self-attention on the block input, then a post-norm whose output is both the
+    cross-attention's input and the residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attn, self.cross_attn = SelfAttention(), SelfAttention()
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+
+    def forward(self, x):
+        y = self.norm1(x + self.self_attn(x))
+        return self.norm2(y + self.cross_attn(y))
+
+
+class ParallelBlock(nn.Module):
+    """GPT-J-like: one norm feeds attention and MLP, the residual is the block input (pre-norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.attn, self.mlp = nn.LayerNorm(D), SelfAttention(), nn.Linear(D, D)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.attn(y) + self.mlp(y)
+
+
+def test_a_post_norm_seam_is_refused_with_the_reason():
+    torch.manual_seed(0)
+    model = Stack(PostNormBlock)
+    with pytest.raises(ValueError, match=r"seam 'blocks.0.norm1' -> 'blocks.0.cross_attn' .* is post-norm: .*"
+                                         r"residual stream"):
+        trace_seams(model, _x())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_parallel_block_whose_norm_also_feeds_the_mlp_is_traced():
+    torch.manual_seed(0)
+    model = Stack(ParallelBlock)
+    (part,) = trace_seams(model, _x())["parts"]
+    assert (part["attention"], part["norm"]) == ("attn", "norm")
+    mmpreproj.inject(model, PreProjConfig(), host={"name": "traced", "parts": [part]})
+    mlp_inputs = []
+    for b in model.blocks:
+        b.mlp.register_forward_pre_hook(lambda m, a: mlp_inputs.append(a[0]))
+    for args, _, norm_outs in _inputs_seen(model, SelfAttention, _x()):  # attention reads x~, the MLP x^
+        assert _not_a_norm_output(args[0], norm_outs)
+    assert len(mlp_inputs) == 2

@@ -9,6 +9,10 @@ and spatial attention, each after its own norm) gives one part per seam over the
 JSON description `inject(model, host=...)` takes. `check=True` injects at identity init into a copy and
 confirms the outputs are unchanged. The probe forwards run in eval mode (dropout off) under a forked RNG, so
 neither a train-mode model nor the caller's random stream affects the answer, and both are left as they were.
+
+A post-norm seam (BART/Florence2 decoder cross-attention: the norm's output is also the residual stream) is
+refused with the reason: `_residual_stream` perturbs the norm's output for every reader but the block's
+submodules, and a model output that moves means a plain tensor op (the residual add) read it.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
             handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
     try:
         with torch.no_grad():
-            model(*args, **kwargs)
+            ref = _first_tensor(model(*args, **kwargs))
     finally:
         for h in handles:
             h.remove()
@@ -156,15 +160,23 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
                 "call": {"inputs": seam["slots"], "output_index": None},
             }
         part = parts[key]
-        probe = named[attn_name]
-        part.setdefault("_probe", probe)
+        part.setdefault("_seam", (named[block], named[seam["norm"]], attn_name, seam["norm"]))
     if not parts:
         raise ValueError(
             f"trace_seams: no attention module of {type(model).__name__} received a norm's output inside a "
             "numbered block; describe the host by hand (see mmpreproj.hosts.spec)"
         )
+    for part in parts.values():
+        block, norm, attn_name, norm_name = part["_seam"]
+        if _residual_stream(model, args, kwargs, ref, block, norm):
+            raise ValueError(
+                f"trace_seams: the seam {norm_name!r} -> {attn_name!r} of {type(model).__name__} is post-norm: the "
+                f"output of {norm_name!r} is also the block's residual stream (it reaches the block's output other "
+                "than as the input of a module), so pre-projecting it would change what the residual carries; "
+                "mmpreproj pre-projects only pre-norm seams (the norm's output feeds modules only)"
+            )
     for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
-        probe = part.pop("_probe")
+        probe = named[part.pop("_seam")[2]]
         out = {}
         h = probe.register_forward_hook(lambda m, a, o, out=out: out.setdefault("o", o))
         try:
@@ -177,6 +189,45 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
     if check:
         _check(model, description, args, kwargs)
     return description
+
+
+def _residual_stream(model: nn.Module, args: tuple, kwargs: dict, ref: torch.Tensor | None, block: nn.Module,
+                     norm: nn.Module) -> bool:
+    """True if the norm's output is (also) the residual stream: a post-norm seam.
+
+    The rule: in a pre-norm block the norm's output `y` is only ever the input of modules (the attention; in
+    a parallel block the MLP too), while in a post-norm block `y` is also added to the sublayer's output as
+    the residual (`y + attn(y)`), a plain tensor op. One forward perturbs `y` for every reader and hands
+    every submodule of the block the unperturbed `y` back: if the model's output still moves, something
+    other than a module read `y`, so `y` carries the residual stream.
+    """
+    if ref is None:
+        return False
+    clean: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(noisy) -> (noisy kept alive, clean)
+
+    def perturb(m, a, out):
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            noisy = out + torch.randn_like(out) * (out.detach().abs().mean() + 1)
+            clean[id(noisy)] = (noisy, out)
+            return noisy
+        return out
+
+    def restore(m, a, kw):
+        def fix(t):
+            hit = clean.get(id(t)) if isinstance(t, torch.Tensor) else None
+            return hit[1] if hit is not None and hit[0] is t else t
+        return tuple(fix(t) for t in a), {k: fix(v) for k, v in kw.items()}
+
+    handles = [norm.register_forward_hook(perturb)]
+    handles += [m.register_forward_pre_hook(restore, with_kwargs=True)
+                for m in block.modules() if m is not block and m is not norm]
+    try:
+        with torch.no_grad():
+            got = _first_tensor(model(*args, **kwargs))
+    finally:
+        for h in handles:
+            h.remove()
+    return got is None or got.shape != ref.shape or not torch.allclose(got.float(), ref.float(), atol=1e-6, rtol=1e-5)
 
 
 def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:
