@@ -197,3 +197,66 @@ def test_a_parallel_block_whose_norm_also_feeds_the_mlp_is_traced():
     for args, _, norm_outs in _inputs_seen(model, SelfAttention, _x()):  # attention reads x~, the MLP x^
         assert _not_a_norm_output(args[0], norm_outs)
     assert len(mlp_inputs) == 2
+
+
+# --- 5. a seam that fails at the first forward says where; inject(example_input=...) leaves nothing behind --
+
+
+class BufferAttention(SelfAttention):
+    """An attention that reads its input through the norm's buffer (here: insists on the very tensor the
+    norm returned): any other tensor, x~ included, fails with a raw shape error."""
+
+    def forward(self, x):
+        if x is not self.expected:
+            raise RuntimeError("shape '[2, 5, 2, 8]' is invalid for input of size 7")
+        return super().forward(x)
+
+
+class BufferBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.attn = nn.LayerNorm(D), BufferAttention()
+
+    def forward(self, x):
+        y = self.norm(x)
+        object.__setattr__(self.attn if not hasattr(self.attn, "base_layer") else self.attn.base_layer, "expected", y)
+        return x + self.attn(y)
+
+
+HOST = {"name": "buffer", "parts": [{"name": "blocks", "blocks": "blocks", "attention": "attn", "norm": "norm",
+                                     "call": {"inputs": [[0, "x"]], "output_index": None}}]}
+
+
+def test_a_seam_failing_at_the_first_forward_names_the_block_and_the_seam():
+    torch.manual_seed(0)
+    model = Stack(BufferBlock)
+    mmpreproj.inject(model, PreProjConfig(), host=HOST)
+    with pytest.raises(mmpreproj.modules.seam.SeamError,
+                       match=r"part 'blocks', block 0\) \(host 'buffer', block 0 of part 'blocks': norm 'norm' -> "
+                             r"attention 'attn'\): the host attention failed on its first call .*shape"):
+        model(_x())
+    mmpreproj.unload(model)
+
+
+def test_inject_with_example_input_unloads_when_the_first_forward_fails():
+    torch.manual_seed(0)
+    model = Stack(BufferBlock)
+    model.train()
+    with pytest.raises(mmpreproj.modules.seam.SeamError, match="first call"):
+        mmpreproj.inject(model, PreProjConfig(), host=HOST, example_input=_x())
+    assert not mmpreproj.is_injected(model) and model.training
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert not any(isinstance(m, mmpreproj.PreProjAttention) for m in model.modules())
+
+
+def test_inject_with_example_input_keeps_a_model_that_runs():
+    torch.manual_seed(0)
+    model = Stack(MHABlock)
+    model.train()
+    host = trace_seams(model, _x())
+    mmpreproj.inject(model, PreProjConfig(), host=host, example_input=(_x(),))
+    assert mmpreproj.is_injected(model) and model.training
+    for w in mmpreproj.injected_modules(model):
+        assert w.seam_check is None  # the example forward settled the seam checks
+    for (args, _, norm_outs) in _inputs_seen(model, nn.MultiheadAttention, _x()):
+        assert all(_not_a_norm_output(t, norm_outs) for t in args[:3])
