@@ -260,3 +260,49 @@ def test_inject_with_example_input_keeps_a_model_that_runs():
         assert w.seam_check is None  # the example forward settled the seam checks
     for (args, _, norm_outs) in _inputs_seen(model, nn.MultiheadAttention, _x()):
         assert all(_not_a_norm_output(t, norm_outs) for t in args[:3])
+
+
+# --- 4. norm: null needs the explicit opt-in "unchecked_seam": true ----------------------------------------
+
+
+NO_NORM = {"name": "blocks", "blocks": "blocks", "attention": "attn_t",
+           "call": {"inputs": [[0, "x"]], "output_index": None}}
+
+
+def test_norm_null_without_the_opt_in_is_refused_naming_it():
+    from mmpreproj.hosts.spec import HostError
+
+    model = Stack(TwoSeamBlock)
+    for part in (NO_NORM, {**NO_NORM, "norm": None}):
+        with pytest.raises(HostError, match=r"parts\[0\] has norm: null.*\"unchecked_seam\": true"):
+            mmpreproj.inject(model, PreProjConfig(), host={"name": "x", "parts": [part]})
+    assert not mmpreproj.is_injected(model)
+    with pytest.raises(HostError, match="unchecked_seam must be true or false"):
+        mmpreproj.inject(model, PreProjConfig(), host={"name": "x", "parts": [{**NO_NORM, "unchecked_seam": 1}]})
+
+
+def test_norm_null_with_the_opt_in_warns_and_is_saved_with_the_adapter(tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    model = Stack(PostNormBlock)  # post-norm: unchecked, the pre-projection reads whatever the call names
+    host = {"name": "x", "parts": [{**NO_NORM, "attention": "cross_attn", "unchecked_seam": True}]}
+    with pytest.warns(UserWarning, match="norm: null with unchecked_seam: true"):
+        mmpreproj.inject(model, PreProjConfig(), host=host)
+    for args, _, norm_outs in _inputs_seen(model, SelfAttention, _x())[1::2]:  # the cross-attention calls
+        assert _not_a_norm_output(args[0], norm_outs)  # it reads x~ (of the residual stream: the opt-in's risk)
+    mmpreproj.save_adapter(model, tmp_path / "a")
+    saved = json.loads(next((tmp_path / "a").glob("*.json")).read_text())
+    assert saved["host_description"]["parts"][0]["unchecked_seam"] is True
+    mmpreproj.unload(model)
+    with pytest.warns(UserWarning, match="unchecked_seam"):
+        mmpreproj.load_adapter(model, tmp_path / "a")
+
+
+def test_a_built_in_row_with_norm_null_opts_in_in_code():
+    from mmpreproj.hosts import HOSTS
+    from mmpreproj.hosts.spec import HostError, PartSpec
+
+    assert all(p.unchecked_seam for h in HOSTS.values() for p in h.parts if p.norm is None)
+    with pytest.raises(HostError, match="unchecked_seam"):
+        PartSpec("blocks", blocks=("blocks",), attention="attn")
