@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -203,6 +204,8 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
             site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
         )
         wrapper.flight = flight
+        wrapper.seam = (f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
+                        f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}")
         placements.append((site, wrapper))
         if site.norm is not None:
             where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
@@ -262,20 +265,22 @@ def _refuse_compiled_or_peft(model: nn.Module) -> None:
 
 
 def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site]) -> None:
-    """ValueError naming both parts and the module when two sites share a block or an attention module: the
-    second wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind)."""
-    seen: dict[tuple[str, int], Site] = {}
+    """ValueError naming both parts and the module when two sites share an attention module: the second
+    wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind). Two
+    parts over the same blocks with different attention modules (a block with two norm -> attention seams)
+    are fine: each site is its own wrapper with its own adapter block index."""
+    seen: dict[int, Site] = {}
     for site in sites:
-        for what, module in (("block", site.block), ("attention module", site.attention)):
-            first = seen.setdefault((what, id(module)), site)
-            if first is site:
-                continue
-            name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
-            raise ValueError(
-                f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
-                f"{site.part_index} resolve to the same {what} {name!r}; each block and attention may belong to "
-                "one part only: fix the parts' 'blocks' paths so that they do not overlap (nothing was changed)"
-            )
+        module = site.attention
+        first = seen.setdefault(id(module), site)
+        if first is site:
+            continue
+        name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+        raise ValueError(
+            f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
+            f"{site.part_index} resolve to the same attention module {name!r}; each attention may belong to one "
+            "part only: fix the parts' 'blocks'/'attention' paths so that they do not overlap (nothing was changed)"
+        )
 
 
 def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -408,7 +413,11 @@ def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
 
 
 def inject(
-    model: nn.Module, config: PreProjConfig | None = None, *, host: str | dict | HostSpec | None = None
+    model: nn.Module,
+    config: PreProjConfig | None = None,
+    *,
+    host: str | dict | HostSpec | None = None,
+    example_input: Any = None,
 ) -> nn.Module:
     """Add the pre-projection and/or content skip to every selected attention block of `model`, in place.
 
@@ -419,9 +428,27 @@ def inject(
             says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
             The description is saved with the adapter, so `load_adapter` needs no code.
 
+        example_input: None, or an input to run one forward with right after injecting (a tensor, a tuple of
+            positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
+            train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that
+            cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
+            leaves an injected model behind.
+
     Returns the same model object. Injected weights are float32 on the device of their block.
     """
-    return _apply(model, _plan(model, config or PreProjConfig(), host))
+    _apply(model, _plan(model, config or PreProjConfig(), host))
+    if example_input is not None:
+        from .hosts.trace import _probing
+
+        args, kwargs = ((), example_input) if isinstance(example_input, dict) else (
+            tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,), {})
+        try:
+            with _probing(model), torch.no_grad():
+                model(*args, **kwargs)
+        except BaseException:
+            unload(model)
+            raise
+    return model
 
 
 def unload(model: nn.Module) -> nn.Module:

@@ -267,7 +267,8 @@ def test_bad_descriptions_name_the_field():
     model = BUILDERS["llama"]()
     before = snapshot(model)
     with pytest.raises(ValueError, match="none of the block paths \\['model.blocks'\\]"):
-        mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.blocks", "attention": "a"}]})
+        mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.blocks", "attention": "a",
+                                                             "norm": "input_layernorm"}]})
     with pytest.raises(ValueError, match="needs 'attention'"):
         mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.layers"}]})
     with pytest.raises(ValueError, match="output_index"):

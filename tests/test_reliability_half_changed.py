@@ -41,7 +41,7 @@ def test_parts_over_the_same_blocks_are_refused_before_anything_changes(second):
     host = {"name": "twice", "parts": [NEOX_PART, {**NEOX_PART, "name": "again", **second}]}
     snap = snapshot(model)
     with pytest.raises(ValueError, match=r"part 'language' block 0 and part 'again' block 0 resolve to the same "
-                                         r"block 'gpt_neox.layers.0'"):
+                                         r"attention module 'gpt_neox.layers.0.attention'"):
         mmpreproj.inject(model, PreProjConfig(), host=host)
     assert_same_snapshot(snapshot(model), snap)
     assert _no_hooks_left(model)

@@ -20,6 +20,7 @@ rows carry code: `matches` (which models a row claims) and `check` (a refusal wi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,13 +76,18 @@ class PartSpec:
             (`("model.layers", "layers")` serves `LlamaForCausalLM` and `LlamaModel`). `*:Block` = every
             submodule of class `Block`.
         attention: path from a block to the attention module that receives the pre-attention norm's output.
-        norm: path from a block to that norm, or None. When given, the first forward checks that the
-            attention really receives this norm's output and fails loudly if not.
+        norm: path from a block to that norm, or None (only with `unchecked_seam`). When given, the first
+            forward checks that the attention really receives this norm's output and fails loudly if not.
         call: how the block calls its attention (`AttentionCall`).
         width: path from a block to its width (an int, a Linear's `in_features`, a tensor's last dim);
             None = the norm's weight, else the attention's first Linear.
         block_types: class names a block (or a base class of it) must have; empty = any.
         optional: a part that may be absent (CLIPModel has both towers, CLIPVisionModel only one).
+        unchecked_seam: the explicit opt-in that `norm` is None: nothing checks that the attention receives
+            a pre-attention norm's output (on a post-norm host such as BERT it would pre-project the residual
+            stream). A part with `norm=None` and no opt-in is refused. Built-in rows set it in code, silently;
+            a described part (`from_dict`, a user's or an adapter file's) warns when it uses it, and the
+            opt-in is saved with the description.
     """
 
     name: str
@@ -92,8 +98,14 @@ class PartSpec:
     width: str | None = None
     block_types: tuple[str, ...] = ()
     optional: bool = False
+    unchecked_seam: bool = False
+
+    def __post_init__(self) -> None:
+        if self.norm is None and not self.unchecked_seam:
+            raise HostError(_NO_NORM.format(where=f"part {self.name!r}"))
 
     def to_dict(self) -> dict:
+        extra = {"unchecked_seam": True} if self.unchecked_seam else {}
         return {
             "name": self.name,
             "blocks": self.blocks[0] if len(self.blocks) == 1 else list(self.blocks),
@@ -102,6 +114,7 @@ class PartSpec:
             "call": call_to_dict(self.call),
             "width": self.width,
             "block_types": list(self.block_types),
+            **extra,
         }
 
     @classmethod
@@ -109,7 +122,7 @@ class PartSpec:
         """A part from its JSON form; every field is checked and named in the error."""
         if not isinstance(d, dict):
             raise HostError(f"{where} must be an object, got {type(d).__name__}")
-        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks"}
+        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam"}
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise HostError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -138,16 +151,37 @@ class PartSpec:
         types = d.get("block_types", [])
         if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
             raise HostError(f"{where}.block_types must be a list of class names, got {types!r}")
+        call = call_from_dict(d.get("call", {"inputs": [[0, "hidden_states"]], "output_index": 0}), f"{where}.call")
+        unchecked = d.get("unchecked_seam", False)
+        if type(unchecked) is not bool:
+            raise HostError(f"{where}.unchecked_seam must be true or false, got {unchecked!r}")
+        if d.get("norm") is None:
+            if not unchecked:
+                raise HostError(_NO_NORM.format(where=where))
+            warnings.warn(
+                f"{where} ({d['name']!r}) has norm: null with unchecked_seam: true: nothing checks that its attention "
+                "receives a pre-attention norm's output; on a post-norm block the pre-projection would act on the "
+                "residual stream. Name the norm to have the seam checked",
+                UserWarning,
+                stacklevel=3,
+            )
         return cls(
             name=d["name"],
             blocks=tuple(blocks),
             attention=d["attention"],
             norm=d.get("norm"),
-            call=call_from_dict(d.get("call", {"inputs": [[0, "hidden_states"]], "output_index": 0}), f"{where}.call"),
+            call=call,
             width=d.get("width"),
             block_types=tuple(types),
+            unchecked_seam=unchecked,
         )
 
+
+_NO_NORM = (
+    "{where} has norm: null, which turns the norm -> attention seam check off (on a post-norm block such as "
+    "BERT's the pre-projection would act on the residual stream): name the pre-attention norm in 'norm' "
+    "(e.g. 'input_layernorm'), or opt in explicitly with \"unchecked_seam\": true in the part"
+)
 
 _EXAMPLE_PART = {"name": "language", "blocks": "model.layers", "attention": "self_attn"}
 

@@ -119,7 +119,7 @@ TIMM_VIT_SAM = register_host(
         ),
         # attention receives window_partition(norm1(x)) (B*nW, ws, ws, d), a token-wise rearrangement of the
         # norm's output: no identity seam check (norm=None), the width from norm1
-        parts=(timm_part(norm=None, width="norm1.weight"),),
+        parts=(timm_part(norm=None, unchecked_seam=True, width="norm1.weight"),),
         embeddings=_EMBED,
         lora_targets=_QKV,
     )

@@ -136,6 +136,8 @@ class PreProjAttention(BaseLayerWrapper):
         self.flight: InFlight | None = None
         self._inputs_checked = False  # the first call checks what the `call.inputs` slots hold (`_check_input`)
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
+        self._ran = False  # until the host attention has run once, its errors are reported with the seam
+        self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
         self._observers: OrderedDict[int, Observer] = OrderedDict()
 
     def observe(self, fn: Observer) -> RemovableHandle:
@@ -214,7 +216,7 @@ class PreProjAttention(BaseLayerWrapper):
                 f"call.inputs {[list(i) for i in self.call.inputs]}; the host description's 'call' does not match how "
                 "this block calls attention"
             )
-        out = self.base_layer(*args, **kwargs)
+        out = self.base_layer(*args, **kwargs) if self._ran else self._first_call(args, kwargs)
         if self.skip is None:
             if x_tilde.requires_grad and self.flight is not None and x_tilde is not x:
                 self._count_graph(x, x_tilde)
@@ -231,6 +233,26 @@ class PreProjAttention(BaseLayerWrapper):
         if y.requires_grad and self.flight is not None:
             self._count_graph(x, y)
         return y if tensor_out else (*out[:i], y, *out[i + 1 :])
+
+    def _first_call(self, args: tuple, kwargs: dict) -> Any:
+        """The host attention's first call with x~: an error there (an attention that reshapes its input, a
+        wrong description) is raised as SeamError naming the part, block and seam. Later calls skip this."""
+        if torch.compiler.is_compiling():
+            return self.base_layer(*args, **kwargs)
+        try:
+            out = self.base_layer(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            seam = f" ({self.seam})" if self.seam else ""
+            raise SeamError(
+                f"PreProjAttention (part {self.part!r}, block {self.block_index}){seam}: the host attention failed "
+                f"on its first call with the pre-projected input: {type(e).__name__}: {e}. The host description "
+                "does not fit this block (see 'attention', 'norm' and 'call'); unload the model "
+                "(mmpreproj.unload), fix the description, and pass inject(..., example_input=...) to check it at inject"
+            ) from e
+        self._ran = True
+        return out
 
     def _check_output(self, out: Any, skip: torch.Tensor) -> None:
         """On the first call: the output the skip is added to must have the attention input's shape exactly,
