@@ -131,12 +131,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
                 if hit is not None and hit[0]() is x and name not in seams:
                     seams[name] = {"norm": hit[1], "slots": _slots_of(x, m, a, kw)}
             handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            ref = _first_tensor(model(*args, **kwargs))
-    finally:
-        for h in handles:
-            h.remove()
+    ref = _probe(model, handles, args, kwargs)
     parts: dict[str, dict] = {}
     for attn_name, seam in seams.items():
         if any(attn_name.startswith(outer + ".") and other["norm"] == seam["norm"] for outer, other in seams.items()):
@@ -221,13 +216,19 @@ def _residual_stream(model: nn.Module, args: tuple, kwargs: dict, ref: torch.Ten
     handles = [norm.register_forward_hook(perturb)]
     handles += [m.register_forward_pre_hook(restore, with_kwargs=True)
                 for m in block.modules() if m is not block and m is not norm]
+    got = _probe(model, handles, args, kwargs)
+    return got is None or got.shape != ref.shape or not torch.allclose(got.float(), ref.float(), atol=1e-6, rtol=1e-5)
+
+
+def _probe(model: nn.Module, handles: list, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """One no-grad forward with the hooks `handles` in place, removed afterwards (also on error): its first
+    output tensor."""
     try:
         with torch.no_grad():
-            got = _first_tensor(model(*args, **kwargs))
+            return _first_tensor(model(*args, **kwargs))
     finally:
         for h in handles:
             h.remove()
-    return got is None or got.shape != ref.shape or not torch.allclose(got.float(), ref.float(), atol=1e-6, rtol=1e-5)
 
 
 def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:

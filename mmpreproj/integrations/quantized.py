@@ -157,7 +157,7 @@ def quantize_frozen_base(
             f"quantize_frozen_base: {type(model).__name__} has no nn.Linear to quantize "
             f"(skipped names: {list(skip_modules)})"
         )
-    package = _PACKAGES[scheme]
+    package = _PACKAGES[scheme]  # a constant of this table (scheme was checked against it), never a string from a file
     try:
         backend = importlib.import_module(package)
     except ImportError as e:

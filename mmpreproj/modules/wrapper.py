@@ -134,9 +134,8 @@ class PreProjAttention(BaseLayerWrapper):
         self.seam_check = seam_check
         self.adapter_enabled = True
         self.flight: InFlight | None = None
-        self._inputs_checked = False  # the first call checks what the `call.inputs` slots hold (`_check_input`)
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
-        self._ran = False  # until the host attention has run once, its errors are reported with the seam
+        self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
         self._observers: OrderedDict[int, Observer] = OrderedDict()
 
@@ -166,7 +165,7 @@ class PreProjAttention(BaseLayerWrapper):
             x = container[slot]
             if x is None:
                 continue
-            if not self._inputs_checked and id(x) not in done:
+            if not self._ran and id(x) not in done:  # the slots are static: the first call settles them
                 self._check_input(x, pos, key)
             if self.seam_check is not None and first is None:
                 self.seam_check.verify(x)
@@ -177,8 +176,6 @@ class PreProjAttention(BaseLayerWrapper):
             container[slot] = done[id(x)]
             if first is None:
                 first, first_in = done[id(x)], x
-        if first is not None and not torch.compiler.is_compiling():
-            self._inputs_checked = True  # the slots are static: one call that passes settles them
         return tuple(args), kwargs, first_in, first
 
     def _count_graph(self, x: torch.Tensor, made: torch.Tensor) -> None:
