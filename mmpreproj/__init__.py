@@ -1,8 +1,11 @@
-"""mmpreproj: position-agnostic pre-projection and content skip for transformer attention.
+"""mmpreproj: position-agnostic pre-projection and content skip for transformer attention, as a peft method.
 
-    model = mmpreproj.inject(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
-    print(mmpreproj.trainable_report(model))
-    mmpreproj.save_adapter(model, "run/adapter"); mmpreproj.unload(model)
+    model = peft.get_peft_model(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
+    model.print_trainable_parameters(); model.save_pretrained("run/adapter")
+    mmpreproj.inject(model, mmpreproj.PreProjConfig())              # the same, in place (no PeftModel)
+
+Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), so peft's loaders
+(`PeftModel.from_pretrained`, `AutoPeftModelForCausalLM`, transformers' `load_adapter`) read its adapters.
 """
 
 from . import hosts, rope
@@ -17,12 +20,13 @@ from .adapter import (
     set_adapter_state_dict,
     unload,
 )
-from .config import PreProjConfig
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .named_adapters import active_adapter, adapter_names, delete_adapter, set_adapter
 from .pretrained import from_pretrained
 from .report import TrainableReport, trainable_report
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
+from .tuner import PreProjModel
+from .tuner.config import PreProjConfig
 from .version import __version__
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "MultimodalRoPE",
     "PreProjAttention",
     "PreProjConfig",
+    "PreProjModel",
     "PreProjection",
     "RoPE1D",
     "RoPE2D",

@@ -21,7 +21,6 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
-from .config import PreProjConfig
 from .hosts import HOSTS, HostSpec, find_host
 from .hosts.paths import check_path
 from .hosts.registry import as_host, forced_mismatch
@@ -38,6 +37,14 @@ from .pretrained import (
     remove_save_pretrained,
 )
 from .timm_rope.saved import describe_rope, rope_for_load
+from .tuner.config import PreProjConfig
+from .tuner.keys import (
+    block_keys_from_peft,
+    block_keys_to_peft,
+    description_from_peft_config,
+    is_legacy_description,
+    peft_config_from_description,
+)
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
 from .version import __version__
 
@@ -62,7 +69,7 @@ __all__ = [
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
-ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of our adapter_config.json (peft's files carry `peft_type`)
+ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files: peft_type "PREPROJ", tuner/keys.py)
 
 
 @dataclass
@@ -78,6 +85,7 @@ class InjectionState:
     parts: list[dict] = field(default_factory=list)  # per part: name, first block index, blocks, injected layers
     modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
     base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
+    modules: list[str] = field(default_factory=list)  # each injected wrapper's path in the model, aligned with layers
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
@@ -102,6 +110,7 @@ class InjectionState:
             "host_description": self.host_description,
             "parts": self.parts,
             "layers": self.layers,
+            "modules": self.modules,
             "num_blocks": self.num_blocks,
             "hidden_size": self.hidden_size,
             "modules_to_save": self.modules_to_save,
@@ -218,6 +227,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         first = next(s.index for s in sites if s.part == d["name"])
         injected = [s.part_index for s, _ in placements if s.part == d["name"]]
         part_rows.append({"name": d["name"], "first_block": first, "num_blocks": d["num_blocks"], "layers": injected})
+    names = {id(m): n for n, m in model.named_modules()}
     state = InjectionState(
         config,
         spec.name,
@@ -228,6 +238,7 @@ def _plan(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec |
         parts=part_rows,
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
         base_model_name_or_path=_name_or_path(model),
+        modules=[f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements],
     )
     return _Plan(spec, state, placements, seams)
 
@@ -418,6 +429,7 @@ def inject(
     *,
     host: str | dict | HostSpec | None = None,
     example_input: Any = None,
+    adapter_name: str = "default",
 ) -> nn.Module:
     """Add the pre-projection and/or content skip to every selected attention block of `model`, in place.
 
@@ -426,7 +438,8 @@ def inject(
         config: what to inject (default `PreProjConfig()`: pre-projection + skip, paper init, base frozen).
         host: None = detect the row; a row name forces that row; a description dict (or `HostSpec`)
             says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
-            The description is saved with the adapter, so `load_adapter` needs no code.
+            The description is saved with the adapter, so `load_adapter` needs no code. None reads
+            `config.host` (and, on a config read from an adapter file, the host it was saved for).
 
         example_input: None, or an input to run one forward with right after injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
@@ -434,9 +447,21 @@ def inject(
             cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
             leaves an injected model behind.
 
+        adapter_name: the name of this first adapter (peft's "default"; `named_adapters` adds more).
+
     Returns the same model object. Injected weights are float32 on the device of their block.
+    peft's spelling of the same call: `peft.inject_adapter_in_model(config, model)`; `peft.get_peft_model`
+    wraps the result in a `PeftModel` (`mmpreproj.tuner.PreProjModel`).
     """
-    _apply(model, _plan(model, config or PreProjConfig(), host))
+    from .named_adapters import check_adapter_name
+
+    config = config or PreProjConfig()
+    plan = _plan(model, config, host if host is not None else config_host(model, config))
+    plan.state.active_adapter = check_adapter_name(adapter_name)
+    plan.state.adapter_configs = {adapter_name: config}
+    for _, wrapper in plan.placements:
+        wrapper.name_adapter(adapter_name)
+    _apply(model, plan)
     if example_input is not None:
         from .hosts.trace import _probing
 
@@ -599,21 +624,24 @@ def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, to
             raise ValueError(f"{what}: {k} has dtype {got.dtype}, expected {expect}")
 
 
-def set_adapter_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+def set_adapter_state_dict(
+    model: nn.Module, tensors: dict[str, torch.Tensor], *, adapter_name: str | None = None
+) -> nn.Module:
     """Copy adapter weights (keyed as `adapter_state_dict` keys them) into an already injected `model`.
 
     The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
     shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
+    `adapter_name` writes a stored (inactive) adapter instead of the active one.
     Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
     running, or a graph through the adapter awaiting backward: `named_adapters.refuse_in_flight`).
     """
-    from .named_adapters import refuse_in_flight
+    from .named_adapters import named_adapter, refuse_in_flight
 
     owner, state = injected_owner(model, "set_adapter_state_dict")
+    name, _ = named_adapter(state, adapter_name)
     refuse_in_flight(owner, "set_adapter_state_dict")
-    expected = _wrapper_tensors(injected_modules(model))
-    expected.update(_saved_module_tensors(model, state.modules_to_save))
+    expected = named_adapter_tensors(owner, name)
     check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")
     _refuse_non_finite(tensors, "set_adapter_state_dict")
     with torch.no_grad():
@@ -643,27 +671,22 @@ def save_adapter(
     `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
-    from .model_card import card_fields, model_card
+    from .model_card import model_card
     from .named_adapters import named_adapter
 
     owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
-    name, config = named_adapter(state, adapter_name)
+    name, _ = named_adapter(state, adapter_name)
     if state_dict is None:
-        state_dict = adapter_state_dict(model) if name == state.active_adapter else _stored_tensors(owner, name)
+        state_dict = named_adapter_tensors(owner, name)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     _refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     meta = {"format": "pt", "mmpreproj_version": __version__}
-    desc = state.describe()
-    rope = describe_rope(owner)
-    if rope is not None:  # add_rope positions: load_adapter restores or checks them
-        desc["rope"] = rope
-    desc["config"] = config.to_dict()
+    desc = describe_for_save(owner, name, tensors)
     if base_save_token is not None:
         desc[BASE_SAVE_TOKEN] = base_save_token
-    for k, v in card_fields(owner, name, tensors, state).items():
-        desc.setdefault(k, v)  # keys another writer already put in describe() win
-    text = json.dumps(desc, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(peft_config_from_description(desc), indent=2, sort_keys=True) + "\n"
+    tensors = block_keys_to_peft(tensors, desc, where=f"save_adapter {path}")
     writers = {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
         ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
@@ -673,6 +696,39 @@ def save_adapter(
         writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
     write_files(path, writers)
     return path
+
+
+def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tensor] | None = None) -> dict:
+    """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
+    the adapter's config, the `add_rope` positions and the model card's fields."""
+    from .model_card import card_fields
+    from .named_adapters import named_adapter
+
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    name, config = named_adapter(state, name)
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    desc["config"] = config.to_dict()
+    tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
+    for k, v in card_fields(owner, name, tensors, state).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
+    return desc
+
+
+def named_adapter_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """Adapter `name`'s weights in block-index keys: the active one's (`adapter_state_dict`) or a stored one's."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    return adapter_state_dict(owner) if name == state.active_adapter else _stored_tensors(owner, name)
+
+
+def trainable_adapter_params(owner: nn.Module) -> list[nn.Parameter]:
+    """The active adapter's weights and its `modules_to_save` weights (what trains with the adapter)."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    params = [p for w in injected_modules(owner) for p in _adapter_params(w)]
+    params += [p for path in state.modules_to_save.values() for p in get_path(owner, path).parameters()]
+    return params
 
 
 def _stored_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
@@ -722,8 +778,9 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 raise FileNotFoundError(f"adapter file missing: {path / f.name}")
         try:
             desc = json.loads(cfg_file.read_text(encoding="utf-8"))
-            if isinstance(desc, dict) and "config" not in desc and "peft_type" in desc:
-                raise ValueError(f"it is a peft adapter (peft_type={desc['peft_type']!r}): load it with peft")
+            peft_layout = isinstance(desc, dict) and not is_legacy_description(desc)
+            if peft_layout:
+                desc = description_from_peft_config(desc, "peft adapter")
             if isinstance(desc, dict) and desc.get("adapter_type", ADAPTER_TYPE) != ADAPTER_TYPE:
                 raise ValueError(f"adapter_type={desc['adapter_type']!r}, expected {ADAPTER_TYPE!r}")
             if not isinstance(desc, dict) or "config" not in desc:
@@ -738,7 +795,10 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
-    _refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
+    _refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
+    if peft_layout:
+        tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
+        _refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
     return desc, tensors
 
 
@@ -758,6 +818,15 @@ def _check_saved_paths(desc: dict, path: Path) -> None:
             check_path(module_path, f"modules_to_save[{name!r}]")
     except HostError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def config_host(model: nn.Module, config: PreProjConfig) -> str | dict | HostSpec | None:
+    """The host a config asks for: the one its `injection` was saved for (a config read from an adapter
+    file, checked against `model`), else `config.host` (None = detect the row)."""
+    if config.injection is None:
+        return config.host
+    _check_saved_paths(config.injection, Path("<config>"))
+    return _saved_host(model, config.injection, Path(str(config.base_model_name_or_path or "<config>")))
 
 
 def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:

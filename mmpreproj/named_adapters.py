@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import PreProjConfig
+from .tuner.config import PreProjConfig
 from .unwrap import injected_owner
 
 __all__ = [
     "active_adapter",
     "adapter_names",
+    "add_fresh_adapter",
     "add_named_adapter",
     "check_adapter_name",
     "delete_adapter",
@@ -195,6 +196,34 @@ def add_named_adapter(
     state.adapter_configs[name] = config
     state.stored_modules[name] = stored
     return model
+
+
+def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.Module:
+    """Add a newly initialised adapter `name` (peft's `add_adapter`) on the sites of the injection, stored
+    (inactive, frozen) until `set_adapter(name)`; it trains then iff the previous active one did.
+
+    The config must inject the same slots at the same blocks; its init (and `skip_init_std`) is its own.
+    `modules_to_save` start from their current values.
+    """
+    from .adapter import _saved_module_tensors, adapter_key, new_adapter_modules
+
+    owner, state = injected_owner(model, "add_adapter")
+    for field_name in ("parts", "layers", "modules_to_save", "host"):
+        have, want = getattr(state.config, field_name), getattr(config, field_name)
+        if want != have and not (field_name == "host" and want is None):
+            raise ValueError(f"add_adapter({name!r}): config.{field_name}={want!r}, the injection has {have!r}; "
+                             "an added adapter sits on the same sites (nothing was changed)")
+    desc = state.describe()
+    desc["config"] = config.to_dict()
+    tensors = {}
+    for w in _wrappers(owner):
+        live = w.preproj if w.preproj is not None else w.skip
+        preproj, skip = new_adapter_modules(live.dim, config, next(live.parameters()).device)
+        for part, module in (("preproj", preproj), ("skip", skip)):
+            if module is not None:
+                tensors.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
+    tensors.update({k: v.detach().clone() for k, v in _saved_module_tensors(owner, state.modules_to_save).items()})
+    return add_named_adapter(model, desc, tensors, name, f"add_adapter({name!r})")
 
 
 def set_adapter(model: nn.Module, name: str) -> nn.Module:

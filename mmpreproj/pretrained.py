@@ -251,6 +251,8 @@ def _adapter_token(folder: Path) -> str | None:
             desc = json.loads(files[ADAPTER_CONFIG_NAME].read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+    if isinstance(desc, dict) and isinstance(desc.get("injection"), dict):  # peft layout (tuner/keys.py)
+        desc = desc["injection"]
     return desc.get(BASE_SAVE_TOKEN) if isinstance(desc, dict) else None
 
 

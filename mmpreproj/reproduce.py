@@ -28,11 +28,11 @@ from .analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_ski
 from .analysis.plot import read_losses
 from .analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
-from .config import PreProjConfig
 from .paper import PAPER_TABLE2
 from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
 from .train import get_preset, load_model_and_tokenizer
 from .train.methods import METHODS, PAPER_METHODS, check_methods
+from .tuner.config import PreProjConfig
 
 __all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
 

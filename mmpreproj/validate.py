@@ -40,11 +40,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def check_field_types(obj: Any) -> None:
-    """Check (and normalise) every annotated dataclass field of `obj` against its type hint."""
+def check_field_types(obj: Any, skip: tuple[str, ...] = ()) -> None:
+    """Check (and normalise) every annotated dataclass field of `obj` against its type hint (except `skip`:
+    fields a base class checks itself, or that the caller checks by hand)."""
     owner = type(obj).__name__
     hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
+        if f.name in skip:
+            continue
         value = getattr(obj, f.name)
         ok, converted, rule = _convert(hints[f.name], value)
         if not ok:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from mmpreproj.cli import build_parser, main
+from tests.helpers.adapter_json import dump_desc, load_desc
 
 
 def test_every_subcommand_has_help(capsys):
@@ -80,7 +81,7 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
     assert (run / "adapter" / "adapter_model.safetensors").is_file() and (run / "metrics.json").is_file()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"])
-    saved = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    saved = load_desc(run / "adapter" / "adapter_config.json")
     assert saved["method"] == "preproj_skip" and saved["base_model_name_or_path"] == str(tiny_model_dir)
 
     out_json = tmp_path / "eval.json"
@@ -97,7 +98,8 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
     assert main(["analyze", str(run), "--texts", "2"]) == 0
     norms = json.loads((run / "skip_norms.json").read_text())[str(run)]
     weights = load_file(str(run / "adapter" / "adapter_model.safetensors"))
-    by_hand = {str(i): weights[f"blocks.{i}.skip.proj.weight"].norm().item() for i in (0, 1)}
+    by_hand = {str(i): weights[f"base_model.model.gpt_neox.layers.{i}.attention.skip.proj.weight"].norm().item()
+               for i in (0, 1)}  # peft's keys
     assert norms["skip_norms"] == pytest.approx(by_hand, rel=1e-6)
     with torch.no_grad():
         ratios = routing_ratios(model, _ratio_batches(tok, _ratio_texts("local", "test", 2), 32, torch.device("cpu")))

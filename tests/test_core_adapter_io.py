@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_neox
 
 import mmpreproj
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 
 
@@ -49,8 +50,10 @@ def test_save_writes_only_injected_weights(trained_adapter):
     from safetensors.torch import load_file
 
     tensors = load_file(str(path / "adapter_model.safetensors"))
-    assert set(tensors) == {f"blocks.{i}.{k}" for i in (0, 1) for k in ("preproj.up.weight", "preproj.down.weight", "skip.proj.weight")}
-    desc = json.loads((path / "adapter_config.json").read_text())
+    assert set(tensors) == {f"base_model.model.gpt_neox.layers.{i}.attention.{k}" for i in (0, 1)
+                            for k in ("preproj.up.weight", "preproj.down.weight", "skip.proj.weight")}  # peft's keys
+    assert json.loads((path / "adapter_config.json").read_text())["peft_type"] == "PREPROJ"
+    desc = load_desc(path / "adapter_config.json")
     assert desc["host"] == "gpt_neox" and desc["hidden_size"] == 32 and desc["num_blocks"] == 2
     assert desc["library_version"] == mmpreproj.__version__
     assert not list(path.glob("*.tmp"))
@@ -142,9 +145,9 @@ def test_error_missing_or_corrupt_files(trained_adapter, damage):
     elif damage == "corrupt_config":
         config.write_text("{not json")
     else:
-        desc = json.loads(config.read_text())
+        desc = load_desc(config)
         desc["config"]["skip"] = False  # config says no skip, weights hold one
-        config.write_text(json.dumps(desc))
+        dump_desc(config, desc)
     model = tiny_neox()
     snap = _snapshot(model)
     with pytest.raises((FileNotFoundError, ValueError), match="adapter"):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj.config import PreProjConfig
+from mmpreproj.tuner.config import PreProjConfig
 from mmpreproj.hosts import trace_seams
 
 D, N, B = 16, 5, 2

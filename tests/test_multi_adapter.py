@@ -12,6 +12,7 @@ from conftest import tiny_neox
 from test_host_transformers import BUILDERS
 
 import mmpreproj
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 from mmpreproj.cli import main
 
@@ -101,7 +102,7 @@ def test_save_a_named_adapter_delete_and_unload(host, tmp_path):
     mmpreproj.load_adapter(model, folders["b"], adapter_name="b")
     mmpreproj.save_adapter(model, tmp_path / "b", adapter_name="b")  # inactive: saved from where it waits
     assert torch.equal(out(mmpreproj.load_adapter(build(), tmp_path / "b")), alone["b"])
-    desc = json.loads((tmp_path / "b" / "adapter_config.json").read_text())
+    desc = load_desc(tmp_path / "b" / "adapter_config.json")
     assert desc["adapter_name"] == "b" and desc["config"]["expansion"] == 2.0
     with pytest.raises(
         ValueError, match=r"delete_adapter: 'a' is the active adapter; set_adapter to one of \['b'\]"

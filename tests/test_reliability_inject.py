@@ -4,6 +4,8 @@ and save_pretrained of an injected transformers model (base + adapter, test_save
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -14,6 +16,8 @@ from test_core_adapter_io import _assert_unchanged, _snapshot
 from torch import nn
 
 import mmpreproj
+from mmpreproj.adapter import read_adapter
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import PreProjAttention
 
@@ -50,9 +54,7 @@ def test_container_save_report_disabled(tmp_path, tokens):
     model, _ = _injected()
     container = nn.ModuleDict({"lm": model})
     mmpreproj.save_adapter(container, tmp_path / "a")
-    assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
-        mmpreproj.adapter_state_dict(model)
-    )
+    assert set(read_adapter(tmp_path / "a")[1]) == set(mmpreproj.adapter_state_dict(model))
     assert mmpreproj.trainable_report(container) == mmpreproj.trainable_report(model)
     with mmpreproj.adapter_disabled(container):
         assert not any(w.adapter_enabled for w in mmpreproj.injected_modules(model))
@@ -79,7 +81,7 @@ def test_peft_wrapped_model_unloads_fully(tmp_path, tokens):
     inner = pm.base_model.model
     assert inner is model
     mmpreproj.save_adapter(pm, tmp_path / "a")  # the description comes from the inner model's state
-    assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["host"] == "gpt_neox"
+    assert load_desc(tmp_path / "a" / "adapter_config.json")["host"] == "gpt_neox"
     report = mmpreproj.trainable_report(pm)
     assert report.injected > 0 and report.trainable > 0
     with mmpreproj.adapter_disabled(pm):
@@ -148,7 +150,7 @@ def test_fsdp2_sharded_model_saves_and_unload_refuses_untouched(tmp_path):
         assert mmpreproj.injected_modules(model) == wrappers and "mmpreproj_state" in vars(model)
     finally:
         dist.destroy_process_group()
-    assert set(load_file(str(tmp_path / "a" / "adapter_model.safetensors"))) == set(
+    assert set(read_adapter(tmp_path / "a")[1]) == set(
         mmpreproj.adapter_state_dict(_injected()[0])
     )
 
@@ -203,11 +205,12 @@ def test_non_finite_adapter_weights_are_refused_by_name(tmp_path, bad):
     mmpreproj.save_adapter(model, tmp_path / "a")
     weights = tmp_path / "a" / "adapter_model.safetensors"
     tensors = load_file(str(weights))
-    tensors["blocks.1.skip.proj.weight"][3, 4] = bad
+    key = "base_model.model.gpt_neox.layers.1.attention.skip.proj.weight"  # the file's (peft's) key
+    tensors[key][3, 4] = bad
     save_file(tensors, str(weights))
     fresh = tiny_neox()
     snap = _snapshot(fresh)
-    with pytest.raises(ValueError, match=r"tensor blocks.1.skip.proj.weight holds 1 non-finite value"):
+    with pytest.raises(ValueError, match=rf"tensor {re.escape(key)} holds 1 non-finite value"):
         mmpreproj.load_adapter(fresh, tmp_path / "a")
     _assert_unchanged(fresh, snap)
 
@@ -220,7 +223,8 @@ def test_overwritten_tensor_bytes_are_refused(tmp_path):
     raw[-4096:] = b"\xff" * 4096  # header intact, the last tensor's bytes are NaN patterns
     weights.write_bytes(bytes(raw))
     with pytest.raises(
-        ValueError, match=r"adapter weights .* tensor blocks\.\d\.\w+\.(\w+\.)?weight holds \d+ non-finite"
+        ValueError, match=r"adapter weights .* tensor base_model\.model\.gpt_neox\.layers\.\d\.attention\.\w+\.(\w+\.)?weight "
+                          r"holds \d+ non-finite"
     ):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
@@ -244,7 +248,7 @@ def test_adapter_config_whose_config_is_a_string(tmp_path):
     model, _ = _injected()
     mmpreproj.save_adapter(model, tmp_path / "a")
     cfg = tmp_path / "a" / "adapter_config.json"
-    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"config": "preproj"}))
+    cfg.write_text(json.dumps(load_desc(cfg) | {"config": "preproj"}))
     with pytest.raises(
         ValueError, match=r"corrupt adapter config .*adapter_config.json: 'config' must be an object"
     ):
@@ -255,9 +259,9 @@ def test_adapter_config_with_a_mistyped_field_names_it(tmp_path):
     model, _ = _injected()
     mmpreproj.save_adapter(model, tmp_path / "a")
     cfg = tmp_path / "a" / "adapter_config.json"
-    desc = json.loads(cfg.read_text())
+    desc = load_desc(cfg)
     desc["config"]["expansion"] = "1.25"
-    cfg.write_text(json.dumps(desc))
+    dump_desc(cfg, desc)
     with pytest.raises(ValueError, match=r"PreProjConfig.expansion='1.25' \(str\); must be a finite number"):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 

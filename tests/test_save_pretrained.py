@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from test_host_transformers import BUILDERS, _gpt2, _qwen2_vl, vl_forward, vl_inputs
 
 import mmpreproj
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 from mmpreproj.pretrained import PRETRAINED_ADAPTER_DIR
 
@@ -138,14 +139,14 @@ def test_a_passed_state_dict_is_unwrapped_the_same_way(tmp_path):
     base = load_file(str(tmp_path / "plain" / "model.safetensors"))
     assert torch.equal(base["embed_out.weight"], tiny_neox().lm_head.weight)  # its original name
     adapter = load_file(str(tmp_path / "plain" / PRETRAINED_ADAPTER_DIR / "adapter_model.safetensors"))
-    assert torch.equal(adapter["modules.lm_head.weight"], model.lm_head.weight.detach())
+    assert torch.equal(adapter["base_model.model.lm_head.weight"], model.lm_head.weight.detach())  # peft's key
     # the adapter is taken from the given state dict when it holds all of it
     sd = model.state_dict()
     key = next(k for k in sd if k.endswith("layers.0.attention.skip.proj.weight"))
     sd[key] = sd[key] * 2
     model.save_pretrained(tmp_path / "doubled", state_dict=sd)
     doubled = load_file(str(tmp_path / "doubled" / PRETRAINED_ADAPTER_DIR / "adapter_model.safetensors"))
-    assert torch.equal(doubled["blocks.0.skip.proj.weight"], sd[key])
+    assert torch.equal(doubled[f"base_model.model.{key.replace('.base_layer', '')}"], sd[key])
 
 
 def test_a_bad_state_dict_key_is_refused_before_anything_is_written(tmp_path):
@@ -200,7 +201,7 @@ def test_adapter_files_carry_the_model_card_facts(tmp_path):
     model.save_pretrained(tmp_path / "first")
     loaded = mmpreproj.from_pretrained(tmp_path / "first")  # name_or_path is now that folder
     mmpreproj.save_adapter(loaded, tmp_path / "card", readme=True)
-    desc = json.loads((tmp_path / "card" / "adapter_config.json").read_text())
+    desc = load_desc(tmp_path / "card" / "adapter_config.json")
     assert desc["base_model_name_or_path"] == str(tmp_path / "first")
     assert desc["base_model_class"] == "GPTNeoXForCausalLM" and desc["adapter_name"] == "default"
     assert desc["host"] == "gpt_neox" and desc["library_version"] == mmpreproj.__version__

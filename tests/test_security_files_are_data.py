@@ -23,6 +23,7 @@ import torch
 from transformers import GPTNeoXForCausalLM
 
 import mmpreproj
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj.hosts import HOSTS
 from mmpreproj.hosts.paths import INPUT_EMBEDDINGS, HostError, PathError, check_path, get_path
 from tests.conftest import tiny_neox
@@ -92,7 +93,7 @@ def clean_adapter(tmp_path):
 
 def _poison(folder: Path, field: str, attack: str) -> None:
     cfg_file = folder / "adapter_config.json"
-    desc = json.loads(cfg_file.read_text())
+    desc = load_desc(cfg_file)
     part = desc["host_description"]["parts"][0]
     if field == "modules_to_save":
         desc["config"]["modules_to_save"] = [attack]
@@ -105,7 +106,7 @@ def _poison(folder: Path, field: str, attack: str) -> None:
         part["attention"] = attack.split("|")[0]
     else:
         part[field] = attack.split("|")[0]
-    cfg_file.write_text(json.dumps(desc))
+    dump_desc(cfg_file, desc)
 
 
 def _tree(folder: Path) -> dict[str, str]:
@@ -250,9 +251,9 @@ def test_described_host_is_checked_for_form_before_it_meets_a_model():
 
 def test_old_files_spelling_get_input_embeddings_still_load(clean_adapter):
     cfg_file = clean_adapter / "adapter_config.json"
-    desc = json.loads(cfg_file.read_text())
+    desc = load_desc(cfg_file)
     desc["host_description"]["embeddings"] = "get_input_embeddings()"  # what mmpreproj <= 0.x wrote
-    cfg_file.write_text(json.dumps(desc))
+    dump_desc(cfg_file, desc)
     model = mmpreproj.load_adapter(tiny_neox(), clean_adapter)
     assert model.mmpreproj_state.host_description["embeddings"] == INPUT_EMBEDDINGS
 
@@ -290,10 +291,10 @@ def test_saved_rope_entry_is_checked_before_anything_is_built(tmp_path, entry, v
     mmpreproj.inject(model)
     mmpreproj.save_adapter(model, tmp_path / "a")
     cfg_file = tmp_path / "a" / "adapter_config.json"
-    desc = json.loads(cfg_file.read_text())
+    desc = load_desc(cfg_file)
     section, key = entry.split(".")
     desc["rope"][section][key] = value
-    cfg_file.write_text(json.dumps(desc))
+    dump_desc(cfg_file, desc)
     plain = tiny_vit()
     before = _snapshot(plain)
     with pytest.raises(ValueError, match=rf"corrupt 'rope' entry: {entry}"):

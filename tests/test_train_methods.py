@@ -69,12 +69,15 @@ def test_only_the_methods_weights_train(method):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_preproj_lora_reenables_the_injected_weights_peft_froze():
+def test_preproj_lora_keeps_the_injected_weights_trainable_under_peft():
     from peft import LoraConfig, get_peft_model
 
     plain = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(preproj=True, skip=False))
     wrapped = get_peft_model(plain, LoraConfig(r=4, target_modules=["query_key_value", "dense"]))
-    assert not _names(wrapped, ".preproj.")  # what peft alone does: the injected weights are frozen
+    # peft keeps the trainability of existing tuner layers (ours are: modules/slot.py) and freezes the base
+    assert len(_names(wrapped, ".preproj.")) == 2 * 2 and len(_names(wrapped, "lora_")) == 2 * 2 * 2
+    assert not {n for n, p in wrapped.named_parameters() if p.requires_grad} - _names(wrapped, ".preproj.") - _names(
+        wrapped, "lora_")
     model = apply_method(tiny_neox(), "preproj_lora")
     assert len(_names(model, ".preproj.")) == 2 * 2 and len(_names(model, "lora_")) == 2 * 2 * 2
     assert len(mmpreproj.injected_modules(model)) == 2  # the wrappers are reachable through the PeftModel

@@ -11,6 +11,7 @@ from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 
 import mmpreproj
+from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj.rope import RoPE2D
 from mmpreproj.timm_rope import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
 
@@ -192,7 +193,7 @@ TRAINED = mmpreproj.PreProjConfig(skip_init_std=0.05)  # a skip large enough to 
 def _saved(tmp_path, model):
     mmpreproj.inject(model, TRAINED)
     mmpreproj.save_adapter(model, tmp_path / "adapter")
-    return tmp_path / "adapter", json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    return tmp_path / "adapter", load_desc(tmp_path / "adapter" / "adapter_config.json")
 
 
 @pytest.mark.parametrize("keep_abs_pos", [True, False])

@@ -233,7 +233,7 @@ def _probe(model: nn.Module, handles: list, args: tuple, kwargs: dict) -> torch.
 
 def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:
     from ..adapter import inject
-    from ..config import PreProjConfig
+    from ..tuner.config import PreProjConfig
 
     twin = copy.deepcopy(model)
     with torch.no_grad():

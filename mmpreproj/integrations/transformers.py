@@ -51,6 +51,7 @@ from ..adapter import (
 )
 from ..adapter import load_adapter as _inject_from
 from ..io import set_new_file_modes
+from ..tuner.keys import is_other_peft_method
 
 __all__ = [
     "PREPROJ_SUBDIR",
@@ -151,12 +152,12 @@ def load_trained(model: nn.Module, folder: str | Path, *, is_trainable: bool = F
 
 
 def _holds_peft_adapter(folder: Path) -> bool:
-    """Whether `folder/adapter_config.json` is peft's (it names a `peft_type`; ours has a `config` object)."""
+    """Whether `folder/adapter_config.json` is another peft method's (LoRA: a `peft_type` other than PREPROJ)."""
     try:
         desc = json.loads((folder / ADAPTER_CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # read_adapter then names what is wrong with the file
         return False
-    return isinstance(desc, dict) and "peft_type" in desc
+    return isinstance(desc, dict) and is_other_peft_method(desc)
 
 
 def _injected_params(model: nn.Module) -> list[nn.Parameter]:

@@ -8,6 +8,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
+from .slot import TunerSlot
 
 __all__ = ["PreProjection", "ACTIVATIONS", "PREPROJ_INITS"]
 
@@ -20,7 +21,7 @@ def _check_choice(field: str, value: str, allowed) -> None:
         raise ValueError(f"{field}={value!r} is not supported; allowed values: {sorted(allowed)}")
 
 
-class PreProjection(nn.Module):
+class PreProjection(nn.Module, TunerSlot):
     """`x~ = x + W_down · act(W_up · x)`, bias-free, inner width `int(expansion * dim)`.
 
     Position-agnostic: it acts on each token alone, so it can sit ahead of any positional encoder.

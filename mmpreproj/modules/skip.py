@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
+from .slot import TunerSlot
 
 __all__ = ["ContentSkip"]
 
 
-class ContentSkip(nn.Module):
+class ContentSkip(nn.Module, TunerSlot):
     """`W_skip · x~`, a bias-free d x d linear map added to the block output beside attention.
 
     Args:

@@ -101,6 +101,10 @@ class _GraphToken:
 class PreProjAttention(BaseLayerWrapper):
     """The host's attention, fed `x~` and joined by the content skip.
 
+    The adapter slots are `adapter_layer_names` ("preproj", "skip"), one module each for the active adapter
+    (peft's tuner layers, `modules.slot.TunerSlot`); other named adapters wait in `stored_adapters`
+    (`mmpreproj.named_adapters` switches them).
+
     Args:
         base_layer: the original attention module (kept as is; `get_base_layer()` returns it).
         call: how the host calls attention (`AttentionCall`).
@@ -111,6 +115,8 @@ class PreProjAttention(BaseLayerWrapper):
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
         flight: the injection's count of graphs awaiting backward (`InFlight`, set by inject), or None.
     """
+
+    adapter_layer_names = ("preproj", "skip")
 
     def __init__(
         self,
@@ -133,6 +139,7 @@ class PreProjAttention(BaseLayerWrapper):
         self.part = part
         self.seam_check = seam_check
         self.adapter_enabled = True
+        self.adapter_name = "default"  # the active adapter's name (`named_adapters` keeps it)
         self.flight: InFlight | None = None
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
@@ -289,6 +296,8 @@ class PreProjAttention(BaseLayerWrapper):
     def store_adapter(self, name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
         """Keep another adapter's modules beside the active one, frozen, under `name` (`stored_adapters`)."""
         entry = nn.ModuleDict({k: m for k, m in (("preproj", preproj), ("skip", skip)) if m is not None})
+        for m in entry.values():
+            m.adapter_name = name
         for p in entry.parameters():
             p.requires_grad_(False)
         if "stored_adapters" not in self._modules:
@@ -305,10 +314,18 @@ class PreProjAttention(BaseLayerWrapper):
         trainable = any(p.requires_grad for m in active for p in m.parameters())
         del self.stored_adapters[name]
         self.store_adapter(store_active_as, self.preproj, self.skip)
+        self.name_adapter(name)
         self.preproj = entry["preproj"] if "preproj" in entry else None  # noqa: SIM401 (ModuleDict has no .get)
         self.skip = entry["skip"] if "skip" in entry else None  # noqa: SIM401
         for p in entry.parameters():
             p.requires_grad_(trainable)
+
+    def name_adapter(self, name: str) -> None:
+        """Name the active adapter (the wrapper and its slots say it to peft)."""
+        self.adapter_name = name
+        for m in (self.preproj, self.skip):
+            if m is not None:
+                m.adapter_name = name
 
     def drop_stored_adapter(self, name: str) -> None:
         """Forget stored adapter `name` (the active one is not stored and cannot be dropped here)."""

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from .. import adapter as _adapter
-from ..config import PreProjConfig
 from ..io import set_new_file_modes
+from ..tuner.config import PreProjConfig
+from ..tuner.keys import as_description, is_other_peft_method
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME
@@ -152,8 +153,9 @@ def _method_of(path: Path) -> str:
     if not cfg_file.is_file():
         raise FileNotFoundError(f"no adapter in {path} (missing {cfg_file.name})")
     desc = _read_json(cfg_file)
-    if "peft_type" in desc:
+    if is_other_peft_method(desc):
         return "lora"
+    desc = as_description(desc, f"adapter config {cfg_file}")
     cfg = desc.get("config")
     if not isinstance(cfg, dict):
         raise ValueError(f"corrupt adapter config {cfg_file}: 'config' must be an object, got {type(cfg).__name__}")

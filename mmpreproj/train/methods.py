@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .. import adapter as _adapter
-from ..config import PreProjConfig
+from ..tuner.config import PreProjConfig
 
 __all__ = [
     "LORA_TARGETS",
@@ -205,11 +205,7 @@ def apply_method(
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
-        peft_model = get_peft_model(model, lora)
-    for w in _adapter.injected_modules(peft_model):
-        for part in (w.preproj, w.skip):
-            if part is not None:
-                part.requires_grad_(True)
+        peft_model = get_peft_model(model, lora)  # peft keeps the injected weights (its tuner layers) trainable
     return peft_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from mmpreproj.adapter import inject
-from mmpreproj.config import PreProjConfig
+from mmpreproj.tuner.config import PreProjConfig
 
 __all__ = ["inject_decoder"]
 

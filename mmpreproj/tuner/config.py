@@ -1,4 +1,9 @@
-"""`PreProjConfig`: what to inject and how, validated up front and saved as JSON beside an adapter."""
+"""`PreProjConfig`: what to inject and how, validated up front; a `peft.PeftConfig` (peft_type "PREPROJ").
+
+Saved as the adapter's `adapter_config.json` (peft's file): the fields below, peft's own fields
+(`peft_type`, `task_type`, `base_model_name_or_path`, `inference_mode`, ...) and `injection`, what the
+injection resolved (host row, description, blocks, widths, module paths), so a reload needs no code.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,15 @@ import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from .hosts.paths import PathError, check_path
-from .jsonconfig import JsonConfig
-from .modules.compute import COMPUTE_DTYPES
-from .modules.preproj import ACTIVATIONS, PREPROJ_INITS
-from .validate import check_choice, check_field_types, check_rule
-from .version import __version__
+from peft import PeftConfig
+
+from ..hosts.paths import PathError, check_path
+from ..jsonconfig import JsonConfig
+from ..modules.compute import COMPUTE_DTYPES
+from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from ..validate import check_choice, check_field_types, check_rule
+from ..version import __version__
+from .peft_type import PREPROJ
 
 __all__ = ["FUSE_QKV_SKIP_REMOVED", "PreProjConfig"]
 
@@ -21,9 +29,14 @@ FUSE_QKV_SKIP_REMOVED = (
 )
 
 
+# peft's own PeftConfig fields: peft checks them; ours are checked by `check_field_types`
+PEFT_FIELDS = ("task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
+               "inference_mode")
+
+
 @dataclass
-class PreProjConfig(JsonConfig):
-    """Configuration of the injected modules.
+class PreProjConfig(JsonConfig, PeftConfig):
+    """Configuration of the injected modules; a `peft.PeftConfig` (`peft.get_peft_model(model, PreProjConfig())`).
 
     Args:
         preproj: add the pre-projection `x~ = x^ + W_down·act(W_up·x^)` before Q/K/V.
@@ -42,6 +55,9 @@ class PreProjConfig(JsonConfig):
         freeze_base: freeze every parameter of the host so only injected weights train.
         fuse_qkv_skip: removed (see `FUSE_QKV_SKIP_REMOVED`); accepted as False so old adapter files load.
         compute_dtype: "input" (fp32 weights computing in the host's/autocast's dtype) or "float32".
+        host: None = detect the host row; a row name (`mmpreproj.hosts.HOSTS`) forces that row; a description
+            dict says where the blocks, norms and attention are (`mmpreproj.hosts.spec`; data, never code).
+        injection: what the injection resolved, written by the tuner and read on reload (not set by hand).
     """
 
     preproj: bool = True
@@ -55,12 +71,20 @@ class PreProjConfig(JsonConfig):
     modules_to_save: list[str] | None = None
     freeze_base: bool = True
     compute_dtype: str = "input"
+    host: str | dict | None = None
+    injection: dict | None = field(default=None, compare=False)
     library_version: str = field(default=__version__, compare=False)
     fuse_qkv_skip: InitVar[bool | None] = None  # removed; not stored, not saved
 
     def __post_init__(self, fuse_qkv_skip: bool | None) -> None:
         _removed_fuse_qkv_skip(fuse_qkv_skip, warn=True)
-        check_field_types(self)
+        PeftConfig.__post_init__(self)
+        self.peft_type = PREPROJ
+        check_field_types(self, skip=(*PEFT_FIELDS, "host", "injection"))
+        check_rule(self.host is None or isinstance(self.host, (str, dict)), "PreProjConfig", "host", self.host,
+                   "None, a host row name or a host description (an object)")
+        check_rule(self.injection is None or isinstance(self.injection, dict), "PreProjConfig", "injection",
+                   self.injection, "None or an object (written by the tuner)")
         if not (self.preproj or self.skip):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
         check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))

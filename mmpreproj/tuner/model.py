@@ -1,0 +1,183 @@
+"""`PreProjModel`: the peft tuner of the method (peft_type "PREPROJ"), so `peft.get_peft_model(model,
+PreProjConfig())` returns a `PeftModel` with the same modules, weights and outputs as `mmpreproj.inject`.
+
+peft's generic tuner finds target modules by name and swaps each for a layer; this method instead finds its
+sites through the host table (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts),
+so `inject_adapter` hands the model to `adapter.inject` (peft's `inject_adapter_in_model` counterpart), and
+the multi-adapter calls go to `named_adapters`. What peft reads back is peft's: `peft_config`,
+`active_adapter`, `targeted_module_names`, and a state dict in peft's keys (`tuner/keys.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from peft.tuners.tuners_utils import BaseTuner
+from torch import nn
+
+from .. import adapter as _adapter
+from .. import named_adapters
+from ..modules.wrapper import PreProjAttention
+from ..unwrap import injected_owner
+from .config import PreProjConfig
+from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft
+
+__all__ = ["MERGE_REFUSED", "PreProjModel"]
+
+MERGE_REFUSED = (
+    "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
+    "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
+    "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
+)
+
+
+class PreProjModel(BaseTuner):
+    """peft tuner: pre-projection + content skip at every selected attention block (arXiv 2604.10791)."""
+
+    prefix: str = "preproj_"
+    tuner_layer_cls = PreProjAttention
+    target_module_mapping: dict[str, list[str]] = {}
+
+    # -- injection -------------------------------------------------------------------------------------
+    def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
+                       low_cpu_mem_usage: bool = False, state_dict: dict | None = None, **_: Any) -> None:
+        """First adapter: `adapter.inject`; a further name (peft's `add_adapter`): a fresh adapter on the same
+        sites (`named_adapters.add_fresh_adapter`), inactive, as peft leaves an added adapter."""
+        config = self.peft_config[adapter_name]
+        if not isinstance(config, PreProjConfig):
+            raise TypeError(f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, "
+                            "expected a PreProjConfig")
+        if _adapter.is_injected(model):
+            named_adapters.add_fresh_adapter(model, adapter_name, config)
+        else:
+            _adapter.inject(model, config, adapter_name=adapter_name)
+            if config.inference_mode:
+                self.set_requires_grad(adapter_name, requires_grad=False)
+        _, state = injected_owner(model, "PreProjModel")
+        self.targeted_module_names = list(state.modules)
+        config.injection = self._injection(model, adapter_name)
+
+    @staticmethod
+    def _injection(model: nn.Module, adapter_name: str) -> dict:
+        """What the injection resolved (saved as `injection` in adapter_config.json)."""
+        owner, state = injected_owner(model, "PreProjModel")
+        return {k: v for k, v in _adapter.describe_for_save(owner, adapter_name).items() if k != "config"}
+
+    def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
+        return peft_config
+
+    def _create_and_replace(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - inject_adapter owns it
+        raise NotImplementedError("PreProjModel injects through the host table (inject_adapter), not per name")
+
+    @staticmethod
+    def _check_target_module_exists(peft_config: PreProjConfig, key: str) -> bool:  # pragma: no cover
+        return False
+
+    def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
+        """`inject` already froze the base (`freeze_base`) and left the adapter and `modules_to_save` trainable."""
+
+    # -- adapters ------------------------------------------------------------------------------------
+    def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
+        names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
+        if len(names) != 1:
+            raise ValueError(f"set_adapter: one active PREPROJ adapter at a time, got {names}")
+        named_adapters.set_adapter(self.model, names[0])
+        self.active_adapter = names[0]
+        if inference_mode:
+            self.set_requires_grad(names[0], requires_grad=False)
+
+    def set_requires_grad(self, adapter_names: str | Sequence[str], requires_grad: bool = True) -> None:
+        """Make the active adapter's weights (and `modules_to_save`) trainable or frozen; a stored adapter
+        takes the active one's flag when `set_adapter` makes it active."""
+        names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
+        owner, state = injected_owner(self.model, "set_requires_grad")
+        if state.active_adapter in names:
+            for p in _adapter.trainable_adapter_params(owner):
+                p.requires_grad_(requires_grad)
+
+    def delete_adapter(self, adapter_name: str) -> None:
+        named_adapters.delete_adapter(self.model, adapter_name)
+        del self.peft_config[adapter_name]
+
+    def disable_adapter_layers(self) -> None:
+        self._enable_adapter_layers(False)
+
+    def enable_adapter_layers(self) -> None:
+        self._enable_adapter_layers(True)
+
+    def _enable_adapter_layers(self, enabled: bool = True) -> None:
+        for w in _adapter.injected_modules(self.model):
+            w.adapter_enabled = enabled
+            for slot in (w.preproj, w.skip):
+                if slot is not None:
+                    slot._disable_adapters = not enabled  # what peft's model status reads
+
+    @contextlib.contextmanager
+    def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
+        """`forward(adapter_names=[...])` (peft's mixed batches): one adapter runs per forward here, so a list
+        naming any other adapter than the active one is refused, never ignored."""
+        names = kwargs.get("adapter_names")
+        if names is not None:
+            active = self.active_adapter
+            other = sorted({n for n in names if n != active})
+            if other:
+                raise ValueError(
+                    f"forward(adapter_names=...): PREPROJ runs one adapter per forward (the active one, "
+                    f"{active!r}); the batch names {other}. Split the batch by adapter and call set_adapter "
+                    "between the forwards"
+                )
+        yield
+
+    # -- merge / unload ------------------------------------------------------------------------------
+    def merge_adapter(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError(f"merge_adapter: {MERGE_REFUSED}")
+
+    def merge_and_unload(self, *args: Any, **kwargs: Any) -> nn.Module:
+        raise ValueError(f"merge_and_unload: {MERGE_REFUSED}")
+
+    def _check_merge_allowed(self) -> None:
+        raise ValueError(MERGE_REFUSED)
+
+    def unload(self) -> nn.Module:
+        """Remove the modules and return the base model as it was before injection."""
+        return _adapter.unload(self.model)
+
+    # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
+    @classmethod
+    def _get_adapter_state_dict(cls, model: nn.Module, config: PreProjConfig, adapter_name: str,
+                                state_dict: dict[str, torch.Tensor], unwanted_adapter_names: list[str]
+                                ) -> dict[str, torch.Tensor]:
+        """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
+        owner, state = injected_owner(model, "get_peft_model_state_dict")
+        tensors = _adapter.named_adapter_tensors(owner, adapter_name)
+        desc = _adapter.describe_for_save(owner, adapter_name)
+        config.injection = {k: v for k, v in desc.items() if k != "config"}  # fresh facts for the config file
+        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+
+    @classmethod
+    def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
+        return key  # the adapter name is not in the model's keys: one adapter runs per wrapper
+
+    @classmethod
+    def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PreProjConfig, adapter_name: str,
+                                           state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """peft keys -> the model's keys. The active adapter loads through peft's `load_state_dict`; a stored
+        (inactive) one is written here and nothing is left for peft to load."""
+        owner, state = injected_owner(model, "set_peft_model_state_dict")
+        desc = _adapter.describe_for_save(owner, adapter_name)
+        tensors = block_keys_from_peft(state_dict, desc, f"set_peft_model_state_dict({adapter_name!r})")
+        if adapter_name != state.active_adapter:
+            _adapter.set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
+            return {}
+        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+
+
+def _owner_prefix(model: nn.Module, owner: nn.Module) -> str:
+    """The key prefix of the injected model's weights in `model.state_dict()` ("base_model.model." in a PeftModel)."""
+    if owner is model:
+        return ""
+    name = next(n for n, m in model.named_modules() if m is owner)
+    return f"{name}." if name != PEFT_PREFIX.rstrip(".") else PEFT_PREFIX

@@ -1,0 +1,1 @@
+"""Shared test helpers (imported by test modules; no test module imports another)."""
