@@ -845,9 +845,17 @@ def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
 
 
 def load_adapter(
-    model: nn.Module, path: str | Path, *, freeze_base: bool | None = None, adapter_name: str | None = None
+    model: nn.Module,
+    path: str | Path,
+    *,
+    is_trainable: bool = False,
+    freeze_base: bool | None = None,
+    adapter_name: str | None = None,
 ) -> nn.Module:
     """Inject the modules described in `path` into `model` and load their weights.
+
+    Like peft, loading is for inference by default: the adapter's weights are frozen; `is_trainable=True`
+    leaves them (and its `modules_to_save`) trainable, to go on training.
 
     `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
     when the base beside it comes from another save: `pretrained.check_saved_pair`). The
@@ -905,4 +913,7 @@ def load_adapter(
         for k, dst in expected.items():
             if parse_adapter_key(k)[0] is None:
                 dst.copy_(tensors[k])
+    if not is_trainable:
+        for p in trainable_adapter_params(model):
+            p.requires_grad_(False)
     return model

@@ -34,7 +34,6 @@ import contextlib
 import json
 import secrets
 import types
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,15 +92,15 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
     """`load_state_dict` pre-hook of an injected model: a base checkpoint (keys as before `inject`, e.g. what
     `save_pretrained` writes and transformers' Trainer reads back on resume) loads into the wrapped modules.
 
-    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`. When the dict held base keys of wrapped attention and
-    none of the injected weights, the injected weights keep their values, and a warning says so: a plain
-    Trainer resumed from its own checkpoint would otherwise go on with the adapter it started from.
+    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`. A dict with base keys of wrapped attention and none of
+    the injected weights is refused (RuntimeError, nothing loaded): a plain Trainer resumed from its own
+    checkpoint would otherwise go on with the adapter it started from.
     """
     wrappers = {f"{prefix}{name}.": w for name, w in module.named_modules() if isinstance(w, PreProjAttention)}
     if not wrappers:
         return
-    renamed, adapter_keys = 0, 0
-    for key in list(state_dict):
+    renames, adapter_keys = {}, 0
+    for key in state_dict:
         wrapper_prefix = next((p for p in wrappers if key.startswith(p)), None)
         if wrapper_prefix is None:
             continue
@@ -109,16 +108,17 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
         if rest.startswith(("preproj.", "skip.")):
             adapter_keys += 1
         elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
-            state_dict[f"{wrapper_prefix}base_layer.{rest}"] = state_dict.pop(key)
-            renamed += 1
-    if renamed and not adapter_keys:
-        warnings.warn(
-            "load_state_dict: a base checkpoint was loaded into a model with mmpreproj modules injected; the "
-            "injected weights are not in it and keep their values. To resume a transformers Trainer run, train "
-            "with mmpreproj.integrations.transformers.PreProjTrainer (adapter-only checkpoints); to load a saved "
-            "adapter, call mmpreproj.load_adapter(model, DIR)",
-            stacklevel=2,
+            renames[key] = f"{wrapper_prefix}base_layer.{rest}"
+    if renames and not adapter_keys:  # refused before anything is renamed or loaded
+        raise RuntimeError(
+            "load_state_dict: a base checkpoint (no injected weights in it) is being loaded into a model with "
+            "mmpreproj modules injected, e.g. a plain transformers Trainer resuming an inject()ed model: that would "
+            "go on from the adapter the run started with. Train a PeftModel instead, "
+            "peft.get_peft_model(model, PreProjConfig()) (adapter-only checkpoints that resume exactly); to load "
+            "base weights on purpose, load them before inject (or mmpreproj.unload first); nothing was loaded"
         )
+    for key, new_key in renames.items():
+        state_dict[new_key] = state_dict.pop(key)
 
 
 def _wrappers_by_name(model: nn.Module) -> dict[str, PreProjAttention]:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from mmpreproj.cli import build_parser, main
-from tests.helpers.adapter_json import dump_desc, load_desc
+from tests.helpers.adapter_json import load_desc
 
 
 def test_every_subcommand_has_help(capsys):

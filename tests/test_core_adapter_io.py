@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_neox
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
+from tests.helpers.adapter_json import dump_desc, load_desc
 
 
 def _snapshot(model):
@@ -66,8 +66,10 @@ def test_load_round_trip_with_other_seed(trained_adapter, tokens):
     torch.manual_seed(999)
     mmpreproj.load_adapter(fresh, path)
     torch.testing.assert_close(fresh(tokens).logits, expected, atol=0, rtol=0)
-    r = mmpreproj.trainable_report(fresh)
-    assert r.trainable == r.injected  # the saved config freezes the base
+    assert mmpreproj.trainable_report(fresh).trainable == 0  # loaded for inference by default, as peft does
+    again = mmpreproj.load_adapter(tiny_neox(), path, is_trainable=True)
+    r = mmpreproj.trainable_report(again)
+    assert r.trainable == r.injected > 0  # is_trainable=True: the adapter trains, the saved config froze the base
 
 
 def test_unload_restores_exact_modules(tokens):

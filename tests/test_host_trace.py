@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj.tuner.config import PreProjConfig
 from mmpreproj.hosts import trace_seams
+from mmpreproj.tuner.config import PreProjConfig
 
 D, N, B = 16, 5, 2
 

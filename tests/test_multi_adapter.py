@@ -12,9 +12,9 @@ from conftest import tiny_neox
 from test_host_transformers import BUILDERS
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 from mmpreproj.cli import main
+from tests.helpers.adapter_json import load_desc
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(6))
 BUILD = {"gpt_neox": tiny_neox, "llama": BUILDERS["llama"]}
@@ -148,7 +148,7 @@ def test_modules_to_save_follow_the_active_adapter(tmp_path):
         out(mmpreproj.load_adapter(tiny_neox(), a)),
         out(mmpreproj.load_adapter(tiny_neox(), b)),
     )
-    model = mmpreproj.load_adapter(tiny_neox(), a)
+    model = mmpreproj.load_adapter(tiny_neox(), a, is_trainable=True)
     mmpreproj.load_adapter(model, b, adapter_name="b")
     assert torch.equal(out(model), alone_a)
     mmpreproj.set_adapter(model, "b")

@@ -241,7 +241,7 @@ def test_adapter_reloads_bit_exact_into_a_freshly_quantized_base(host, scheme, t
     trained = logits(model)
     mmpreproj.save_adapter(model, tmp_path)
     fresh = quantized(host, scheme)
-    mmpreproj.load_adapter(fresh, tmp_path)
+    mmpreproj.load_adapter(fresh, tmp_path, is_trainable=True)
     assert torch.equal(logits(fresh), trained)
     assert {p.dtype for p in fresh.parameters() if p.requires_grad} == {torch.float32}
 

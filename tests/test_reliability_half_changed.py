@@ -9,8 +9,8 @@ from conftest import tiny_neox
 from host_contract import assert_same_snapshot, snapshot
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
+from tests.helpers.adapter_json import dump_desc, load_desc
 
 TOKENS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
 NEOX_PART = {

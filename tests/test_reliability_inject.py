@@ -4,9 +4,8 @@ and save_pretrained of an injected transformers model (base + adapter, test_save
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 
 import pytest
 import torch
@@ -16,10 +15,10 @@ from test_core_adapter_io import _assert_unchanged, _snapshot
 from torch import nn
 
 import mmpreproj
-from mmpreproj.adapter import read_adapter
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
+from mmpreproj.adapter import read_adapter
 from mmpreproj.modules import PreProjAttention
+from tests.helpers.adapter_json import dump_desc, load_desc
 
 
 def _injected(**cfg):

@@ -220,8 +220,8 @@ def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, e
 
 def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
     from mmpreproj.adapter import new_adapter_modules
-    from mmpreproj.tuner.config import PreProjConfig
     from mmpreproj.modules import AttentionCall, PreProjAttention
+    from mmpreproj.tuner.config import PreProjConfig
 
     preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
     wrapper = PreProjAttention(torch.nn.Identity(), AttentionCall(inputs=((1, "mask"),), output_index=None),

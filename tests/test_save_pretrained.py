@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from test_host_transformers import BUILDERS, _gpt2, _qwen2_vl, vl_forward, vl_inputs
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj import PreProjConfig
 from mmpreproj.pretrained import PRETRAINED_ADAPTER_DIR
+from tests.helpers.adapter_json import load_desc
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))
 
@@ -235,8 +235,9 @@ def test_from_pretrained_with_an_adapter_folder_elsewhere(tmp_path):
         mmpreproj.from_pretrained(tmp_path / "base", adapter=tmp_path / "base")
 
 
-def test_a_base_checkpoint_loads_into_an_injected_model_and_warns_that_the_adapter_is_not_in_it(tmp_path):
-    """What a plain transformers Trainer does on resume: `load_state_dict(model.safetensors, strict=False)`."""
+def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loads(tmp_path):
+    """What a plain transformers Trainer does on resume of an inject()ed model: `load_state_dict(model.safetensors,
+    strict=False)`; going on would keep the adapter the run started with, so it is refused, naming the call."""
     import warnings
 
     from mmpreproj.pretrained import _base_key_hooks
@@ -245,18 +246,16 @@ def test_a_base_checkpoint_loads_into_an_injected_model_and_warns_that_the_adapt
     model.save_pretrained(tmp_path)
     base_sd = load_file(str(tmp_path / "model.safetensors"))
     other = mmpreproj.inject(BUILDERS["llama"](seed=3), PreProjConfig(skip_init_std=0.05))
-    injected_before = mmpreproj.adapter_state_dict(other)
-    with pytest.warns(UserWarning, match="base checkpoint .*PreProjTrainer"):
-        result = other.load_state_dict(base_sd, strict=False)
-    assert not result.unexpected_keys  # the base keys found their wrapped modules
-    assert all(".preproj." in k or ".skip." in k for k in result.missing_keys)
-    now = mmpreproj.adapter_state_dict(other)
-    assert all(torch.equal(now[k], injected_before[k]) for k in now)  # the adapter kept its values
-    mmpreproj.set_adapter_state_dict(other, mmpreproj.adapter_state_dict(model))
-    assert torch.equal(lm_forward(other), out)  # and the base is now the saved one
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    keys = sorted(base_sd)
+    with pytest.raises(RuntimeError, match=r"base checkpoint .*peft\.get_peft_model\(model, PreProjConfig\(\)\)"):
+        other.load_state_dict(base_sd, strict=False)
+    assert sorted(base_sd) == keys  # the caller's dict is not renamed either
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a full injected state dict loads silently, as before
         other.load_state_dict(model.state_dict())
+    assert torch.equal(lm_forward(other), out)
     assert len(_base_key_hooks(other)) == 1
     mmpreproj.unload(other)
     assert not _base_key_hooks(other)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
 from pathlib import Path
 
@@ -23,10 +22,10 @@ import torch
 from transformers import GPTNeoXForCausalLM
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj.hosts import HOSTS
 from mmpreproj.hosts.paths import INPUT_EMBEDDINGS, HostError, PathError, check_path, get_path
 from tests.conftest import tiny_neox
+from tests.helpers.adapter_json import dump_desc, load_desc
 
 
 class TrapNeox(GPTNeoXForCausalLM):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 import torch
@@ -11,9 +10,9 @@ from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 
 import mmpreproj
-from tests.helpers.adapter_json import dump_desc, load_desc
 from mmpreproj.rope import RoPE2D
 from mmpreproj.timm_rope import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
+from tests.helpers.adapter_json import load_desc
 
 IDENTITY = mmpreproj.PreProjConfig(init="identity", skip_init_std=0)
 
