@@ -65,7 +65,9 @@ __all__ = [
     "save_checkpoint",
 ]
 
-PREPROJ_SUBDIR = "preproj"  # where our adapter goes when a peft adapter holds the top of the folder
+from ..train.adapters import (
+    PREPROJ_SUBDIR,  # where our adapter goes when a peft adapter holds the top of the folder
+)
 
 
 def _is_peft(model: nn.Module) -> bool:

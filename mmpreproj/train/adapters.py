@@ -25,6 +25,8 @@ from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME
 
+PREPROJ_SUBDIR = "preproj"  # where a Trainer checkpoint of preproj_lora keeps our adapter (peft's LoRA at the top)
+
 __all__ = [
     "ADAPTER_DIR",
     "LORA_SUBDIR",
@@ -124,12 +126,15 @@ def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = No
     if _kind(method) != _kind(found):  # lora and lora_matched hold the same kind of weights
         raise ValueError(f"{named_by}{method!r}, but the adapter in {path} holds {found!r} weights; nothing was loaded")
     spec = METHOD_SPECS[method]
+    ours, lora = path, path / LORA_SUBDIR  # train()'s layout; a Trainer checkpoint has them the other way round
+    if spec.lora and (path / PREPROJ_SUBDIR / _adapter.ADAPTER_CONFIG_NAME).is_file():
+        ours, lora = path / PREPROJ_SUBDIR, path
     if spec.preproj or spec.skip:
-        model = _adapter.load_adapter(model, path)
+        model = _adapter.load_adapter(model, ours)
     if spec.lora:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(path / LORA_SUBDIR if (spec.preproj or spec.skip) else path))
+        model = PeftModel.from_pretrained(model, str(lora if (spec.preproj or spec.skip) else path))
     return model
 
 
@@ -153,8 +158,8 @@ def _method_of(path: Path) -> str:
     if not cfg_file.is_file():
         raise FileNotFoundError(f"no adapter in {path} (missing {cfg_file.name})")
     desc = _read_json(cfg_file)
-    if is_other_peft_method(desc):
-        return "lora"
+    if is_other_peft_method(desc):  # LoRA at the top: alone, or a Trainer checkpoint of preproj_lora (ours below)
+        return "preproj_lora" if (path / PREPROJ_SUBDIR / _adapter.ADAPTER_CONFIG_NAME).is_file() else "lora"
     desc = as_description(desc, f"adapter config {cfg_file}")
     cfg = desc.get("config")
     if not isinstance(cfg, dict):
