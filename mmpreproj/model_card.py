@@ -1,5 +1,6 @@
 """What an adapter file says about where it belongs (base model, class, name, parameter counts), and the
-short peft-style model card (README.md) `save_adapter(..., readme=True)` writes beside the files.
+peft-style model card (README.md, a `huggingface_hub.ModelCard`) `save_adapter(..., readme=True)` writes beside
+the files: `base_model`, `library_name: peft`, the method and its trainable-parameter counts.
 
 Every value the card takes from the adapter's description is data: each YAML header value is a JSON
 scalar or list (JSON is YAML, and a quoted string cannot end the header or add a key), and in the Markdown
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 
 import torch
+from huggingface_hub import ModelCard
 from torch import nn
 
 __all__ = ["card_fields", "model_card"]
@@ -96,7 +98,7 @@ def model_card(desc: dict) -> str:
         or "-"
     )
     header = {"base_model": base} if base else {}
-    header.update(library_name="mmpreproj", tags=["mmpreproj", "pre-projection", "content-skip"])
+    header.update(library_name="peft", tags=["mmpreproj", "peft", "preproj", "pre-projection", "content-skip"])
     lines = [
         *yaml_header(header),
         "",
@@ -119,10 +121,13 @@ def model_card(desc: dict) -> str:
         "## Load",
         "",
         "```python",
-        "import mmpreproj",
+        "import mmpreproj  # registers peft_type PREPROJ with peft; import it before peft reads this folder",
         "",
         f'model = mmpreproj.from_pretrained({_quoted(base or "BASE")}, adapter="THIS_FOLDER")',  # a Python literal
+        "# or: peft.PeftModel.from_pretrained(base_model, \"THIS_FOLDER\")",
         "```",
         "",
     ]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    ModelCard(text, ignore_metadata_errors=False)  # the Hub's own parser must read the header (raises if not)
+    return text  # as written: the Hub's re-dump would fold values and turn U+0085 into a space

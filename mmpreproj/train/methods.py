@@ -197,10 +197,7 @@ def apply_method(
         _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True))
     if not spec.lora:
         return model
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise ImportError(f"method {method!r} needs peft: pip install 'mmpreproj[lora]'") from None
+    from peft import LoraConfig, get_peft_model
     r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha, per_rank=_lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
