@@ -22,9 +22,9 @@ from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
-from .hosts import HOSTS, HostSpec, find_host
+from .hosts import HostSpec
 from .hosts.paths import check_path
-from .hosts.registry import as_host, forced_mismatch
+from .hosts.registry import as_host, forced_mismatch, host_for_adapter
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
@@ -761,18 +761,12 @@ def _check_saved_paths(desc: dict, path: Path) -> None:
 
 
 def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
-    """The row (by name) or described host an adapter was saved for, checked against `model`."""
-    saved = desc.get("host")
-    described = desc.get("host_description")
-    if saved in HOSTS and HOSTS[saved].matches_model(model):
-        return saved
-    if isinstance(described, dict) and described.get("parts") and saved not in HOSTS:
-        return HostSpec.from_dict(described)  # a user-described host: the file is the description
+    """The row (forced, by type or by structure) or described host an adapter was saved for, checked
+    against `model` (`hosts.registry.host_for_adapter`)."""
     try:
-        have = find_host(model).name
-    except ValueError:
-        have = type(model).__name__
-    raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
+        return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+    except HostError as e:
+        raise ValueError(f"adapter at {path} was {e}") from None
 
 
 def load_adapter(
