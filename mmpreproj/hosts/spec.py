@@ -83,6 +83,9 @@ class PartSpec:
             None = the norm's weight, else the attention's first Linear.
         block_types: class names a block (or a base class of it) must have; empty = any.
         optional: a part that may be absent (CLIPModel has both towers, CLIPVisionModel only one).
+        contains: a path every block of the part has; blocks of the list without it are not the part's
+            (a hybrid stack whose attention and Mamba layers share one class, Bamba: `"contains": "self_attn"`).
+            The part's blocks are then numbered 0.. among those that have it.
         unchecked_seam: the explicit opt-in that `norm` is None: nothing checks that the attention receives
             a pre-attention norm's output (on a post-norm host such as BERT it would pre-project the residual
             stream). A part with `norm=None` and no opt-in is refused. Built-in rows set it in code, silently;
@@ -99,6 +102,7 @@ class PartSpec:
     block_types: tuple[str, ...] = ()
     optional: bool = False
     unchecked_seam: bool = False
+    contains: str | None = None
 
     def __post_init__(self) -> None:
         if self.norm is None and not self.unchecked_seam:
@@ -106,6 +110,8 @@ class PartSpec:
 
     def to_dict(self) -> dict:
         extra = {"unchecked_seam": True} if self.unchecked_seam else {}
+        if self.contains is not None:
+            extra["contains"] = self.contains
         return {
             "name": self.name,
             "blocks": self.blocks[0] if len(self.blocks) == 1 else list(self.blocks),
@@ -122,7 +128,8 @@ class PartSpec:
         """A part from its JSON form; every field is checked and named in the error."""
         if not isinstance(d, dict):
             raise HostError(f"{where} must be an object, got {type(d).__name__}")
-        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam"}
+        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam",
+                   "contains"}
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise HostError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -136,7 +143,7 @@ class PartSpec:
         for key in ("name", "attention"):
             if not isinstance(d[key], str) or not d[key]:
                 raise HostError(f"{where}.{key} must be a non-empty string, got {d[key]!r}")
-        for key in ("norm", "width"):
+        for key in ("norm", "width", "contains"):
             if d.get(key) is not None and (not isinstance(d[key], str) or not d[key]):
                 raise HostError(f"{where}.{key} must be a path string or null, got {d[key]!r}")
         for i, b in enumerate(blocks):
@@ -145,7 +152,7 @@ class PartSpec:
                     raise HostError(f"{where}.blocks[{i}]={b!r}: '*:' must be followed by a class name")
             else:
                 check_path(b, f"{where}.blocks")
-        for key in ("attention", "norm", "width"):
+        for key in ("attention", "norm", "width", "contains"):
             if d.get(key) is not None:
                 check_path(d[key], f"{where}.{key}")
         types = d.get("block_types", [])
@@ -174,6 +181,7 @@ class PartSpec:
             width=d.get("width"),
             block_types=tuple(types),
             unchecked_seam=unchecked,
+            contains=d.get("contains"),
         )
 
 
@@ -314,6 +322,21 @@ def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
     raise HostError(f"path {path!r} is a {type(found).__name__}, not a list of blocks (nn.ModuleList)")
 
 
+def _part_blocks(model: nn.Module, path: str, part: PartSpec) -> list[tuple[int, nn.Module]]:
+    """(index in the list, block) for every block of `part` under `path` (those with `part.contains`)."""
+    blocks = list(enumerate(_block_list(model, path)))
+    if part.contains is None:
+        return blocks
+    out = []
+    for i, block in blocks:
+        try:
+            get_path(block, part.contains)
+        except HostError:
+            continue
+        out.append((i, block))
+    return out
+
+
 def _has_class(obj: object, names: tuple[str, ...]) -> bool:
     return any(c.__name__ in names for c in type(obj).__mro__)
 
@@ -344,9 +367,10 @@ def _resolved_parts(model: nn.Module, spec: HostSpec) -> list[tuple[PartSpec, st
                 f"host {spec.name!r}, part {part.name!r}: none of the block paths {list(part.blocks)} exists "
                 f"in {type(model).__name__}"
             )
-        n = len(_block_list(model, path))
+        n = len(_part_blocks(model, path, part))
         if n == 0 and not part.optional:
-            raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks")
+            what = f" with {part.contains!r}" if part.contains else ""
+            raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks{what}")
         if n:
             out.append((part, path, n))
     if not out:
@@ -383,8 +407,8 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
                         f"{type(model).__name__}; give a path to the module that starts the residual stream, or null")
     sites: list[Site] = []
     for part, path, _ in _resolved_parts(model, spec):
-        for j, block in enumerate(_block_list(model, path)):
-            where = f"host {spec.name!r}, part {part.name!r}, block {j} ({path}.{j})"
+        for j, (i, block) in enumerate(_part_blocks(model, path, part)):
+            where = f"host {spec.name!r}, part {part.name!r}, block {j} ({path}.{i})"
             if part.block_types and not _has_class(block, part.block_types):
                 raise HostError(
                     f"{where} is a {type(block).__name__}; this row supports {list(part.block_types)} "
