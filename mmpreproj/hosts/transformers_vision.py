@@ -10,7 +10,11 @@ language-only tuning. `modules_to_save=["projector"]` trains the vision-language
 the main merger; the deepstack mergers stay frozen).
 
 CLIP / SigLIP (whole models or one tower): `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights).
-ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights).
+ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights); VideoMAE and ViViT have
+the ViT layout and are recognised by structure (`structure.py`).
+TimeSformer: two seams per layer, two parts over the same blocks: "spatial" `attention(layernorm_before(x))`
+and, with divided space-time attention, "temporal" `temporal_attention(temporal_layernorm(x))` (the layers
+that have it, `PartSpec.contains`); the reshapes between them are token-wise, so each x~ is exact.
 """
 
 from __future__ import annotations
@@ -85,4 +89,19 @@ VISION_ROWS = [
     _dual("siglip", ("siglip", "siglip_vision_model", "siglip_text_model")),
     _vit("vit", "ViTModel / ViTForImageClassification", "layernorm_before"),
     _vit("dinov2", "Dinov2Model", "norm1"),
+    register_host(
+        HostSpec(
+            name="timesformer",
+            description="transformers TimeSformer (spatial attention; temporal attention too when divided)",
+            model_types=("timesformer",),
+            parts=(
+                _encoder_part("spatial", "timesformer.encoder.layer", "encoder.layer", attention="attention",
+                              norm="layernorm_before"),
+                PartSpec("temporal", blocks=("timesformer.encoder.layer", "encoder.layer"),
+                         attention="temporal_attention", norm="temporal_layernorm", call=HF_CALL, optional=True,
+                         contains="temporal_attention"),
+            ),
+            lora_targets=("qkv",),
+        )
+    ),
 ]

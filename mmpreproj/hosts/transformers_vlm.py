@@ -3,6 +3,12 @@
     LlavaForConditionalGeneration.model   vision_tower (CLIP/SigLIP VisionModel) -> multi_modal_projector -> language_model
     Idefics3/SmolVLMForConditionalGeneration.model   vision_model (SigLIP-like) -> connector -> text_model
 
+    Mistral3ForConditionalGeneration.model   vision_tower (PixtralVisionModel) -> multi_modal_projector -> language_model
+
+LLaVA-NeXT, LLaVA-OneVision, Gemma 3 (multimodal) and PaliGemma have LLaVA's layout and are recognised by
+structure (`structure.py`). Pixtral's layers call `attention(hidden_states=attention_norm(x),
+position_embeddings=...)` -> (out, weights): the pre-projection sits ahead of its 2D RoPE.
+
 Both parts are data (`PartSpec`), and both call conventions are transformers' usual one (`HF_CALL`):
 - "vision": the tower's encoder layers, `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights),
   exactly as the CLIP / SigLIP rows (`transformers_vision.py`); the towers have learned absolute positions,
@@ -114,5 +120,14 @@ VLM_ROWS = [
             "model.connector",
         )
         for name, family in (("idefics3", "Idefics3"), ("smolvlm", "SmolVLM"))
+    ),
+    _vlm(
+        "mistral3",
+        "Mistral3 (Pixtral vision tower with 2D RoPE)",
+        PartSpec("vision", blocks=("model.vision_tower.transformer.layers", "vision_tower.transformer.layers"),
+                 attention="attention", norm="attention_norm", call=HF_CALL),
+        hf_decoder_part(("model.language_model.layers", "language_model.layers")),
+        "model.multi_modal_projector",
+        towers=("pixtral",),
     ),
 ]

@@ -1,0 +1,45 @@
+"""transformers encoder and encoder-decoder stacks: T5 (self-attention) and ModernBERT.
+
+T5 / mT5: each block is a list of sublayers; `layer.0` normalises and calls `SelfAttention(layer_norm(h),
+mask=..., position_bias=...)` -> (out, position_bias, weights). The pre-projection sits on the self-attention
+of the encoder and the decoder; the decoder's cross-attention (`layer.1.EncDecAttention`) is left alone, as
+its keys and values are the encoder's output, not a norm's. `T5EncoderModel` has the encoder part only.
+
+ModernBERT: `attn(attn_norm(h), position_embeddings=..., ...)` -> (out, weights); layer 0's `attn_norm` is
+an `nn.Identity` (the embeddings end in a norm), so its attention reads the embedding norm's output.
+"""
+
+from __future__ import annotations
+
+from .paths import INPUT_EMBEDDINGS
+from .registry import register_host
+from .spec import HostSpec, PartSpec
+from .transformers_decoders import HF_CALL
+
+__all__ = ["ENCODER_ROWS"]
+
+
+def _t5_part(name: str) -> PartSpec:
+    return PartSpec(name, blocks=(f"{name}.block",), attention="layer.0.SelfAttention", norm="layer.0.layer_norm",
+                    call=HF_CALL, optional=True)
+
+
+ENCODER_ROWS = [
+    register_host(HostSpec(
+        name="t5",
+        description="transformers T5 / mT5 (encoder and decoder self-attention; cross-attention untouched)",
+        model_types=("t5", "mt5"),
+        parts=(_t5_part("encoder"), _t5_part("decoder")),
+        embeddings=INPUT_EMBEDDINGS,
+        lora_targets=("q", "k", "v", "o"),
+    )),
+    register_host(HostSpec(
+        name="modernbert",
+        description="transformers ModernBERT encoders",
+        model_types=("modernbert",),
+        parts=(PartSpec("language", blocks=("model.layers", "layers"), attention="attn", norm="attn_norm",
+                        call=HF_CALL),),
+        embeddings=INPUT_EMBEDDINGS,
+        lora_targets=("Wqkv", "Wo"),
+    )),
+]
