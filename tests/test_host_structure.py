@@ -1,0 +1,314 @@
+"""Families the one call reaches: rows recognised by structure (`mmpreproj/hosts/structure.py`) and the rows
+added for families whose layout no other row has, against the real transformers classes built tiny from
+configs in code, through the shared contract; plus generation with left padding and the KV cache, forcing a
+row and describing a host under a row's name (both reload with no code), the hint's row, and hybrid stacks.
+
+By structure (no row of their own): Mixtral (= Mistral), StarCoder2, Qwen2-MoE (= Qwen2), OLMo, OLMoE,
+DeepSeek-V3 (= DeepSeek-V2's row), GPT-BigCode (= GPT-2), VideoMAE and ViViT (= ViT, under their base
+model). Rows: Phi, DeepSeek-V2/V3, Falcon (both norm names: three layouts), Bamba (`contains`), T5,
+ModernBERT, TimeSformer (two seams per layer). VLMs are in `test_host_structure_vlm.py`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+import transformers as tf
+from host_contract import IDENTITY, HostCase, HostContract, build_once
+from test_host_transformers import check_checkpointing
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+from mmpreproj.hosts import HOSTS, find_host
+from mmpreproj.hosts.spec import HostSpec
+from mmpreproj.hosts.structure import match_structure
+
+VOCAB = 97
+
+
+def _decoder(cfg_cls, model_cls, width=64, depth=2, seed=0, kv_heads=2, **extra):
+    torch.manual_seed(seed)
+    cfg = cfg_cls(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
+                  num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64, pad_token_id=0,
+                  **extra)
+    return model_cls(cfg).eval()
+
+
+def _gpt_bigcode(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    return tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=width, n_layer=depth, n_head=4,
+                                                        n_positions=64)).eval()
+
+
+def _falcon(width=64, depth=2, seed=0, **layout):
+    torch.manual_seed(seed)
+    return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=width, num_hidden_layers=depth,
+                                                num_attention_heads=4, pad_token_id=0, **layout)).eval()
+
+
+MOE = dict(num_experts_per_tok=2)
+MLA = dict(kv_heads=4, n_routed_experts=4, moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+           qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1, **MOE)
+
+# id -> (the row it must resolve to, builder)
+DECODERS = {
+    "mixtral": ("mistral", partial(_decoder, tf.MixtralConfig, tf.MixtralForCausalLM, num_local_experts=4, **MOE)),
+    "starcoder2": ("stablelm", partial(_decoder, tf.Starcoder2Config, tf.Starcoder2ForCausalLM)),
+    "qwen2_moe": ("qwen2", partial(_decoder, tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,
+                                   moe_intermediate_size=32, shared_expert_intermediate_size=32, **MOE)),
+    "olmo": ("llama", partial(_decoder, tf.OlmoConfig, tf.OlmoForCausalLM)),
+    "olmoe": ("llama", partial(_decoder, tf.OlmoeConfig, tf.OlmoeForCausalLM, num_experts=4, **MOE)),
+    "gpt_bigcode": ("gpt2", _gpt_bigcode),
+    "phi": ("phi", partial(_decoder, tf.PhiConfig, tf.PhiForCausalLM, partial_rotary_factor=0.5)),
+    "deepseek_v2": ("deepseek_v2", partial(_decoder, tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM, **MLA)),
+    "deepseek_v3": ("deepseek_v2", partial(_decoder, tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, **MLA)),
+    "falcon_parallel": ("falcon", _falcon),  # Falcon-7B: input_layernorm feeds attention and MLP
+    "falcon_sequential": ("falcon", partial(_falcon, parallel_attn=False)),
+    "falcon_new_one_norm": ("falcon", partial(_falcon, new_decoder_architecture=True, num_kv_heads=2,
+                                              num_ln_in_parallel_attn=1)),
+    "falcon_new_two_norms": ("falcon_ln_attn", partial(_falcon, new_decoder_architecture=True, num_kv_heads=2)),
+    "bamba": ("bamba", lambda depth=2, **kw: _decoder(  # layer 0 Mamba, the others attention
+        tf.BambaConfig, tf.BambaForCausalLM, depth=depth, attn_layer_indices=list(range(1, depth)), mamba_n_heads=4,
+        mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=8, **kw)),
+}
+BUILDERS = {name: build_once(build) for name, (_, build) in DECODERS.items()}
+
+
+def tokens(batch=2, length=7, seed=1):
+    return (torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed)),)
+
+
+def logits(model, inputs):
+    return model(*inputs).logits
+
+
+def _t5(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=VOCAB, d_model=width, d_kv=16, d_ff=2 * width,
+                                                     num_layers=depth, num_heads=4, decoder_start_token_id=0)).eval()
+
+
+def t5_inputs():
+    g = torch.Generator().manual_seed(2)
+    return torch.randint(1, VOCAB, (2, 6), generator=g), torch.randint(1, VOCAB, (2, 4), generator=g)
+
+
+def t5_forward(model, inputs):
+    return model(input_ids=inputs[0], decoder_input_ids=inputs[1]).logits
+
+
+def _modernbert(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    cfg = tf.ModernBertConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width,
+                              num_hidden_layers=depth, num_attention_heads=4, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    return tf.ModernBertForMaskedLM(cfg).eval()
+
+
+def _video(family, width=64, depth=2, seed=0, **extra):
+    torch.manual_seed(seed)
+    cfg = getattr(tf, f"{family}Config")(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
+                                         num_attention_heads=4, image_size=16, num_labels=3, **extra)
+    return getattr(tf, f"{family}ForVideoClassification")(cfg).eval()
+
+
+def video(frames):
+    return lambda: (torch.randn(2, frames, 3, 16, 16, generator=torch.Generator().manual_seed(4)),)
+
+
+def video_logits(model, inputs):
+    return model(pixel_values=inputs[0]).logits
+
+
+CASES = [HostCase(name, row, BUILDERS[name], tokens, logits) for name, (row, _) in DECODERS.items()] + [
+    HostCase("t5", "t5", build_once(_t5), t5_inputs, t5_forward),
+    HostCase("modernbert", "modernbert", build_once(_modernbert), tokens, logits),
+    HostCase("videomae", "vit", build_once(partial(_video, "VideoMAE", patch_size=4, num_frames=4, tubelet_size=2)),
+             video(4), video_logits),
+    HostCase("vivit", "vit", build_once(partial(_video, "Vivit", tubelet_size=[2, 4, 4], num_frames=4)), video(4),
+             video_logits),
+    HostCase("timesformer", "timesformer", build_once(partial(_video, "Timesformer", patch_size=4, num_frames=2)),
+             video(2), video_logits),
+]
+VISION = {"videomae", "vivit", "timesformer"}
+NO_FLOAT64 = {"mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "deepseek_v3"}  # grouped-mm MoE experts: fp32 only
+
+
+@pytest.fixture(params=CASES, ids=[c.id for c in CASES])
+def case(request):
+    return request.param
+
+
+class TestContract(HostContract):
+    @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+    def test_identity_init_matches_untouched_model(self, case, dtype):
+        if case.id in NO_FLOAT64 and dtype == torch.float64:
+            pytest.skip("transformers' grouped-mm MoE experts have no float64 kernel; fp32 is checked")
+        super().test_identity_init_matches_untouched_model(case, dtype)
+
+    def test_gradient_checkpointing(self, case):
+        # the vision rows name no embeddings (as ViT's): transformers' non-reentrant checkpointing, as there
+        check_checkpointing(case, reentrant=case.id not in VISION)
+
+
+def cache_bytes(model, ids, mask) -> int:
+    cache = model(ids, attention_mask=mask, use_cache=True).past_key_values
+    # attention layers keep keys/values; Bamba's Mamba layers their conv and recurrent states
+    slots = ("keys", "values", "conv_states", "recurrent_states")
+    tensors = [t for layer in cache.layers for name in slots if isinstance(t := getattr(layer, name, None), torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_generate_with_left_padding_and_cache_equals_base_at_identity(name):
+    base, model = BUILDERS[name](), BUILDERS[name]()
+    mmpreproj.inject(model, IDENTITY)
+    ids = tokens(2, 5)[0]
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=True)
+    out = model.generate(ids, **kw)
+    assert out.shape[1] == ids.shape[1] + 6
+    assert torch.equal(out, base.generate(ids, **kw))
+    assert cache_bytes(base, ids, mask) == cache_bytes(model, ids, mask) > 0
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_bigcode", "falcon_new_two_norms", "deepseek_v2"])
+def test_incremental_decoding_equals_full_forward_at_paper_init(name):
+    model = mmpreproj.inject(BUILDERS[name](), PreProjConfig(skip_init_std=0.05))
+    ids = tokens(1, 9)[0]
+    full = model(ids).logits
+    out = model(ids[:, :5], use_cache=True)
+    step, cache = [out.logits], out.past_key_values
+    for t in range(5, 9):
+        out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        step.append(out.logits)
+        cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(step, 1), full, atol=1e-5, rtol=1e-5)
+
+
+# --- what by structure means ----------------------------------------------------------------------------
+
+
+def test_a_structural_match_names_no_row_of_its_own_and_resolves_under_the_base_model():
+    for name in ("mixtral", "olmo", "gpt_bigcode"):
+        model = BUILDERS[name]()
+        assert not any(row.matches_model(model) for row in HOSTS.values())  # nothing claims it by type
+    vivit = CASES[[c.id for c in CASES].index("vivit")].build()
+    (part,) = find_host(vivit).describe(vivit)["parts"]
+    assert part["blocks"].startswith("vivit.")  # the ViT row's path, under VivitForVideoClassification.vivit
+
+
+def test_the_saved_description_is_the_resolved_one_and_a_fresh_model_reloads_it(tmp_path):
+    model = mmpreproj.inject(BUILDERS["olmo"](), PreProjConfig(skip_init_std=0.05))
+    state = model.mmpreproj_state
+    assert state.host == "llama"
+    assert [(p["blocks"], p["attention"], p["norm"]) for p in state.host_description["parts"]] == [
+        ("model.layers", "self_attn", "input_layernorm")]
+    out = logits(model, tokens())
+    mmpreproj.save_adapter(model, tmp_path)
+    fresh = mmpreproj.load_adapter(BUILDERS["olmo"](), tmp_path)
+    torch.testing.assert_close(logits(fresh, tokens()), out, atol=0, rtol=0)
+
+
+def _row(name, norm):
+    part = mmpreproj.hosts.spec.PartSpec("language", blocks=("model.layers",), attention="self_attn", norm=norm)
+    return HostSpec(name=name, description=name, parts=(part,), model_types=("nothing",))
+
+
+def test_rows_that_fit_differently_are_a_refusal_naming_both():
+    model = BUILDERS["olmo"]()
+    one = match_structure(model, [_row("a", "input_layernorm"), _row("b", "input_layernorm")])
+    assert one.spec is not None and one.spec.name == "a"  # the same description: one match
+    two = match_structure(model, [_row("a", "input_layernorm"), _row("b", "post_attention_layernorm")])
+    assert two.spec is None and two.fitting == [["a"], ["b"]]
+
+
+def test_the_nearest_row_hint_names_a_row_that_injects_when_forced():
+    model = BUILDERS["mixtral"]()
+    model.model.extra_attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)  # a module no row covers
+    with pytest.raises(ValueError, match="The nearest row is 'mistral': host='mistral' injects its blocks, but it "
+                                         "leaves 1 attention module"):
+        find_host(model)
+    mmpreproj.inject(model, IDENTITY, host="mistral")
+    assert len(mmpreproj.injected_modules(model)) == 2
+
+
+# --- forcing a row, a description under a row's name: both reload -------------------------------------
+
+
+def _round_trip(build, tmp_path, **inject_kw):
+    model = mmpreproj.inject(build(), PreProjConfig(skip_init_std=0.05), **inject_kw)
+    with torch.no_grad():
+        for w in mmpreproj.injected_modules(model):
+            for p in w.preproj.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+    out = logits(model, tokens())
+    mmpreproj.save_adapter(model, tmp_path)
+    fresh = mmpreproj.load_adapter(build(), tmp_path)
+    torch.testing.assert_close(logits(fresh, tokens()), out, atol=0, rtol=0)
+    return model, fresh
+
+
+@pytest.mark.parametrize("host", ["mistral", "qwen2"])
+def test_a_forced_row_reloads(host, tmp_path):
+    model, fresh = _round_trip(BUILDERS["mixtral"], tmp_path, host=host)
+    assert model.mmpreproj_state.host == fresh.mmpreproj_state.host == host
+
+
+@pytest.mark.parametrize("norm", ["input_layernorm", "post_attention_layernorm"])
+def test_a_description_named_as_a_row_reloads(norm, tmp_path):
+    # with the row's own layout, and with another one (a wrong seam: checked at the first forward, not on load)
+    desc = {"name": "mistral", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
+                                          "norm": norm}]}
+    if norm == "input_layernorm":
+        _, fresh = _round_trip(BUILDERS["mixtral"], tmp_path, host=desc)
+        assert fresh.mmpreproj_state.host == "mistral"
+        return
+    model = mmpreproj.inject(BUILDERS["mixtral"](), host=desc)
+    mmpreproj.save_adapter(model, tmp_path)
+    fresh = mmpreproj.load_adapter(BUILDERS["mixtral"](), tmp_path)
+    assert fresh.mmpreproj_state.host_description["parts"][0]["norm"] == "post_attention_layernorm"
+    with pytest.raises(RuntimeError, match="does not receive the output of 'post_attention_layernorm'"):
+        logits(fresh, tokens())
+
+
+def test_an_adapter_for_another_model_is_still_refused_untouched(tmp_path):
+    mmpreproj.save_adapter(mmpreproj.inject(BUILDERS["mixtral"]()), tmp_path)
+    other = BUILDERS["gpt_bigcode"]()
+    with pytest.raises(ValueError, match="does not fit GPTBigCodeForCausalLM"):
+        mmpreproj.load_adapter(other, tmp_path)
+    assert not mmpreproj.is_injected(other)
+
+
+# --- hybrid stacks: blocks selected by what they contain ----------------------------------------------
+
+
+def test_bamba_injects_the_attention_layers_only_and_a_description_can_say_so():
+    model = BUILDERS["bamba"]()
+    assert [hasattr(layer, "self_attn") for layer in model.model.layers] == [False, True]
+    desc = {"name": "my_hybrid", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
+                                            "norm": "input_layernorm", "contains": "self_attn"}]}
+    mmpreproj.inject(model, IDENTITY, host=desc)
+    (wrapper,) = mmpreproj.injected_modules(model)
+    assert wrapper is model.model.layers[1].self_attn
+    assert model.mmpreproj_state.host_description["parts"][0]["contains"] == "self_attn"
+    assert model.mmpreproj_state.host_description["parts"][0]["num_blocks"] == 1
+    torch.testing.assert_close(logits(model, tokens()), logits(BUILDERS["bamba"](), tokens()), atol=1e-6, rtol=0)
+    without = dict(desc["parts"][0])
+    del without["contains"]
+    with pytest.raises(ValueError, match=r"block 0 \(model.layers.0\): no attention module at 'self_attn'"):
+        mmpreproj.inject(BUILDERS["bamba"](), host={"name": "x", "parts": [without]})
+    with pytest.raises(ValueError, match="contains"):
+        mmpreproj.inject(BUILDERS["bamba"](), host={"name": "x", "parts": [{**without, "contains": "__class__"}]})
+
+
+def test_timesformer_has_both_seams_as_parts():
+    case = CASES[[c.id for c in CASES].index("timesformer")]
+    model = mmpreproj.inject(case.build(), IDENTITY)
+    got = {(w.part, w.block_index) for w in mmpreproj.injected_modules(model)}
+    assert got == {("spatial", 0), ("spatial", 1), ("temporal", 2), ("temporal", 3)}
+    layer = model.timesformer.encoder.layer[0]
+    assert layer.attention.part == "spatial" and layer.temporal_attention.part == "temporal"
