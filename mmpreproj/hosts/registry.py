@@ -7,13 +7,12 @@ described in data (`HostSpec.from_dict`) and passed as `inject(model, host=...)`
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from torch import nn
 
 from .spec import HostError, HostSpec
-from .structure import StructureMatch, match_structure, resolve_row, shared_prefix, structural_key
+from .structure import StructureMatch, match_structure, resolve_row, shared_prefix, written_by
 
 __all__ = ["HOSTS", "HostSpec", "as_host", "find_host", "get_host", "host_for_adapter", "register_host", "supported"]
 
@@ -74,25 +73,14 @@ def _no_row(model: nn.Module, found: StructureMatch) -> str:
 def host_for_adapter(model: nn.Module, name: Any, description: Any) -> str | HostSpec:
     """The host an adapter saved for row `name` with the resolved `description` is loaded with on `model`.
 
-    With a description: the row `name` as `host=name` forces it, or as `find_host` resolves it (by type or
-    by structure), when it resolves on `model` to the very description saved; the row `name` when it
-    claims the model by type but does not resolve on it (a part removed: the row's error names it); else
-    the saved description itself (a described host, also one whose name equals a row's). Without one (files from before
-    descriptions were saved): the row `name`, if it claims the model; else HostError."""
+    With a description: the row `name` when the description is what that row writes (its parts' paths and
+    call; a block path as the row has it, or under a base model), loaded as `host=name` forces it, so a
+    forced row and one matched by structure reload too; else the saved description itself (a described
+    host, also one whose name equals a row's). Without one (files from before descriptions were saved):
+    the row `name`, if it claims the model; else HostError."""
     if isinstance(description, dict) and description.get("parts"):
-        key = structural_key(description)
-        candidates: list[HostSpec] = [resolve_row(model, HOSTS[name])] if name in HOSTS else []
-        with contextlib.suppress(ValueError):  # no row by type or structure: only the named one
-            candidates.append(find_host(model))
-        for spec in candidates:
-            if spec.name != name:
-                continue
-            try:
-                if structural_key(spec.describe(model)) == key:
-                    return spec
-            except HostError:
-                if HOSTS[name].matches_model(model):
-                    return name  # the row claims the model but does not resolve on it: its own error says why
+        if name in HOSTS and written_by(HOSTS[name], description):
+            return name
         return HostSpec.from_dict(description)
     if name in HOSTS and HOSTS[name].matches_model(model):
         return name

@@ -33,7 +33,7 @@ from torch import nn
 from .paths import get_path
 from .spec import HostError, HostSpec, Site, _first_path, resolve_sites
 
-__all__ = ["StructureMatch", "match_structure", "resolve_row", "structural_key"]
+__all__ = ["StructureMatch", "match_structure", "resolve_row", "written_by"]
 
 
 @dataclasses.dataclass
@@ -107,8 +107,9 @@ def _prefixed(model: nn.Module, row: HostSpec) -> HostSpec | None:
 def resolve_row(model: nn.Module, row: HostSpec) -> HostSpec:
     """`row` itself when its parts resolve on `model` as written, else with its block paths under the base
     model (what `host=name` forces); `row` when neither resolves (so the error names the row's paths)."""
-    if row.matches is not None or row.described or all(
-        part.optional or _first_path(model, part.blocks) is not None for part in row.parts
+    found = [_first_path(model, part.blocks) is not None for part in row.parts]
+    if row.matches is not None or row.described or (
+        any(found) and all(ok or part.optional for ok, part in zip(found, row.parts))
     ):
         return row
     return _prefixed(model, row) or row
@@ -144,13 +145,25 @@ def _same_injection(sites: list[Site]) -> tuple:
     return tuple((s.part, id(s.attention), id(s.norm), repr(s.call)) for s in sites)
 
 
-def structural_key(description: dict) -> tuple:
-    """What makes two resolved descriptions the same injection: each part's paths and call convention."""
-    return tuple(
-        (p.get("name"), p.get("blocks"), p.get("attention"), p.get("norm"), repr(p.get("call")), p.get("width"),
-         p.get("contains"), p.get("num_blocks"))
-        for p in description.get("parts", [])
-    )
+def written_by(row: HostSpec, description: dict) -> bool:
+    """True if `description` (saved with an adapter) is what `row` writes on some model: every part is one
+    of the row's, with one of its block paths (as written, or under a base model) and the same attention,
+    norm, call, width and `contains`."""
+    parts = {p.name: p for p in row.parts}
+    saved = description.get("parts")
+    if not isinstance(saved, list) or not saved:
+        return False
+    for d in saved:
+        part = parts.get(d.get("name")) if isinstance(d, dict) else None
+        if part is None:
+            return False
+        blocks = d.get("blocks")
+        if not isinstance(blocks, str) or not any(blocks == b or blocks.endswith("." + b) for b in part.blocks):
+            return False
+        mine = part.to_dict()
+        if any(d.get(k) != mine.get(k) for k in ("attention", "norm", "call", "width", "contains")):
+            return False
+    return True
 
 
 def shared_prefix(a: str, b: str) -> int:
