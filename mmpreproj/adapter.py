@@ -23,6 +23,7 @@ from torch.utils.hooks import RemovableHandle
 from .adapter_files import committed_files, write_files
 from .config import PreProjConfig
 from .hosts import HostSpec
+from .hosts.checkpointing import reentrant_checkpointing
 from .hosts.paths import check_path
 from .hosts.registry import as_host, forced_mismatch, host_for_adapter
 from .hosts.spec import HostError, Site, get_path, resolve_sites
@@ -326,37 +327,19 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
         from functools import partial
 
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
-        state.input_grad_hook = emb.register_forward_hook(partial(_make_output_require_grad, model))
+        state.input_grad_hook = emb.register_forward_hook(
+            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing))
 
 
-def _make_output_require_grad(model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly.
-
-    Switches read: transformers' `gradient_checkpointing` with its `use_reentrant` keyword; timm's
-    `grad_checkpointing` with `timm.layers.use_reentrant_ckpt()`; open_clip's (always non-reentrant). Any
-    other `gradient_checkpointing`/`grad_checkpointing` flag that is on counts as reentrant (the safe side).
-    """
-    import sys
-
+def _make_output_require_grad(
+    model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor, *, checkpointing: str = "any"
+) -> None:
+    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly, read
+    with the row's switch (`HostSpec.checkpointing`, `hosts/checkpointing.py`)."""
     if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
         return
-    if output.requires_grad:
-        return
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True and m.training:  # transformers (train mode only)
-            keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
-            reentrant = keywords.get("use_reentrant", True)
-        elif getattr(m, "grad_checkpointing", False) is True:  # timm, open_clip
-            family = type(m).__module__.split(".")[0]
-            if family == "timm" and "timm.layers" in sys.modules:
-                reentrant = sys.modules["timm.layers"].use_reentrant_ckpt()
-            else:
-                reentrant = family != "open_clip"
-        else:
-            continue
-        if reentrant:
-            output.requires_grad_(True)
-            return
+    if not output.requires_grad and reentrant_checkpointing(model, checkpointing):
+        output.requires_grad_(True)
 
 
 def _adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:

@@ -228,6 +228,10 @@ class HostSpec:
         lora_targets: module names peft's LoRA targets in this family's attention (the LoRA baselines).
         trainable_modules: named base modules a config may keep trainable (`{"projector": "model.visual.merger"}`).
         model_types: `config.model_type` values matched when `matches` is not given.
+        checkpointing: the family's gradient-checkpointing switch (`checkpointing.CHECKPOINTING`:
+            "transformers", "timm", "open_clip"; "any" = read every known switch, the safe side).
+        output_heads: attribute names of the linear layers that produce the model's output (`lm_head`,
+            GPT-NeoX's `embed_out`), kept float when the base is quantized (`integrations.quantized`).
         described: a host described in data (`from_dict`), not a built-in row: every path it names must
             resolve (its `embeddings` too).
     """
@@ -243,6 +247,14 @@ class HostSpec:
     trainable_modules: dict[str, str] = field(default_factory=dict)
     model_types: tuple[str, ...] = ()
     described: bool = False
+    checkpointing: str = "any"
+    output_heads: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .checkpointing import CHECKPOINTING
+
+        if self.checkpointing not in CHECKPOINTING:
+            raise HostError(f"host {self.name!r}: checkpointing={self.checkpointing!r}; allowed: {list(CHECKPOINTING)}")
 
     def matches_model(self, model: nn.Module) -> bool:
         if self.matches is not None:

@@ -63,6 +63,8 @@ def _row(name: str, model_types: tuple[str, ...], part: PartSpec, lora: tuple[st
             parts=(part,),
             embeddings=INPUT_EMBEDDINGS,
             lora_targets=lora,
+            checkpointing="transformers",
+            output_heads=("lm_head",),
             **kw,
         )
     )
@@ -129,6 +131,8 @@ DECODER_ROWS = [
             parts=(hf_decoder_part(("transformer.h", "h"), "self_attention", norm),),
             embeddings=INPUT_EMBEDDINGS,
             lora_targets=("query_key_value", "dense"),
+            checkpointing="transformers",
+            output_heads=("lm_head",),
         ))
         for name, what, norm, ln_attn in (
             ("falcon", "input_layernorm -> self_attention (sequential, parallel, new architecture with one norm)",

@@ -32,6 +32,8 @@ ENCODER_ROWS = [
         parts=(_t5_part("encoder"), _t5_part("decoder")),
         embeddings=INPUT_EMBEDDINGS,
         lora_targets=("q", "k", "v", "o"),
+        checkpointing="transformers",
+        output_heads=("lm_head",),
     )),
     register_host(HostSpec(
         name="modernbert",
@@ -41,5 +43,6 @@ ENCODER_ROWS = [
                         call=HF_CALL),),
         embeddings=INPUT_EMBEDDINGS,
         lora_targets=("Wqkv", "Wo"),
+        checkpointing="transformers",
     )),
 ]

@@ -47,6 +47,8 @@ def _qwen_vl(name: str, model_types: tuple[str, ...]) -> HostSpec:
             ),
             embeddings=INPUT_EMBEDDINGS,
             lora_targets=QKVO + ("qkv", "proj"),  # the decoder's q/k/v/o_proj, the vision attention's qkv/proj
+            checkpointing="transformers",
+            output_heads=("lm_head",),
             trainable_modules={"projector": "model.visual.merger"},
         )
     )
@@ -63,6 +65,7 @@ def _dual(name: str, model_types: tuple[str, ...]) -> HostSpec:
                 _encoder_part("text", "text_model.encoder.layers"),
             ),
             lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+            checkpointing="transformers",
         )
     )
 
@@ -77,6 +80,7 @@ def _vit(name: str, classes: str, norm: str) -> HostSpec:
             model_types=(name,),
             parts=(_encoder_part("vision", *paths, attention="attention", norm=norm),),
             lora_targets=QKVO,
+            checkpointing="transformers",
         )
     )
 
@@ -102,6 +106,7 @@ VISION_ROWS = [
                          contains="temporal_attention"),
             ),
             lora_targets=("qkv",),
+            checkpointing="transformers",
         )
     ),
 ]

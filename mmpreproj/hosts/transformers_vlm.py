@@ -93,6 +93,8 @@ def _vlm(
             # the language model's q/k/v/o_proj, the tower's q/k/v/out_proj
             lora_targets=QKVO + ("out_proj",),
             trainable_modules={"projector": projector},
+            checkpointing="transformers",
+            output_heads=("lm_head",),
         )
     )
 
