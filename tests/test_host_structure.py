@@ -312,3 +312,43 @@ def test_timesformer_has_both_seams_as_parts():
     assert got == {("spatial", 0), ("spatial", 1), ("temporal", 2), ("temporal", 3)}
     layer = model.timesformer.encoder.layer[0]
     assert layer.attention.part == "spatial" and layer.temporal_attention.part == "temporal"
+
+
+# --- host facts live on the row -------------------------------------------------------------------------
+
+
+def test_every_row_names_its_checkpointing_switch_and_the_switch_is_what_is_read():
+    from mmpreproj.hosts.checkpointing import CHECKPOINTING, reentrant_checkpointing
+
+    assert {row.checkpointing for row in HOSTS.values()} <= set(CHECKPOINTING)
+    assert HOSTS["llama"].checkpointing == HOSTS["t5"].checkpointing == "transformers"
+    assert HOSTS["timm_vit"].checkpointing == "timm" and HOSTS["open_clip"].checkpointing == "open_clip"
+    assert find_host(BUILDERS["mixtral"]()).checkpointing == "transformers"  # carried over by structure
+    flagged = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    flagged[0].grad_checkpointing = True  # a switch of no known package
+    assert reentrant_checkpointing(flagged, "any")  # the safe side
+    assert not reentrant_checkpointing(flagged, "open_clip")  # open_clip's switch is never reentrant
+    assert not reentrant_checkpointing(flagged, "transformers")  # transformers' switch is another attribute
+    with pytest.raises(ValueError, match="allowed values"):
+        reentrant_checkpointing(flagged, "deepspeed")
+    with pytest.raises(ValueError, match="checkpointing='deepspeed'"):
+        HostSpec(name="x", description="x", parts=HOSTS["llama"].parts, checkpointing="deepspeed")
+
+
+def test_output_heads_come_from_the_row():
+    from mmpreproj.integrations.quantized import _output_heads
+
+    assert _output_heads(BUILDERS["mixtral"]()) == ("lm_head",)  # by structure, the row's
+    assert "lm_head" in HOSTS["gpt_neox"].output_heads and "embed_out" in HOSTS["gpt_neox"].output_heads
+    assert _output_heads(torch.nn.Sequential(torch.nn.Linear(2, 2))) == ()  # no row: name it in skip_modules
+
+
+def test_the_lora_methods_have_no_fallback_host():
+    from mmpreproj.train.methods import apply_method, lora_targets
+
+    assert lora_targets(BUILDERS["mixtral"]()) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="no host row for Sequential.*describe it yourself"):
+        lora_targets(unknown)
+    with pytest.raises(ValueError, match="no host row for Sequential.*describe it yourself"):
+        apply_method(unknown, "lora", lora_r=2)
