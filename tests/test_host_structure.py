@@ -114,6 +114,18 @@ def _video(family, width=64, depth=2, seed=0, **extra):
     return getattr(tf, f"{family}ForVideoClassification")(cfg).eval()
 
 
+def _swin(width=64, depth=2, seed=0, window=3):
+    # one stage (one width), 8x8 tokens; window 3 pads them to 9x9, the second layer's shift rolls them
+    torch.manual_seed(seed)
+    cfg = tf.SwinConfig(image_size=16, patch_size=2, embed_dim=width, depths=[depth], num_heads=[4],
+                        window_size=window, num_labels=3)
+    return tf.SwinForImageClassification(cfg).eval()
+
+
+def image():
+    return (torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5)),)
+
+
 def video(frames):
     return lambda: (torch.randn(2, frames, 3, 16, 16, generator=torch.Generator().manual_seed(4)),)
 
@@ -129,10 +141,11 @@ CASES = [HostCase(name, row, BUILDERS[name], tokens, logits) for name, (row, _) 
              video(4), video_logits),
     HostCase("vivit", "vit", build_once(partial(_video, "Vivit", tubelet_size=[2, 4, 4], num_frames=4)), video(4),
              video_logits),
+    HostCase("swin", "swin", build_once(_swin), image, video_logits),
     HostCase("timesformer", "timesformer", build_once(partial(_video, "Timesformer", patch_size=4, num_frames=2)),
              video(2), video_logits),
 ]
-VISION = {"videomae", "vivit", "timesformer"}
+VISION = {"videomae", "vivit", "timesformer", "swin"}
 NO_FLOAT64 = {"mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "deepseek_v3"}  # grouped-mm MoE experts: fp32 only
 
 
@@ -352,3 +365,23 @@ def test_the_lora_methods_have_no_fallback_host():
         lora_targets(unknown)
     with pytest.raises(ValueError, match="no host row for Sequential.*describe it yourself"):
         apply_method(unknown, "lora", lora_r=2)
+
+
+def test_swin_attention_receives_the_windows_of_the_pre_projected_tokens():
+    from transformers.models.swin.modeling_swin import window_partition
+
+    case = CASES[[c.id for c in CASES].index("swin")]
+    model = mmpreproj.inject(case.build().double(), PreProjConfig(skip_init_std=0.05))
+    seen: dict = {}
+    for i, layer in enumerate(model.swin.encoder.layers[0].blocks):
+        layer.layernorm_before.register_forward_hook(lambda m, a, out, i=i: seen.setdefault(("norm", i), out))
+        layer.attention.base_layer.register_forward_pre_hook(lambda m, a, i=i: seen.setdefault(("attn", i), a[0]))
+    model(pixel_values=image()[0].double())
+    for i, layer in enumerate(model.swin.encoder.layers[0].blocks):
+        x_hat = seen[("norm", i)].view(2, 8, 8, 64)
+        x_tilde, _ = layer.maybe_pad(layer.attention.preproj(x_hat), 8, 8)  # (2, 9, 9, 64): zero pad tokens
+        want = window_partition(layer.cyclic_shift(x_tilde), 3).view(-1, 9, 64)
+        torch.testing.assert_close(seen[("attn", i)], want, atol=1e-12, rtol=0)
+        assert not torch.allclose(want, window_partition(layer.cyclic_shift(layer.maybe_pad(x_hat, 8, 8)[0]), 3)
+                                  .view(-1, 9, 64))  # x~ is not x^: the check above can fail
+    assert layer.shift_size > 0  # the second layer's windows are shifted

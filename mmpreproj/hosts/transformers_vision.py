@@ -15,6 +15,14 @@ the ViT layout and are recognised by structure (`structure.py`).
 TimeSformer: two seams per layer, two parts over the same blocks: "spatial" `attention(layernorm_before(x))`
 and, with divided space-time attention, "temporal" `temporal_attention(temporal_layernorm(x))` (the layers
 that have it, `PartSpec.contains`); the reshapes between them are token-wise, so each x~ is exact.
+Swin: `attention(windows(layernorm_before(x)), mask)` -> (out, weights): the layer pads the normed tokens
+with zeros, shifts them and cuts windows before attention, so attention never receives the norm's output
+as a tensor and the identity seam check cannot apply: the row names no `norm` (`unchecked_seam`, set in
+code, silently) and reads the width from `layernorm_before`. The result is still exact: pre-projection and
+skip act on each token alone, and the pre-projection is bias-free with act(0) = 0, so it maps a zero pad
+token to zero, and pre-projecting the windows equals windowing the pre-projected tokens; the skip on pad
+tokens is cropped with them (`tests/test_host_structure.py` checks what the attention receives by hand).
+Stages of different widths get modules of their width. SwinV2 (post-norm) has no row.
 """
 
 from __future__ import annotations
@@ -106,6 +114,17 @@ VISION_ROWS = [
                          contains="temporal_attention"),
             ),
             lora_targets=("qkv",),
+            checkpointing="transformers",
+        )
+    ),
+    register_host(
+        HostSpec(
+            name="swin",
+            description="transformers Swin (window attention; the seam is not identity-checked, see the module doc)",
+            model_types=("swin",),
+            parts=(PartSpec("vision", blocks=("*:SwinLayer",), attention="attention", norm=None, call=HF_CALL,
+                            width="layernorm_before.weight", unchecked_seam=True),),
+            lora_targets=("query", "key", "value"),
             checkpointing="transformers",
         )
     ),
