@@ -122,6 +122,61 @@ def _swin(width=64, depth=2, seed=0, window=3):
     return tf.SwinForImageClassification(cfg).eval()
 
 
+def _whisper(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    cfg = tf.WhisperConfig(vocab_size=VOCAB, num_mel_bins=16, encoder_layers=depth, decoder_layers=depth, d_model=width,
+                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * width,
+                           decoder_ffn_dim=2 * width, max_source_positions=16, max_target_positions=32, pad_token_id=0,
+                           decoder_start_token_id=1, bos_token_id=1, eos_token_id=2)
+    return tf.WhisperForConditionalGeneration(cfg).eval()
+
+
+def whisper_inputs():
+    g = torch.Generator().manual_seed(6)
+    return torch.randn(2, 16, 32, generator=g), torch.randint(3, VOCAB, (2, 5), generator=g)  # 16 mels x 32 frames
+
+
+def whisper_forward(model, inputs):
+    return model(input_features=inputs[0], decoder_input_ids=inputs[1]).logits
+
+
+AUDIO = VOCAB + 2
+
+
+def _qwen2_audio(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    cfg = tf.Qwen2AudioConfig(
+        audio_config=dict(model_type="qwen2_audio_encoder", num_mel_bins=16, encoder_layers=depth, d_model=width,
+                          encoder_attention_heads=4, encoder_ffn_dim=2 * width, max_source_positions=16),
+        text_config=dict(model_type="qwen2", vocab_size=VOCAB + 3, hidden_size=width, intermediate_size=2 * width,
+                         num_hidden_layers=depth, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=0),
+        audio_token_index=AUDIO)
+    return tf.Qwen2AudioForConditionalGeneration(cfg).eval()
+
+
+def audio_inputs():
+    g = torch.Generator().manual_seed(7)
+    ids = torch.cat([torch.full((2, 8), AUDIO), torch.randint(3, VOCAB, (2, 5), generator=g)], 1)  # 32 frames -> 8
+    return ids, torch.randn(2, 16, 32, generator=g)
+
+
+def audio_forward(model, inputs):
+    mask = torch.ones(inputs[1].shape[0], inputs[1].shape[-1], dtype=torch.long)
+    return model(input_ids=inputs[0], input_features=inputs[1], feature_attention_mask=mask).logits
+
+
+def _pixtral(width=64, depth=2, seed=0):
+    torch.manual_seed(seed)
+    return tf.PixtralVisionModel(tf.PixtralVisionConfig(hidden_size=width, intermediate_size=2 * width,
+                                                        num_hidden_layers=depth, num_attention_heads=4, image_size=16,
+                                                        patch_size=4, head_dim=16)).eval()
+
+
+def pixtral_forward(model, inputs):
+    return model(pixel_values=inputs[0], image_sizes=torch.tensor([[16, 16]] * inputs[0].shape[0])).last_hidden_state
+
+
 def image():
     return (torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5)),)
 
@@ -142,10 +197,13 @@ CASES = [HostCase(name, row, BUILDERS[name], tokens, logits) for name, (row, _) 
     HostCase("vivit", "vit", build_once(partial(_video, "Vivit", tubelet_size=[2, 4, 4], num_frames=4)), video(4),
              video_logits),
     HostCase("swin", "swin", build_once(_swin), image, video_logits),
+    HostCase("pixtral", "pixtral", build_once(_pixtral), image, pixtral_forward),
+    HostCase("whisper", "whisper", build_once(_whisper), whisper_inputs, whisper_forward),
+    HostCase("qwen2_audio", "qwen2_audio", build_once(_qwen2_audio), audio_inputs, audio_forward),
     HostCase("timesformer", "timesformer", build_once(partial(_video, "Timesformer", patch_size=4, num_frames=2)),
              video(2), video_logits),
 ]
-VISION = {"videomae", "vivit", "timesformer", "swin"}
+VISION = {"videomae", "vivit", "timesformer", "swin", "pixtral"}
 NO_FLOAT64 = {"mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "deepseek_v3"}  # grouped-mm MoE experts: fp32 only
 
 
@@ -385,3 +443,28 @@ def test_swin_attention_receives_the_windows_of_the_pre_projected_tokens():
         assert not torch.allclose(want, window_partition(layer.cyclic_shift(layer.maybe_pad(x_hat, 8, 8)[0]), 3)
                                   .view(-1, 9, 64))  # x~ is not x^: the check above can fail
     assert layer.shift_size > 0  # the second layer's windows are shifted
+
+
+def test_qwen2_audio_injects_both_towers_and_generates_as_the_base_at_identity():
+    case = CASES[[c.id for c in CASES].index("qwen2_audio")]
+    base, model = case.build(), mmpreproj.inject(case.build(), IDENTITY)
+    assert {w.part for w in mmpreproj.injected_modules(model)} == {"audio", "language"}
+    ids, feats = audio_inputs()
+    ids = torch.cat([torch.zeros(2, 2, dtype=ids.dtype), ids], 1)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    ids[1, :2] = torch.tensor([5, 6])
+    kw = dict(input_features=feats, feature_attention_mask=torch.ones(2, 32, dtype=torch.long), attention_mask=mask,
+              max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=True)
+    out = model.generate(ids, **kw)
+    assert out.shape[1] == ids.shape[1] + 5
+    assert torch.equal(out, base.generate(ids, **kw))
+
+
+def test_whisper_cross_attention_is_left_alone():
+    case = CASES[[c.id for c in CASES].index("whisper")]
+    model = mmpreproj.inject(case.build(), IDENTITY)
+    layer = model.model.decoder.layers[0]
+    assert isinstance(layer.self_attn, mmpreproj.PreProjAttention)
+    assert not isinstance(layer.encoder_attn, mmpreproj.PreProjAttention)
+    assert {w.part for w in mmpreproj.injected_modules(model)} == {"encoder", "decoder"}

@@ -119,6 +119,17 @@ VISION_ROWS = [
     ),
     register_host(
         HostSpec(
+            name="pixtral",
+            description="transformers PixtralVisionModel (Mistral3's tower alone; 2D RoPE inside attention)",
+            model_types=("pixtral",),
+            parts=(PartSpec("vision", blocks=("transformer.layers",), attention="attention", norm="attention_norm",
+                            call=HF_CALL),),
+            lora_targets=QKVO,
+            checkpointing="transformers",
+        )
+    ),
+    register_host(
+        HostSpec(
             name="swin",
             description="transformers Swin (window attention; the seam is not identity-checked, see the module doc)",
             model_types=("swin",),

@@ -5,6 +5,9 @@
 
     Mistral3ForConditionalGeneration.model   vision_tower (PixtralVisionModel) -> multi_modal_projector -> language_model
 
+    Qwen2AudioForConditionalGeneration.model   audio_tower (Whisper-style encoder) -> multi_modal_projector -> language_model
+        (its audio layers call `self_attn(hidden_states=self_attn_layer_norm(x))` -> (out, weights), as Whisper's)
+
 LLaVA-NeXT, LLaVA-OneVision, Gemma 3 (multimodal) and PaliGemma have LLaVA's layout and are recognised by
 structure (`structure.py`). Pixtral's layers call `attention(hidden_states=attention_norm(x),
 position_embeddings=...)` -> (out, weights): the pre-projection sits ahead of its 2D RoPE.
@@ -131,5 +134,13 @@ VLM_ROWS = [
         hf_decoder_part(("model.language_model.layers", "language_model.layers")),
         "model.multi_modal_projector",
         towers=("pixtral",),
+    ),
+    _vlm(
+        "qwen2_audio",
+        "Qwen2-Audio (Whisper-style audio tower + Qwen2)",
+        PartSpec("audio", blocks=("model.audio_tower.layers", "audio_tower.layers"), attention="self_attn",
+                 norm="self_attn_layer_norm", call=HF_CALL),
+        hf_decoder_part(("model.language_model.layers", "language_model.layers")),
+        "model.multi_modal_projector",
     ),
 ]
