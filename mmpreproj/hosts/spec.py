@@ -14,7 +14,8 @@ normed input, where the output sits). `resolve_sites(model, spec)` turns a row i
 Paths are data (`paths.py`): dotted attribute names, an integer component indexes a list (`layers.0.attn`),
 nothing is ever called and no name starting with `_` is followed; `@input_embeddings` is the keyword for the
 model's `get_input_embeddings()`. A `blocks` path may also be `*:ClassName`, every submodule of that class in
-module order. Every path of a description is checked for its form before it meets a model. Only built-in
+module order; a part's `contains` keeps only the blocks that have that path (Bamba's attention layers).
+Every path of a description is checked for its form before it meets a model. Only built-in
 rows carry code: `matches` (which models a row claims) and `check` (a refusal with its reason).
 """
 
