@@ -4,9 +4,10 @@ configs in code, through the shared contract; plus generation with left padding 
 row and describing a host under a row's name (both reload with no code), the hint's row, and hybrid stacks.
 
 By structure (no row of their own): Mixtral (= Mistral), StarCoder2, Qwen2-MoE (= Qwen2), OLMo, OLMoE,
-DeepSeek-V3 (= DeepSeek-V2's row), GPT-BigCode (= GPT-2), VideoMAE and ViViT (= ViT, under their base
-model). Rows: Phi, DeepSeek-V2/V3, Falcon (both norm names: three layouts), Bamba (`contains`), T5,
-ModernBERT, TimeSformer (two seams per layer). VLMs are in `test_host_structure_vlm.py`.
+GPT-BigCode (= GPT-2), Jamba (= Bamba's attention layers), VideoMAE and ViViT (= ViT, under their base
+model). Rows: Phi, DeepSeek-V2/V3, Falcon (both norm names: three layouts), Bamba and LFM2 (`contains`),
+Apertus, T5, Whisper, Qwen2-Audio, ModernBERT, TimeSformer (two seams per layer), Swin, Pixtral; OLMo 3,
+EXAONE 4 and Swin V2 refused (post-norm). VLMs are in `test_host_structure_vlm.py`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ DECODERS = {
     "bamba": ("bamba", lambda depth=2, **kw: _decoder(  # layer 0 Mamba, the others attention
         tf.BambaConfig, tf.BambaForCausalLM, depth=depth, attn_layer_indices=list(range(1, depth)), mamba_n_heads=4,
         mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=8, **kw)),
+    "apertus": ("apertus", partial(_decoder, tf.ApertusConfig, tf.ApertusForCausalLM)),  # attention_layernorm
+    "lfm2": ("lfm2", lambda depth=2, **kw: _decoder(  # layer 0 a convolution, the others attention
+        tf.Lfm2Config, tf.Lfm2ForCausalLM, depth=depth, layer_types=["conv"] + ["full_attention"] * (depth - 1), **kw)),
+    "jamba": ("bamba", lambda depth=2, **kw: _decoder(  # 2 * depth layers, Mamba / attention in turn
+        tf.JambaConfig, tf.JambaForCausalLM, depth=2 * depth, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_dt_rank=8, **kw)),
 }
 BUILDERS = {name: build_once(build) for name, (_, build) in DECODERS.items()}
 
@@ -204,7 +211,7 @@ CASES = [HostCase(name, row, BUILDERS[name], tokens, logits) for name, (row, _) 
              video(2), video_logits),
 ]
 VISION = {"videomae", "vivit", "timesformer", "swin", "pixtral"}
-NO_FLOAT64 = {"mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "deepseek_v3"}  # grouped-mm MoE experts: fp32 only
+NO_FLOAT64 = {"mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "deepseek_v3", "jamba"}  # grouped-mm experts: fp32 only
 
 
 @pytest.fixture(params=CASES, ids=[c.id for c in CASES])
@@ -468,3 +475,18 @@ def test_whisper_cross_attention_is_left_alone():
     assert isinstance(layer.self_attn, mmpreproj.PreProjAttention)
     assert not isinstance(layer.encoder_attn, mmpreproj.PreProjAttention)
     assert {w.part for w in mmpreproj.injected_modules(model)} == {"encoder", "decoder"}
+
+
+@pytest.mark.parametrize("family", ["Olmo3", "Exaone4"])
+def test_post_norm_decoders_are_refused_with_the_reason(family):
+    model = _decoder(getattr(tf, f"{family}Config"), getattr(tf, f"{family}ForCausalLM"))
+    with pytest.raises(ValueError, match="is post-norm"):
+        mmpreproj.inject(model)
+    assert not mmpreproj.is_injected(model)
+
+
+def test_swinv2_is_refused_with_the_reason():
+    model = tf.Swinv2Model(tf.Swinv2Config(image_size=16, patch_size=2, embed_dim=64, depths=[2], num_heads=[4],
+                                           window_size=4))
+    with pytest.raises(ValueError, match="Swin V2 is post-norm"):
+        mmpreproj.inject(model)

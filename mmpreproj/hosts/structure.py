@@ -52,9 +52,12 @@ class StructureMatch:
 
 
 def _is_attention(module: nn.Module) -> bool:
+    """An attention module by class: nn.MultiheadAttention, or "Attention"/"Attn" in a class name that is not
+    a layer or block's (Jamba's `JambaAttentionDecoderLayer` holds an attention, it is not one)."""
     if isinstance(module, nn.MultiheadAttention):
         return True
-    return any("Attention" in c.__name__ or "Attn" in c.__name__ for c in type(module).__mro__[:-1])
+    return any(("Attention" in c.__name__ or "Attn" in c.__name__) and not c.__name__.endswith(("Layer", "Block"))
+               for c in type(module).__mro__[:-1])
 
 
 def _is_norm(module: nn.Module) -> bool:

@@ -23,7 +23,7 @@ sequential one, and the new architecture with one norm) and `ln_attn` (the new a
 Falcon-40B). Bamba's attention layers share their class with its Mamba layers: the part keeps the blocks that
 have `self_attn` (`PartSpec.contains`).
 
-Refused with the reason: OLMo 2 (post-norm: attention receives the raw residual stream, its norm runs after
+Refused with the reason: OLMo 2, OLMo 3, EXAONE 4 (post-norm: attention receives the raw residual stream, its norm runs after
 attention) and OPT with `do_layer_norm_before=False` (OPT-350m).
 """
 
@@ -114,7 +114,16 @@ DECODER_ROWS = [
     _row("gptj", ("gptj",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=QKVO[:3] + ("out_proj",)),
     _row("opt", ("opt",), hf_decoder_part(("model.decoder.layers", "decoder.layers"), "self_attn",
                                           "self_attn_layer_norm"), lora=QKVO[:3] + ("out_proj",), check=_check_opt),
-    _row("olmo2", ("olmo2",), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm("OLMo 2")),
+    *(
+        _row(name, (name,), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm(family))
+        for name, family in (("olmo2", "OLMo 2"), ("olmo3", "OLMo 3"), ("exaone4", "EXAONE 4"))
+    ),
+    # Apertus: Llama's layout under other norm names
+    _row("apertus", ("apertus",), hf_decoder_part(norm="attention_layernorm")),
+    # LFM2: convolution and attention layers are one class; the attention layers are those with `self_attn`
+    _row("lfm2", ("lfm2",), PartSpec("language", blocks=("model.layers", "layers"), attention="self_attn",
+                                     norm="operator_norm", call=HF_CALL, contains="self_attn"),
+         lora=QKVO[:3] + ("out_proj",)),
     # Phi: partial rotary inside attention, attention and MLP in parallel on one normed input (as GPT-J)
     _row("phi", ("phi",), hf_decoder_part(), lora=QKVO[:3] + ("dense",)),
     # DeepSeek-V2/V3 multi-head latent attention: x~ feeds q_a_proj (q_proj without q_lora_rank) and kv_a_proj

@@ -22,15 +22,17 @@ code, silently) and reads the width from `layernorm_before`. The result is still
 skip act on each token alone, and the pre-projection is bias-free with act(0) = 0, so it maps a zero pad
 token to zero, and pre-projecting the windows equals windowing the pre-projected tokens; the skip on pad
 tokens is cropped with them (`tests/test_host_structure.py` checks what the attention receives by hand).
-Stages of different widths get modules of their width. SwinV2 (post-norm) has no row.
+Stages of different widths get modules of their width. SwinV2 (post-norm) is refused with the reason.
 """
 
 from __future__ import annotations
 
+from torch import nn
+
 from ..modules.wrapper import AttentionCall
 from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
-from .spec import HostSpec, PartSpec
+from .spec import HostError, HostSpec, PartSpec
 from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
 
 __all__ = ["VISION_ROWS"]
@@ -93,6 +95,14 @@ def _vit(name: str, classes: str, norm: str) -> HostSpec:
     )
 
 
+def _refuse_swinv2(model: nn.Module) -> None:
+    raise HostError(
+        "Swin V2 is post-norm (res-post-norm): its attention receives the raw residual stream and "
+        "layernorm_before runs after attention, so there is no normed input for the pre-projection to sit on. "
+        "Not supported"
+    )
+
+
 VISION_ROWS = [
     _qwen_vl("qwen2_vl", ("qwen2_vl",)),
     _qwen_vl("qwen2_5_vl", ("qwen2_5_vl",)),
@@ -126,6 +136,16 @@ VISION_ROWS = [
                             call=HF_CALL),),
             lora_targets=QKVO,
             checkpointing="transformers",
+        )
+    ),
+    register_host(
+        HostSpec(
+            name="swinv2",
+            description="transformers Swin V2: refused (res-post-norm: its norms run after attention)",
+            model_types=("swinv2",),
+            parts=(PartSpec("vision", blocks=("*:Swinv2Layer",), attention="attention", norm="layernorm_before",
+                            call=HF_CALL),),
+            check=_refuse_swinv2,
         )
     ),
     register_host(
