@@ -490,3 +490,29 @@ def test_swinv2_is_refused_with_the_reason():
                                            window_size=4))
     with pytest.raises(ValueError, match="Swin V2 is post-norm"):
         mmpreproj.inject(model)
+
+
+def test_deepseek_mla_projections_read_the_pre_projected_input():
+    # fp32: the MoE experts have no float64 kernel; x~ is recomputed by the same module on the same tensor
+    model = mmpreproj.inject(BUILDERS["deepseek_v2"](), PreProjConfig(skip_init_std=0.05))
+    layer = model.model.layers[0]
+    seen: dict = {}
+    layer.input_layernorm.register_forward_hook(lambda m, a, out: seen.setdefault("x_hat", out))
+    for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+        getattr(layer.self_attn.base_layer, name).register_forward_pre_hook(lambda m, a, n=name: seen.setdefault(n, a[0]))
+    model(*tokens())
+    x_tilde = layer.self_attn.preproj(seen["x_hat"])
+    assert not torch.allclose(x_tilde, seen["x_hat"])  # the check below can fail
+    for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+        torch.testing.assert_close(seen[name], x_tilde, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name, norm", [("phi", "input_layernorm"), ("falcon_parallel", "input_layernorm")])
+def test_parallel_layouts_keep_the_mlp_on_the_unprojected_normed_input(name, norm):
+    model = mmpreproj.inject(BUILDERS[name]().double(), PreProjConfig(skip_init_std=0.05))
+    layer = (model.model.layers if hasattr(model, "model") else model.transformer.h)[0]
+    seen: dict = {}
+    getattr(layer, norm).register_forward_hook(lambda m, a, out: seen.setdefault("x_hat", out))
+    layer.mlp.register_forward_pre_hook(lambda m, a: seen.setdefault("mlp", a[0]))
+    model(*tokens())
+    torch.testing.assert_close(seen["mlp"], seen["x_hat"], atol=0, rtol=0)

@@ -118,9 +118,11 @@ def resolve_row(model: nn.Module, row: HostSpec) -> HostSpec:
     return _prefixed(model, row) or row
 
 
-def _why_not(model: nn.Module, row: HostSpec) -> tuple[HostSpec | None, list[Site], str | None]:
+def _why_not(
+    model: nn.Module, row: HostSpec, attentions: dict[int, str]
+) -> tuple[HostSpec | None, list[Site], str | None]:
     """(`row` resolved on `model`, its sites, None) when it fits; (resolved or None, sites, the reason) when
-    it does not."""
+    it does not. `attentions`: the model's attention modules (`_top_attentions`), all of which must be sites."""
     spec = _prefixed(model, row)
     if spec is None:
         return None, [], "no block path resolves"
@@ -137,7 +139,7 @@ def _why_not(model: nn.Module, row: HostSpec) -> tuple[HostSpec | None, list[Sit
         if not _takes(s.attention, s.call.inputs):
             return None, sites, f"{where}: {type(s.attention).__name__}.forward takes no {[k for _, k in s.call.inputs]}"
     covered = {id(s.attention) for s in sites}
-    left = [n for i, n in _top_attentions(model).items() if i not in covered]
+    left = [n for i, n in attentions.items() if i not in covered]
     if left:
         return spec, sites, f"leaves {len(left)} attention module(s) out, e.g. {left[0]!r}"
     return spec, sites, None
@@ -180,10 +182,11 @@ def match_structure(model: nn.Module, rows: Iterable[HostSpec]) -> StructureMatc
     """The one row whose layout `model` has (resolved on it), the rows that fit, and those that fit in part."""
     groups: dict[tuple, list[tuple[HostSpec, HostSpec]]] = {}
     forceable: dict[str, str] = {}
+    attentions = _top_attentions(model)
     for row in rows:
         if row.matches is not None or row.described:
             continue
-        spec, sites, why = _why_not(model, row)
+        spec, sites, why = _why_not(model, row, attentions)
         if why is None:
             groups.setdefault(_same_injection(sites), []).append((row, spec))
         elif spec is not None:
