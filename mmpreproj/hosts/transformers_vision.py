@@ -21,7 +21,7 @@ as a tensor and the identity seam check cannot apply: the row names no `norm` (`
 code, silently) and reads the width from `layernorm_before`. The result is still exact: pre-projection and
 skip act on each token alone, and the pre-projection is bias-free with act(0) = 0, so it maps a zero pad
 token to zero, and pre-projecting the windows equals windowing the pre-projected tokens; the skip on pad
-tokens is cropped with them (`tests/test_host_structure.py` checks what the attention receives by hand).
+tokens is cropped with them (`tests/test_host_encoders.py` checks what the attention receives by hand).
 Stages of different widths get modules of their width. SwinV2 (post-norm) is refused with the reason.
 """
 
