@@ -42,7 +42,7 @@ class StructureMatch:
 
     Args:
         spec: the one resolved row (paths as they resolve on the model), or None.
-        fitting: the row names whose layout fits, grouped by the description they resolve to.
+        fitting: the names of the rows whose layout fits, grouped by the sites they resolve to.
         forceable: row names that inject when forced (`host=name`), but fit only in part (why, per row).
     """
 
