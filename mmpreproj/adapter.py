@@ -21,9 +21,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .adapter_files import committed_files, write_files
-from .hosts import HOSTS, HostSpec, find_host
+from .hosts import HostSpec
+from .hosts.checkpointing import reentrant_checkpointing
 from .hosts.paths import check_path
-from .hosts.registry import as_host, forced_mismatch
+from .hosts.registry import as_host, forced_mismatch, host_for_adapter
 from .hosts.spec import HostError, Site, get_path, resolve_sites
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .modules.seam import SeamCheck
@@ -337,37 +338,19 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
         from functools import partial
 
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
-        state.input_grad_hook = emb.register_forward_hook(partial(_make_output_require_grad, model))
+        state.input_grad_hook = emb.register_forward_hook(
+            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing))
 
 
-def _make_output_require_grad(model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly.
-
-    Switches read: transformers' `gradient_checkpointing` with its `use_reentrant` keyword; timm's
-    `grad_checkpointing` with `timm.layers.use_reentrant_ckpt()`; open_clip's (always non-reentrant). Any
-    other `gradient_checkpointing`/`grad_checkpointing` flag that is on counts as reentrant (the safe side).
-    """
-    import sys
-
+def _make_output_require_grad(
+    model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor, *, checkpointing: str = "any"
+) -> None:
+    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly, read
+    with the row's switch (`HostSpec.checkpointing`, `hosts/checkpointing.py`)."""
     if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
         return
-    if output.requires_grad:
-        return
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True and m.training:  # transformers (train mode only)
-            keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
-            reentrant = keywords.get("use_reentrant", True)
-        elif getattr(m, "grad_checkpointing", False) is True:  # timm, open_clip
-            family = type(m).__module__.split(".")[0]
-            if family == "timm" and "timm.layers" in sys.modules:
-                reentrant = sys.modules["timm.layers"].use_reentrant_ckpt()
-            else:
-                reentrant = family != "open_clip"
-        else:
-            continue
-        if reentrant:
-            output.requires_grad_(True)
-            return
+    if not output.requires_grad and reentrant_checkpointing(model, checkpointing):
+        output.requires_grad_(True)
 
 
 def _adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
@@ -830,18 +813,12 @@ def config_host(model: nn.Module, config: PreProjConfig) -> str | dict | HostSpe
 
 
 def _saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
-    """The row (by name) or described host an adapter was saved for, checked against `model`."""
-    saved = desc.get("host")
-    described = desc.get("host_description")
-    if saved in HOSTS and HOSTS[saved].matches_model(model):
-        return saved
-    if isinstance(described, dict) and described.get("parts") and saved not in HOSTS:
-        return HostSpec.from_dict(described)  # a user-described host: the file is the description
+    """The row (forced, by type or by structure) or described host an adapter was saved for, checked
+    against `model` (`hosts.registry.host_for_adapter`)."""
     try:
-        have = find_host(model).name
-    except ValueError:
-        have = type(model).__name__
-    raise ValueError(f"adapter at {path} was saved for host {saved!r}, this model is {have!r}")
+        return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+    except HostError as e:
+        raise ValueError(f"adapter at {path} was {e}") from None
 
 
 def load_adapter(

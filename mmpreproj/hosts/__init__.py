@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     timm_variants,
     timm_vit,
     transformers_decoders,
+    transformers_encoders,
     transformers_vision,
     transformers_vlm,
 )

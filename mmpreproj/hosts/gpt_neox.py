@@ -31,5 +31,7 @@ GPT_NEOX = register_host(
         ),
         embeddings=INPUT_EMBEDDINGS,
         lora_targets=("query_key_value", "dense"),  # `dense` is the attention output projection
+        checkpointing="transformers",
+        output_heads=("embed_out", "lm_head"),  # transformers 4.x named the head embed_out, 5.x lm_head
     )
 )

@@ -157,6 +157,7 @@ OPEN_CLIP = register_host(
         ),
         embeddings="visual.conv1",
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )
 
@@ -173,6 +174,7 @@ OPEN_CLIP_COCA = register_host(
         ),
         embeddings="visual.conv1",
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )
 
@@ -185,6 +187,7 @@ OPEN_CLIP_VIT = register_host(
         parts=(_part("vision", "transformer.resblocks"),),
         embeddings="conv1",
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )
 
@@ -197,6 +200,7 @@ OPEN_CLIP_TEXT = register_host(
         parts=(_part("text", "transformer.resblocks"),),
         embeddings="token_embedding",
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )
 
@@ -208,6 +212,7 @@ OPEN_CLIP_TRANSFORMER = register_host(
         check=lambda model: _check_stack(model, "open_clip_transformer", "transformer"),
         parts=(_part("blocks", "resblocks"),),
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )
 
@@ -219,5 +224,6 @@ OPEN_CLIP_MULTIMODAL = register_host(
         check=lambda model: _check_stack(model, "open_clip_multimodal", "decoder"),
         parts=(_part("decoder", "resblocks"),),
         lora_targets=("out_proj",),
+        checkpointing="open_clip",
     )
 )

@@ -1,16 +1,20 @@
 """The architecture table: one `HostSpec` row per host model family (see `spec.py` for the row's form).
 
-Adding a host architecture is adding one row with `register_host`; a model no row knows can be described
-in data (`HostSpec.from_dict`) and passed as `inject(model, host=...)`.
+Adding a host architecture is adding one row with `register_host`; a model no row claims by type is
+matched by its structure (`structure.py`: the one row whose layout it has); one that fits no row can be
+described in data (`HostSpec.from_dict`) and passed as `inject(model, host=...)`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from .spec import HostError, HostSpec
+from .structure import StructureMatch, match_structure, resolve_row, shared_prefix, written_by
 
-__all__ = ["HOSTS", "HostSpec", "as_host", "find_host", "get_host", "register_host", "supported"]
+__all__ = ["HOSTS", "HostSpec", "as_host", "find_host", "get_host", "host_for_adapter", "register_host", "supported"]
 
 HOSTS: dict[str, HostSpec] = {}
 
@@ -37,30 +41,54 @@ def get_host(name: str) -> HostSpec:
     return HOSTS[name]
 
 
-def _nearest(model: nn.Module) -> str | None:
-    """The row whose name or model types share the most with the model's type/model_type (for hints)."""
-    keys = {type(model).__name__.lower(), str(getattr(getattr(model, "config", None), "model_type", "")).lower()}
-    best, score = None, 0
-    for row in HOSTS.values():
-        names = {row.name, *row.model_types}
-        for k in keys:
-            for n in names:
-                s = len(n) if n and (n in k or k.startswith(n.split("_")[0])) else 0
-                if s > score:
-                    best, score = row.name, s
-    return best
-
-
 def find_host(model: nn.Module) -> HostSpec:
-    """The table row that matches `model`; ValueError naming the supported rows and how to describe one."""
+    """The row for `model`: the one whose `model_types` (or `matches`) claim it, else the one row whose layout
+    it has (`structure.py`, resolved on the model); ValueError naming the rows that fit, the nearest row that
+    injects when forced, and how to describe one."""
     for spec in HOSTS.values():
         if spec.matches_model(model):
             return spec
+    found = match_structure(model, HOSTS.values())
+    if found.spec is not None:
+        return found.spec
+    raise ValueError(_no_row(model, found))
+
+
+def _no_row(model: nn.Module, found: StructureMatch) -> str:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     what = type(model).__name__ + (f" (model_type {model_type!r})" if model_type else "")
-    near = _nearest(model)
-    hint = f" The nearest row is {near!r}: force it with host={near!r} if the blocks have the same shape." if near else ""
-    raise ValueError(f"mmpreproj has no host row for {what}; supported rows: {supported()}.{hint} Or {DESCRIBE_HINT}")
+    if len(found.fitting) > 1:
+        groups = "; ".join(" = ".join(g) for g in found.fitting)
+        hint = (f" By structure it fits rows that inject differently ({groups}): force one with host=<row name>"
+                " after checking which layout the model has.")
+    elif found.forceable:
+        key = str(model_type or type(model).__name__).lower()
+        near = max(found.forceable, key=lambda n: (shared_prefix(n, key), -list(found.forceable).index(n)))
+        hint = (f" The nearest row is {near!r}: host={near!r} injects its blocks, but it {found.forceable[near]}.")
+    else:
+        hint = ""
+    return f"mmpreproj has no host row for {what}; supported rows: {supported()}.{hint} Or {DESCRIBE_HINT}"
+
+
+def host_for_adapter(model: nn.Module, name: Any, description: Any) -> str | HostSpec:
+    """The host an adapter saved for row `name` with the resolved `description` is loaded with on `model`.
+
+    With a description: the row `name` when the description is what that row writes (its parts' paths and
+    call; a block path as the row has it, or under a base model), loaded as `host=name` forces it, so a
+    forced row and one matched by structure reload too; else the saved description itself (a described
+    host, also one whose name equals a row's). Without one (files from before descriptions were saved):
+    the row `name`, if it claims the model; else HostError."""
+    if isinstance(description, dict) and description.get("parts"):
+        if name in HOSTS and written_by(HOSTS[name], description):
+            return name
+        return HostSpec.from_dict(description)
+    if name in HOSTS and HOSTS[name].matches_model(model):
+        return name
+    try:
+        have = find_host(model).name
+    except ValueError:
+        have = type(model).__name__
+    raise HostError(f"saved for host {name!r}, this model is {have!r}")
 
 
 def as_host(model: nn.Module, host: str | dict | HostSpec | None) -> HostSpec:
@@ -70,7 +98,7 @@ def as_host(model: nn.Module, host: str | dict | HostSpec | None) -> HostSpec:
     if isinstance(host, HostSpec):
         return host
     if isinstance(host, str):
-        return get_host(host)
+        return resolve_row(model, get_host(host))
     if isinstance(host, dict):
         return HostSpec.from_dict(host)
     raise TypeError(f"host must be None, a row name, a HostSpec or a description dict, got {type(host).__name__}")

@@ -14,7 +14,8 @@ normed input, where the output sits). `resolve_sites(model, spec)` turns a row i
 Paths are data (`paths.py`): dotted attribute names, an integer component indexes a list (`layers.0.attn`),
 nothing is ever called and no name starting with `_` is followed; `@input_embeddings` is the keyword for the
 model's `get_input_embeddings()`. A `blocks` path may also be `*:ClassName`, every submodule of that class in
-module order. Every path of a description is checked for its form before it meets a model. Only built-in
+module order; a part's `contains` keeps only the blocks that have that path (Bamba's attention layers).
+Every path of a description is checked for its form before it meets a model. Only built-in
 rows carry code: `matches` (which models a row claims) and `check` (a refusal with its reason).
 """
 
@@ -83,6 +84,9 @@ class PartSpec:
             None = the norm's weight, else the attention's first Linear.
         block_types: class names a block (or a base class of it) must have; empty = any.
         optional: a part that may be absent (CLIPModel has both towers, CLIPVisionModel only one).
+        contains: a path every block of the part has; blocks of the list without it are not the part's
+            (a hybrid stack whose attention and Mamba layers share one class, Bamba: `"contains": "self_attn"`).
+            The part's blocks are then numbered 0.. among those that have it.
         unchecked_seam: the explicit opt-in that `norm` is None: nothing checks that the attention receives
             a pre-attention norm's output (on a post-norm host such as BERT it would pre-project the residual
             stream). A part with `norm=None` and no opt-in is refused. Built-in rows set it in code, silently;
@@ -99,6 +103,7 @@ class PartSpec:
     block_types: tuple[str, ...] = ()
     optional: bool = False
     unchecked_seam: bool = False
+    contains: str | None = None
 
     def __post_init__(self) -> None:
         if self.norm is None and not self.unchecked_seam:
@@ -106,6 +111,8 @@ class PartSpec:
 
     def to_dict(self) -> dict:
         extra = {"unchecked_seam": True} if self.unchecked_seam else {}
+        if self.contains is not None:
+            extra["contains"] = self.contains
         return {
             "name": self.name,
             "blocks": self.blocks[0] if len(self.blocks) == 1 else list(self.blocks),
@@ -122,7 +129,8 @@ class PartSpec:
         """A part from its JSON form; every field is checked and named in the error."""
         if not isinstance(d, dict):
             raise HostError(f"{where} must be an object, got {type(d).__name__}")
-        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam"}
+        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam",
+                   "contains"}
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise HostError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -136,7 +144,7 @@ class PartSpec:
         for key in ("name", "attention"):
             if not isinstance(d[key], str) or not d[key]:
                 raise HostError(f"{where}.{key} must be a non-empty string, got {d[key]!r}")
-        for key in ("norm", "width"):
+        for key in ("norm", "width", "contains"):
             if d.get(key) is not None and (not isinstance(d[key], str) or not d[key]):
                 raise HostError(f"{where}.{key} must be a path string or null, got {d[key]!r}")
         for i, b in enumerate(blocks):
@@ -145,7 +153,7 @@ class PartSpec:
                     raise HostError(f"{where}.blocks[{i}]={b!r}: '*:' must be followed by a class name")
             else:
                 check_path(b, f"{where}.blocks")
-        for key in ("attention", "norm", "width"):
+        for key in ("attention", "norm", "width", "contains"):
             if d.get(key) is not None:
                 check_path(d[key], f"{where}.{key}")
         types = d.get("block_types", [])
@@ -174,6 +182,7 @@ class PartSpec:
             width=d.get("width"),
             block_types=tuple(types),
             unchecked_seam=unchecked,
+            contains=d.get("contains"),
         )
 
 
@@ -220,6 +229,10 @@ class HostSpec:
         lora_targets: module names peft's LoRA targets in this family's attention (the LoRA baselines).
         trainable_modules: named base modules a config may keep trainable (`{"projector": "model.visual.merger"}`).
         model_types: `config.model_type` values matched when `matches` is not given.
+        checkpointing: the family's gradient-checkpointing switch (`checkpointing.CHECKPOINTING`:
+            "transformers", "timm", "open_clip"; "any" = read every known switch, the safe side).
+        output_heads: attribute names of the linear layers that produce the model's output (`lm_head`,
+            GPT-NeoX's `embed_out`), kept float when the base is quantized (`integrations.quantized`).
         described: a host described in data (`from_dict`), not a built-in row: every path it names must
             resolve (its `embeddings` too).
     """
@@ -235,6 +248,14 @@ class HostSpec:
     trainable_modules: dict[str, str] = field(default_factory=dict)
     model_types: tuple[str, ...] = ()
     described: bool = False
+    checkpointing: str = "any"
+    output_heads: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .checkpointing import CHECKPOINTING
+
+        if self.checkpointing not in CHECKPOINTING:
+            raise HostError(f"host {self.name!r}: checkpointing={self.checkpointing!r}; allowed: {list(CHECKPOINTING)}")
 
     def matches_model(self, model: nn.Module) -> bool:
         if self.matches is not None:
@@ -314,6 +335,21 @@ def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
     raise HostError(f"path {path!r} is a {type(found).__name__}, not a list of blocks (nn.ModuleList)")
 
 
+def _part_blocks(model: nn.Module, path: str, part: PartSpec) -> list[tuple[int, nn.Module]]:
+    """(index in the list, block) for every block of `part` under `path` (those with `part.contains`)."""
+    blocks = list(enumerate(_block_list(model, path)))
+    if part.contains is None:
+        return blocks
+    out = []
+    for i, block in blocks:
+        try:
+            get_path(block, part.contains)
+        except HostError:
+            continue
+        out.append((i, block))
+    return out
+
+
 def _has_class(obj: object, names: tuple[str, ...]) -> bool:
     return any(c.__name__ in names for c in type(obj).__mro__)
 
@@ -344,9 +380,10 @@ def _resolved_parts(model: nn.Module, spec: HostSpec) -> list[tuple[PartSpec, st
                 f"host {spec.name!r}, part {part.name!r}: none of the block paths {list(part.blocks)} exists "
                 f"in {type(model).__name__}"
             )
-        n = len(_block_list(model, path))
+        n = len(_part_blocks(model, path, part))
         if n == 0 and not part.optional:
-            raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks")
+            what = f" with {part.contains!r}" if part.contains else ""
+            raise HostError(f"host {spec.name!r}, part {part.name!r}: {path!r} holds no blocks{what}")
         if n:
             out.append((part, path, n))
     if not out:
@@ -383,8 +420,8 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
                         f"{type(model).__name__}; give a path to the module that starts the residual stream, or null")
     sites: list[Site] = []
     for part, path, _ in _resolved_parts(model, spec):
-        for j, block in enumerate(_block_list(model, path)):
-            where = f"host {spec.name!r}, part {part.name!r}, block {j} ({path}.{j})"
+        for j, (i, block) in enumerate(_part_blocks(model, path, part)):
+            where = f"host {spec.name!r}, part {part.name!r}, block {j} ({path}.{i})"
             if part.block_types and not _has_class(block, part.block_types):
                 raise HostError(
                     f"{where} is a {type(block).__name__}; this row supports {list(part.block_types)} "

@@ -65,6 +65,7 @@ TIMM_BEIT = register_host(
         parts=(timm_part(),),
         embeddings=_EMBED,
         lora_targets=_QKV,
+        checkpointing="timm",
     )
 )
 
@@ -82,6 +83,7 @@ TIMM_NAFLEXVIT = register_host(
         parts=(timm_part(),),
         embeddings="embeds|model.embeds",
         lora_targets=("qkv", "q_proj", "k_proj", "v_proj", "proj"),
+        checkpointing="timm",
     )
 )
 
@@ -102,6 +104,7 @@ TIMM_VIT_RELPOS = register_host(
         parts=(timm_part(),),
         embeddings=_EMBED,
         lora_targets=_QKV,
+        checkpointing="timm",
     )
 )
 
@@ -122,5 +125,6 @@ TIMM_VIT_SAM = register_host(
         parts=(timm_part(norm=None, unchecked_seam=True, width="norm1.weight"),),
         embeddings=_EMBED,
         lora_targets=_QKV,
+        checkpointing="timm",
     )
 )

@@ -95,6 +95,7 @@ TIMM_VIT = register_host(
         parts=(timm_part(),),
         embeddings="patch_embed|model.patch_embed",
         lora_targets=("qkv", "proj"),
+        checkpointing="timm",
     )
 )
 
@@ -111,5 +112,6 @@ TIMM_EVA = register_host(
         parts=(timm_part(),),
         embeddings="patch_embed|model.patch_embed",
         lora_targets=("qkv", "q_proj", "k_proj", "v_proj", "proj"),
+        checkpointing="timm",
     )
 )

@@ -18,11 +18,18 @@ Gemma 2 layer.
 GPT-J (and Cohere, parallel residual): the MLP reads the same normed input as attention; it keeps seeing
 the un-projected `x^`, since only the attention's argument is replaced.
 
-Refused with the reason: OLMo 2 (post-norm: attention receives the raw residual stream, its norm runs after
+Falcon has two rows, one per pre-attention norm name: `input_layernorm` (Falcon-7B's parallel layout, the
+sequential one, and the new architecture with one norm) and `ln_attn` (the new architecture with two norms,
+Falcon-40B). Bamba's attention layers share their class with its Mamba layers: the part keeps the blocks that
+have `self_attn` (`PartSpec.contains`).
+
+Refused with the reason: OLMo 2, OLMo 3, EXAONE 4 (post-norm: attention receives the raw residual stream, its norm runs after
 attention) and OPT with `do_layer_norm_before=False` (OPT-350m).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from torch import nn
 
@@ -56,6 +63,8 @@ def _row(name: str, model_types: tuple[str, ...], part: PartSpec, lora: tuple[st
             parts=(part,),
             embeddings=INPUT_EMBEDDINGS,
             lora_targets=lora,
+            checkpointing="transformers",
+            output_heads=("lm_head",),
             **kw,
         )
     )
@@ -79,6 +88,15 @@ def _check_opt(model: nn.Module) -> None:
         )
 
 
+def _is_falcon(model: nn.Module, ln_attn: bool) -> bool:
+    """A Falcon model whose layers feed attention from `ln_attn` (`ln_attn=True`) or `input_layernorm`."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) != "falcon":
+        return False
+    two = bool(cfg.parallel_attn and cfg.new_decoder_architecture and cfg.num_ln_in_parallel_attn in (None, 2))
+    return two == ln_attn
+
+
 DECODER_ROWS = [
     _row("llama", ("llama",), hf_decoder_part()),
     _row("mistral", ("mistral",), hf_decoder_part()),
@@ -96,5 +114,40 @@ DECODER_ROWS = [
     _row("gptj", ("gptj",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=QKVO[:3] + ("out_proj",)),
     _row("opt", ("opt",), hf_decoder_part(("model.decoder.layers", "decoder.layers"), "self_attn",
                                           "self_attn_layer_norm"), lora=QKVO[:3] + ("out_proj",), check=_check_opt),
-    _row("olmo2", ("olmo2",), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm("OLMo 2")),
+    *(
+        _row(name, (name,), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm(family))
+        for name, family in (("olmo2", "OLMo 2"), ("olmo3", "OLMo 3"), ("exaone4", "EXAONE 4"))
+    ),
+    # Apertus: Llama's layout under other norm names
+    _row("apertus", ("apertus",), hf_decoder_part(norm="attention_layernorm")),
+    # LFM2: convolution and attention layers are one class; the attention layers are those with `self_attn`
+    _row("lfm2", ("lfm2",), PartSpec("language", blocks=("model.layers", "layers"), attention="self_attn",
+                                     norm="operator_norm", call=HF_CALL, contains="self_attn"),
+         lora=QKVO[:3] + ("out_proj",)),
+    # Phi: partial rotary inside attention, attention and MLP in parallel on one normed input (as GPT-J)
+    _row("phi", ("phi",), hf_decoder_part(), lora=QKVO[:3] + ("dense",)),
+    # DeepSeek-V2/V3 multi-head latent attention: x~ feeds q_a_proj (q_proj without q_lora_rank) and kv_a_proj
+    _row("deepseek_v2", ("deepseek_v2", "deepseek_v3"), hf_decoder_part(),
+         lora=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+    # Bamba: attention and Mamba layers are one class; the attention layers are those with `self_attn`
+    _row("bamba", ("bamba",), PartSpec("language", blocks=("model.layers", "layers"), attention="self_attn",
+                                       norm="input_layernorm", call=HF_CALL, contains="self_attn")),
+    *(
+        register_host(HostSpec(
+            name=name,
+            description=f"transformers Falcon decoders, {what}",
+            matches=partial(_is_falcon, ln_attn=ln_attn),
+            parts=(hf_decoder_part(("transformer.h", "h"), "self_attention", norm),),
+            embeddings=INPUT_EMBEDDINGS,
+            lora_targets=("query_key_value", "dense"),
+            checkpointing="transformers",
+            output_heads=("lm_head",),
+        ))
+        for name, what, norm, ln_attn in (
+            ("falcon", "input_layernorm -> self_attention (sequential, parallel, new architecture with one norm)",
+             "input_layernorm", False),
+            ("falcon_ln_attn", "new architecture with two norms (ln_attn -> self_attention, ln_mlp -> mlp)",
+             "ln_attn", True),
+        )
+    ),
 ]

@@ -3,6 +3,15 @@
     LlavaForConditionalGeneration.model   vision_tower (CLIP/SigLIP VisionModel) -> multi_modal_projector -> language_model
     Idefics3/SmolVLMForConditionalGeneration.model   vision_model (SigLIP-like) -> connector -> text_model
 
+    Mistral3ForConditionalGeneration.model   vision_tower (PixtralVisionModel) -> multi_modal_projector -> language_model
+
+    Qwen2AudioForConditionalGeneration.model   audio_tower (Whisper-style encoder) -> multi_modal_projector -> language_model
+        (its audio layers call `self_attn(hidden_states=self_attn_layer_norm(x))` -> (out, weights), as Whisper's)
+
+LLaVA-NeXT, LLaVA-OneVision, Gemma 3 (multimodal) and PaliGemma have LLaVA's layout and are recognised by
+structure (`structure.py`). Pixtral's layers call `attention(hidden_states=attention_norm(x),
+position_embeddings=...)` -> (out, weights): the pre-projection sits ahead of its 2D RoPE.
+
 Both parts are data (`PartSpec`), and both call conventions are transformers' usual one (`HF_CALL`):
 - "vision": the tower's encoder layers, `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights),
   exactly as the CLIP / SigLIP rows (`transformers_vision.py`); the towers have learned absolute positions,
@@ -87,6 +96,8 @@ def _vlm(
             # the language model's q/k/v/o_proj, the tower's q/k/v/out_proj
             lora_targets=QKVO + ("out_proj",),
             trainable_modules={"projector": projector},
+            checkpointing="transformers",
+            output_heads=("lm_head",),
         )
     )
 
@@ -114,5 +125,22 @@ VLM_ROWS = [
             "model.connector",
         )
         for name, family in (("idefics3", "Idefics3"), ("smolvlm", "SmolVLM"))
+    ),
+    _vlm(
+        "mistral3",
+        "Mistral3 (Pixtral vision tower with 2D RoPE)",
+        PartSpec("vision", blocks=("model.vision_tower.transformer.layers", "vision_tower.transformer.layers"),
+                 attention="attention", norm="attention_norm", call=HF_CALL),
+        hf_decoder_part(("model.language_model.layers", "language_model.layers")),
+        "model.multi_modal_projector",
+        towers=("pixtral",),
+    ),
+    _vlm(
+        "qwen2_audio",
+        "Qwen2-Audio (Whisper-style audio tower + Qwen2)",
+        PartSpec("audio", blocks=("model.audio_tower.layers", "audio_tower.layers"), attention="self_attn",
+                 norm="self_attn_layer_norm", call=HF_CALL),
+        hf_decoder_part(("model.language_model.layers", "language_model.layers")),
+        "model.multi_modal_projector",
     ),
 ]

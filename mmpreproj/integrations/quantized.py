@@ -48,7 +48,6 @@ QUANT_SCHEMES = {
 }
 _PACKAGES = {"int8": "torchao", "nf4": "bitsandbytes", "fp4": "bitsandbytes"}  # import name = pip name
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what a 4-bit layer may compute in
-OUTPUT_HEADS = ("lm_head", "embed_out")  # kept float, as transformers' bitsandbytes loading does
 
 
 def is_quantized_tensor(t: torch.Tensor) -> bool:
@@ -94,11 +93,21 @@ def _targets(model: nn.Module, skip: tuple[str, ...]) -> list[tuple[nn.Module, s
     return out
 
 
+def _output_heads(model: nn.Module) -> tuple[str, ...]:
+    """The host row's output heads (`HostSpec.output_heads`); () for a model no row knows."""
+    from ..hosts import find_host
+
+    try:
+        return find_host(model).output_heads
+    except ValueError:
+        return ()
+
+
 def quantize_frozen_base(
     model: nn.Module,
     scheme: str = "int8",
     *,
-    skip_modules: Sequence[str] = OUTPUT_HEADS,
+    skip_modules: Sequence[str] | None = None,
     compute_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Store every `nn.Linear` of `model` quantized and frozen (`requires_grad=False`), in place.
@@ -107,8 +116,10 @@ def quantize_frozen_base(
         model: a float model, not yet injected.
         scheme: one of `QUANT_SCHEMES`: "int8" (torchao weight-only, runs on CPU and GPU), "nf4" or "fp4"
             (bitsandbytes `Linear4bit`).
-        skip_modules: attribute names of linear layers kept float (default: the output heads `lm_head`,
-            `embed_out`, as transformers does; a tied head must stay float anyway).
+        skip_modules: attribute names of linear layers kept float (None: the host row's output heads,
+            `HostSpec.output_heads`, `lm_head` / GPT-NeoX's `embed_out`, kept float as transformers does; a
+            tied head must stay float anyway). A model no row knows (by type or structure) has none: name
+            its head here.
         compute_dtype: 4-bit only: the dtype bitsandbytes computes in, one of `COMPUTE_DTYPES`
             (torch.float32, torch.float16, torch.bfloat16; None = each layer's weight dtype).
 
@@ -129,6 +140,8 @@ def quantize_frozen_base(
             "quantize_frozen_base: compute_dtype applies to the 4-bit schemes ('nf4', 'fp4') only; torchao's int8 "
             "layers compute in the input's dtype: leave compute_dtype=None"
         )
+    if skip_modules is None:
+        skip_modules = _output_heads(model)
     if isinstance(skip_modules, str) or not all(isinstance(s, str) for s in skip_modules):
         raise TypeError(
             f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}"

@@ -28,7 +28,6 @@ from .. import adapter as _adapter
 from ..tuner.config import PreProjConfig
 
 __all__ = [
-    "LORA_TARGETS",
     "METHODS",
     "PAPER_METHODS",
     "MethodSpec",
@@ -45,7 +44,6 @@ __all__ = [
     "resolve_lora",
 ]
 
-LORA_TARGETS = ("query_key_value", "dense")  # attention only: `dense` is GPT-NeoX's attention output projection
 PREPROJ_LORA_RANK = 64  # with alpha 2r = 128, as the paper
 
 
@@ -146,13 +144,16 @@ def resolve_lora(
 
 
 def _host_shape(model: nn.Module) -> tuple[int, int]:
-    """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`."""
+    """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`.
+    A model no row knows (by type or structure) is the registry's error, which says how to describe it."""
     from ..hosts import find_host
     from ..hosts.lora import lora_sites
+    from ..hosts.spec import HostError
 
+    spec = find_host(model)
     try:
-        sites = lora_sites(model, find_host(model))
-    except ValueError:
+        sites = lora_sites(model, spec)
+    except HostError:
         sites = []
     if sites:
         widths = {s.part: s.width for s in sites}
@@ -169,15 +170,11 @@ def _host_shape(model: nn.Module) -> tuple[int, int]:
 
 
 def _lora_per_rank(model: nn.Module) -> int | None:
-    """LoRA parameters per unit of rank on `model`'s row targets; None when no row knows the model."""
+    """LoRA parameters per unit of rank on `model`'s row targets (the registry's error when no row knows it)."""
     from ..hosts import find_host
     from ..hosts.lora import lora_params_per_rank
 
-    try:
-        spec = find_host(model)
-    except ValueError:
-        return None
-    return lora_params_per_rank(model, spec)
+    return lora_params_per_rank(model, find_host(model))
 
 
 def apply_method(
@@ -208,15 +205,12 @@ def apply_method(
 
 def lora_targets(model: nn.Module) -> list[str]:
     """peft `target_modules` for this host: the row's attention targets (exact names where a short name
-    would also hit the MLP, as GPT-2's `c_proj`), else GPT-NeoX's."""
+    would also hit the MLP, as GPT-2's `c_proj`). No fallback: a model no row knows is the registry's error
+    (how to describe it), a row naming no targets `hosts.lora`'s."""
     from ..hosts import find_host
     from ..hosts.lora import peft_target_modules
 
-    try:
-        spec = find_host(model)
-    except ValueError:
-        return list(LORA_TARGETS)
-    return peft_target_modules(model, spec) if spec.lora_targets else list(LORA_TARGETS)
+    return peft_target_modules(model, find_host(model))
 
 
 def count_trainable(model: nn.Module) -> int:

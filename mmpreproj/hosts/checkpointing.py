@@ -1,0 +1,59 @@
+"""Which gradient-checkpointing switch a host family has, and whether it is reentrant (`HostSpec.checkpointing`).
+
+With every base weight frozen, a block's input does not require grad, and *reentrant* checkpointing would
+give the injected weights no gradient; inject's hook on the embeddings then makes their output require grad
+(`reentrant_checkpointing` says when). Each family switches checkpointing its own way:
+
+- "transformers": a module's `gradient_checkpointing` (train mode only), reentrant unless the checkpoint
+  function was given `use_reentrant=False`;
+- "timm": `grad_checkpointing`, reentrant as `timm.layers.use_reentrant_ckpt()` says;
+- "open_clip": `grad_checkpointing`, never reentrant;
+- "any" (a described host, whose family nothing names): every switch above by the module's package, and
+  any other `gradient_checkpointing`/`grad_checkpointing` flag that is on counts as reentrant (the safe side).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch import nn
+
+__all__ = ["CHECKPOINTING", "reentrant_checkpointing"]
+
+CHECKPOINTING = ("transformers", "timm", "open_clip", "any")
+
+
+def _transformers(m: nn.Module) -> bool | None:
+    if getattr(m, "gradient_checkpointing", False) is True and m.training:
+        keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
+        return bool(keywords.get("use_reentrant", True))
+    return None
+
+
+def _timm(m: nn.Module) -> bool | None:
+    if getattr(m, "grad_checkpointing", False) is True:
+        return bool(sys.modules["timm.layers"].use_reentrant_ckpt()) if "timm.layers" in sys.modules else True
+    return None
+
+
+def _open_clip(m: nn.Module) -> bool | None:
+    return False if getattr(m, "grad_checkpointing", False) is True else None
+
+
+def _any(m: nn.Module) -> bool | None:
+    found = _transformers(m)
+    if found is not None or getattr(m, "grad_checkpointing", False) is not True:
+        return found
+    family = type(m).__module__.split(".")[0]
+    return _timm(m) if family == "timm" else _open_clip(m) if family == "open_clip" else True
+
+
+_SWITCHES = {"transformers": _transformers, "timm": _timm, "open_clip": _open_clip, "any": _any}
+
+
+def reentrant_checkpointing(model: nn.Module, mode: str) -> bool:
+    """True when some module of `model` is checkpointed reentrantly, read with `mode`'s switch."""
+    if mode not in _SWITCHES:
+        raise ValueError(f"checkpointing mode {mode!r}; allowed values: {list(CHECKPOINTING)}")
+    switch = _SWITCHES[mode]
+    return any(switch(m) for m in model.modules())
