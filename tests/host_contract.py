@@ -197,6 +197,9 @@ class HostContract:
         fresh = case.build()
         torch.manual_seed(4321)
         mmpreproj.load_adapter(fresh, tmp_path)
+        assert not any(p.requires_grad for p in injected_params(fresh).values())  # for inference by default
+        mmpreproj.unload(fresh)
+        mmpreproj.load_adapter(fresh, tmp_path, is_trainable=True)  # as saved: the same autograd state, same path
         assert torch.equal(run(case, fresh), out)
         assert mmpreproj.adapter_state_dict(fresh).keys() == mmpreproj.adapter_state_dict(model).keys()
 

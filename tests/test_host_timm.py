@@ -292,7 +292,7 @@ def test_features_only_model(name, tmp_path):
     mmpreproj.unload(net)
 
     mmpreproj.save_adapter(_perturbed(full), tmp_path)
-    mmpreproj.load_adapter(net, tmp_path)
+    mmpreproj.load_adapter(net, tmp_path, is_trainable=True)
     with torch.no_grad():
         want = full.forward_intermediates(x, indices=(0, 1), intermediates_only=True)
         got = net(x)

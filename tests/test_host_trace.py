@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import mmpreproj
+from tests.helpers.adapter_json import load_desc
 from mmpreproj.hosts import trace_seams
 from mmpreproj.tuner.config import PreProjConfig
 
@@ -282,7 +283,6 @@ def test_norm_null_without_the_opt_in_is_refused_naming_it():
 
 
 def test_norm_null_with_the_opt_in_warns_and_is_saved_with_the_adapter(tmp_path):
-    import json
 
     torch.manual_seed(0)
     model = Stack(PostNormBlock)  # post-norm: unchecked, the pre-projection reads whatever the call names
@@ -292,7 +292,7 @@ def test_norm_null_with_the_opt_in_warns_and_is_saved_with_the_adapter(tmp_path)
     for args, _, norm_outs in _inputs_seen(model, SelfAttention, _x())[1::2]:  # the cross-attention calls
         assert _not_a_norm_output(args[0], norm_outs)  # it reads x~ (of the residual stream: the opt-in's risk)
     mmpreproj.save_adapter(model, tmp_path / "a")
-    saved = json.loads(next((tmp_path / "a").glob("*.json")).read_text())
+    saved = load_desc(tmp_path / "a" / "adapter_config.json")
     assert saved["host_description"]["parts"][0]["unchecked_seam"] is True
     mmpreproj.unload(model)
     with pytest.warns(UserWarning, match="unchecked_seam"):
