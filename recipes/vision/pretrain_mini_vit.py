@@ -14,7 +14,7 @@ classes (dog, frog, horse, ship, truck) are new to it. The method, top to bottom
      first images (`reference_logits.json`, checked by the tests) and write TRAINING.md.
 
 Reload: `timm.create_model("local-dir:assets/mini-vit", pretrained=True)`, or
-`timm.create_model(ARCH, pretrained=True, pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors"),
+`timm.create_model(ARCH, pretrained=True, pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors", num_classes=5),
 **model_args)` with model_args from config.json.
 
     .venv/bin/python recipes/vision/pretrain_mini_vit.py --out assets/mini-vit     # the shipped checkpoint
@@ -205,9 +205,10 @@ Chance is 20%.
 import timm
 model = timm.create_model("local-dir:assets/mini-vit", pretrained=True)               # 5-class head
 backbone = timm.create_model("local-dir:assets/mini-vit", pretrained=True, num_classes=0)  # features (B, {cfg.embed_dim})
-# or by name, with the weights file and the model_args of config.json:
+# or by name, with the weights file and the model_args of config.json (num_classes also in the overlay,
+# else timm compares it with the 1000 classes of the name's own config and drops the head):
 model = timm.create_model("{ARCH}", pretrained=True, num_classes=5,
-                          pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors"),
+                          pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors", num_classes=5),
                           **{json.dumps(cfg.model_args()).replace('"', "'")})
 ```
 
