@@ -173,3 +173,13 @@ def test_open_clip_tower_computes_the_same_features():
         assert (a - b).abs().max().item() <= 1e-5 * (1 + a.abs().max().item())
         tower.model.positional_embedding[1:] -= vit.patch_embed.proj.bias  # undo the folded conv bias
         assert (a - tower.model(x)).abs().max().item() > 1e-2  # the check sees a wrong conversion
+
+
+def test_probe_quick_through_open_clip_targets_out_proj_only(tmp_path):
+    pytest.importorskip("open_clip")
+    result = mini_vit_probe.main(["--quick", "--family", "open_clip", "--arms", "linear", "lora",
+                                  "--out", str(tmp_path / "oc")])
+    d, layers, head = 128, 6, 128 * 5 + 5
+    lora = result["summary"]["lora"]
+    assert lora["lora_r"] == 80 and lora["trainable_params"] == 80 * layers * (d + d) + head  # out_proj only
+    assert "open_clip model" in (tmp_path / "oc" / "report.md").read_text()

@@ -272,11 +272,23 @@ def table_md(summary: dict) -> str:
     return "\n".join([head, *rows])
 
 
+def lr_table_md(summary: dict) -> str:
+    """Validation accuracy (first seed) at every LR tried, one row per arm; the chosen one in bold."""
+    lrs = sorted({float(lr) for r in summary.values() for lr in r["val_by_lr"]})
+    lines = ["| arm | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
+    for arm, r in summary.items():
+        vals = {float(lr): v for lr, v in r["val_by_lr"].items()}
+        cells = [("" if lr not in vals else f"**{100 * vals[lr]:.1f}**" if lr == r["best_lr"] else
+                  f"{100 * vals[lr]:.1f}") for lr in lrs]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plots(summary: dict, arms: dict, out: Path, width: int) -> list[str]:
     """accuracy.png, lr_sweep.png, and for the skip arms skip_norms.png, skip_growth.png, routing.png."""
     names = []
     plot_results({"test accuracy (classes 5-9)": {a: (r["test_mean"], r["test_std"]) for a, r in summary.items()}},
-                 out / "accuracy.png", title="frozen probe of mini-ViT, its own LR, mean ± std over seeds")
+                 out / "accuracy.png", title="mini-ViT probe, mean ± std over seeds")
     plot_lr_sweep({a: [(r["lr"], r["val_accuracy"]) for r in arms[a]["tried"].values()] for a in arms},
                   out / "lr_sweep.png", ylabel="validation accuracy", title="validation accuracy vs LR (seed 0)")
     names += ["accuracy.png", "lr_sweep.png"]
@@ -300,7 +312,8 @@ def report_md(cfg: Config, summary: dict, table: str, figures: list[str], meta: 
     lines = [
         "# Frozen probe of the shipped mini-ViT on CIFAR-10 classes 5-9",
         "",
-        f"Backbone `{cfg.backbone}` from `{meta['checkpoint']}` (pretrained on classes 0-4 only, frozen). "
+        f"Backbone `{cfg.backbone}` from `{meta['checkpoint']}` (pretrained on classes 0-4 only, frozen), run as "
+        f"a {cfg.family} model. "
         f"{meta['n_train']:,} train / {meta['n_val']:,} validation (LR choice) / {meta['n_test']:,} test images "
         f"of dog, frog, horse, ship, truck. {cfg.steps} steps x {cfg.batch_size}, AdamW, {cfg.warmup_steps} warmup "
         f"steps then cosine, weight decay {cfg.weight_decay}; LR lattice {cfg.lr0:g} x 2^k; seeds {list(cfg.seeds)}. "
@@ -308,6 +321,10 @@ def report_md(cfg: Config, summary: dict, table: str, figures: list[str], meta: 
         "images (paired bootstrap).",
         "",
         table,
+        "",
+        "Validation accuracy (%, first seed) at each LR tried; the chosen LR in bold:",
+        "",
+        lr_table_md(summary),
         "",
         *[f"![{f}]({f})" for f in figures],
         "",
@@ -317,11 +334,17 @@ def report_md(cfg: Config, summary: dict, table: str, figures: list[str], meta: 
         meta["command"],
         "```",
         "",
-        f"Wall time {meta['wall_seconds']:.0f} s this call ({meta['trained']} points trained, {meta['read']} read "
-        f"back); load average at the end {meta['environment']['load_avg_1_5_15']} on "
-        f"{meta['environment']['cpus']} shared cores.",
+        f"Training time summed over all {meta['points']} points: {meta['train_seconds']:.0f} s (each point's own "
+        f"fit, evaluation not counted). This call: {meta['wall_seconds']:.0f} s wall ({meta['trained']} points "
+        f"trained, {meta['read']} read back), load average at its end {meta['environment']['load_avg_1_5_15']} "
+        f"on {meta['environment']['cpus']} shared cores, {cfg.threads} thread(s).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _points(arm: dict) -> list[dict]:
+    """Every distinct point of an arm: the LRs tried (first seed) and the other seeds."""
+    return list(arm["tried"].values()) + [r for s, r in arm["seeds"].items() if r not in arm["tried"].values()]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -347,10 +370,13 @@ def main(argv: list[str] | None = None) -> dict:
     table = table_md(summary)
     print(table)
     figures = plots(summary, arms, out, width)
-    meta = {"checkpoint": cfg.checkpoint, "n_train": len(data["train"][1]), "n_val": len(data["val"][1]),
+    repo = Path(__file__).resolve().parents[2]
+    ckpt = Path(cfg.checkpoint).resolve()
+    meta = {"checkpoint": str(ckpt.relative_to(repo)) if ckpt.is_relative_to(repo) else cfg.checkpoint, "n_train": len(data["train"][1]), "n_val": len(data["val"][1]),
             "n_test": len(data["test"][1]), "command": "OMP_NUM_THREADS=1 .venv/bin/python "
             "recipes/vision/mini_vit_probe.py " + " ".join(argv), "wall_seconds": time.perf_counter() - t0,
             "trained": sum(e[0] == "trained" for e in log), "read": sum(e[0] == "read" for e in log),
+            "points": len(log), "train_seconds": sum(p["seconds"] for a in arms.values() for p in _points(a)),
             "environment": environment(), "mmpreproj_version": mmpreproj.__version__}
     (out / "report.md").write_text(report_md(cfg, summary, table, figures, meta))
     result = {"recipe": "mini_vit_probe", "config": dataclasses.asdict(cfg), "summary": summary, "table": table,
