@@ -183,3 +183,25 @@ def test_probe_quick_through_open_clip_targets_out_proj_only(tmp_path):
     lora = result["summary"]["lora"]
     assert lora["lora_r"] == 80 and lora["trainable_params"] == 80 * layers * (d + d) + head  # out_proj only
     assert "open_clip model" in (tmp_path / "oc" / "report.md").read_text()
+
+
+@pytest.mark.xfail(strict=True, reason="the open_clip rows target attn.out_proj, but nn.MultiheadAttention reads "
+                   "out_proj.weight directly (F.multi_head_attention_forward), so peft's LoRA there never runs")
+def test_open_clip_lora_from_the_host_row_reaches_the_forward():
+    pytest.importorskip("open_clip")
+    from open_clip.transformer import VisionTransformer as ClipTower
+
+    from mmpreproj.train.methods import apply_method
+
+    torch.manual_seed(0)
+    tower = ClipTower(image_size=32, patch_size=8, width=32, layers=1, heads=2, mlp_ratio=2.0, output_dim=32)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = tower(x)  # (2, 32)
+    model = apply_method(tower, "lora", lora_r=2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # B = 0 at init; any B != 0 must move the output
+        after = model(x)
+    assert (after - before).abs().max().item() > 1e-3
