@@ -29,6 +29,7 @@ Method, top to bottom:
      and figures under --out.
 
     .venv/bin/python recipes/vision/mini_vit_probe.py                         # the table (restartable)
+        (35 points: 32 min wall on 2 shared cores at load 5-9, 1,283 s of it training; docs/evidence/mini-vit-probe)
     .venv/bin/python recipes/vision/mini_vit_probe.py --quick --out /tmp/p    # seconds, a smoke run
 """
 
