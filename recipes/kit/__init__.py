@@ -13,12 +13,13 @@ A recipe script puts the repository root on `sys.path` and imports `recipes.kit`
 """
 
 from .data import load_image_zip, read_video
-from .fit import FitResult, accuracy, fit_classifier, log_interval
+from .fit import FitResult, accuracy, correct_items, fit_classifier, log_interval
 from .recipe import environment, parse_config, plot_bars, plot_curves, print_table, write_json
 
 __all__ = [
     "FitResult",
     "accuracy",
+    "correct_items",
     "environment",
     "fit_classifier",
     "log_interval",

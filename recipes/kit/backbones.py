@@ -2,6 +2,7 @@
 
     backbone = load_backbone("timm:vit_small_patch16_224")                 # pretrained, or BackboneUnavailable
     backbone = load_backbone("timm:vit_small_patch16_224", checkpoint="vit_s.safetensors")   # a local file
+    backbone = load_backbone("timm:vit_tiny_patch16_224", checkpoint="assets/mini-vit")    # + its config.json
     backbone = load_backbone("open_clip:ViT-B-32:openai")
     backbone = load_backbone("random-tiny")                                # offline smoke: tiny timm ViT
     backbone = load_backbone("random-tiny-clip")                           # offline smoke: tiny open_clip tower
@@ -69,15 +70,48 @@ def _offline_if_unreachable() -> None:
         hf_constants.HF_HUB_OFFLINE = True  # read at import time; the library may be imported already
 
 
+def _saved_timm_config(name: str, checkpoint: str) -> tuple[str, dict, dict]:
+    """(weights file, model_args, pretrained_cfg fields) of a checkpoint saved in timm's Hub format.
+
+    `checkpoint` is a folder holding model.safetensors + config.json (`timm.models.save_for_hf`) or a weights
+    file; a config.json beside the file is read as data: its `model_args` become constructor kwargs (as
+    `timm.create_model("local-dir:...")` does) and its input size and normalisation reach the backbone. The
+    file's `architecture` must be `name`. No config.json: (checkpoint, {}, {}), the model as `name` builds it.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint)
+    file = path / "model.safetensors" if path.is_dir() else path
+    config = file.parent / "config.json"
+    if not config.is_file():
+        return str(file), {}, {}
+    saved = json.loads(config.read_text())
+    arch = saved.get("architecture")
+    if arch != name:
+        raise BackboneUnavailable(f"{config} is for architecture {arch!r}, not {name!r}; use --backbone timm:{arch}")
+    args = saved.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise BackboneUnavailable(f"{config}: model_args must be a JSON object, got {type(args).__name__}")
+    args = {k: v for k, v in args.items() if k != "num_classes"}  # the probe asks for features (num_classes=0)
+    pcfg = saved.get("pretrained_cfg") or {}
+    fields = {k: tuple(pcfg[k]) for k in ("input_size", "mean", "std") if k in pcfg}
+    return str(file), args, fields
+
+
 def _timm(name: str, checkpoint: str | None) -> Backbone:
     import timm
 
     try:
         if checkpoint:
-            model = timm.create_model(name, pretrained=True, num_classes=0, pretrained_cfg_overlay={"file": checkpoint})
+            file, args, fields = _saved_timm_config(name, checkpoint)
+            model = timm.create_model(name, pretrained=True, num_classes=0,
+                                      pretrained_cfg_overlay={"file": file, **fields}, **args)
         else:
             _offline_if_unreachable()
             model = timm.create_model(name, pretrained=True, num_classes=0)
+    except BackboneUnavailable:
+        raise
     except Exception as e:  # noqa: BLE001  (timm raises many kinds; all mean "no weights")
         where = f"from {checkpoint!r}" if checkpoint else "(no network?)"
         raise BackboneUnavailable(

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-__all__ = ["FitResult", "accuracy", "fit_classifier", "log_interval"]
+__all__ = ["FitResult", "accuracy", "correct_items", "fit_classifier", "log_interval"]
 
 Batch = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]  # uint8 batch -> model input
 
@@ -36,15 +36,21 @@ def log_interval(steps: int, log_every: int = 20) -> int:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, prepare: Batch, batch_size: int = 256) -> float:
-    """Top-1 accuracy of `model(prepare(x))` against labels y, in eval mode."""
+def correct_items(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, prepare: Batch, batch_size: int = 256
+) -> torch.Tensor:
+    """Per-image top-1 correctness of `model(prepare(x))` against labels y (bool (N,)), in eval mode."""
     was_training = model.training
     model.eval()
-    correct = 0
-    for i in range(0, len(x), batch_size):
-        correct += (model(prepare(x[i : i + batch_size], None)).argmax(-1) == y[i : i + batch_size]).sum().item()
+    hits = [model(prepare(x[i : i + batch_size], None)).argmax(-1) == y[i : i + batch_size]
+            for i in range(0, len(x), batch_size)]
     model.train(was_training)
-    return correct / max(len(x), 1)
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, prepare: Batch, batch_size: int = 256) -> float:
+    """Top-1 accuracy of `model(prepare(x))` against labels y, in eval mode."""
+    return correct_items(model, x, y, prepare, batch_size).sum().item() / max(len(x), 1)
 
 
 def fit_classifier(
