@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import mmpreproj
-from tests.helpers.adapter_json import load_desc
 from mmpreproj.hosts import trace_seams
 from mmpreproj.tuner.config import PreProjConfig
+from tests.helpers.adapter_json import load_desc
 
 D, N, B = 16, 5, 2
 

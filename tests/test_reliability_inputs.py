@@ -372,13 +372,14 @@ def saved(tmp_path):
     return tmp_path, load_file(str(tmp_path / "adapter_model.safetensors"))
 
 
-KEY = "blocks.0.preproj.up.weight"
+KEY = "blocks.0.preproj.up.weight"  # in memory (block index); in the file, peft's key of the same weight
+FILE_KEY = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool, torch.complex64])
 def test_non_float_adapter_weights_are_refused_by_key_and_dtype(saved, dtype):
     folder, tensors = saved
-    bad = dict(tensors, **{KEY: tensors[KEY].to(dtype)})
+    bad = dict(tensors, **{FILE_KEY: tensors[FILE_KEY].to(dtype)})
     save_file(bad, str(folder / "adapter_model.safetensors"))
     model = tiny_neox()
     with pytest.raises(ValueError, match=f"tensor {KEY} has dtype {dtype}; injected weights are floating point"):
@@ -386,24 +387,25 @@ def test_non_float_adapter_weights_are_refused_by_key_and_dtype(saved, dtype):
     assert not mmpreproj.is_injected(model)
     injected = mmpreproj.inject(tiny_neox())
     before = mmpreproj.adapter_state_dict(injected)[KEY].clone()
+    in_memory = dict(mmpreproj.adapter_state_dict(injected), **{KEY: before.to(dtype)})
     with pytest.raises(ValueError, match=f"{KEY} has dtype {dtype}, expected a floating-point tensor "
                        r"\(torch.float32\)"):
-        mmpreproj.set_adapter_state_dict(injected, bad)
+        mmpreproj.set_adapter_state_dict(injected, in_memory)
     assert torch.equal(mmpreproj.adapter_state_dict(injected)[KEY], before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_adapter_weights_in_another_float_dtype_are_cast(saved, dtype):
     folder, tensors = saved
-    save_file(dict(tensors, **{KEY: tensors[KEY].to(dtype)}), str(folder / "adapter_model.safetensors"))
+    save_file(dict(tensors, **{FILE_KEY: tensors[FILE_KEY].to(dtype)}), str(folder / "adapter_model.safetensors"))
     got = mmpreproj.adapter_state_dict(mmpreproj.load_adapter(tiny_neox(), folder))[KEY]
-    assert got.dtype == torch.float32 and torch.equal(got, tensors[KEY].to(dtype).float())
+    assert got.dtype == torch.float32 and torch.equal(got, tensors[FILE_KEY].to(dtype).float())
 
 
 def test_a_zero_dim_or_wrong_rank_weight_is_refused_by_shape(saved):
     folder, tensors = saved
-    for value in (torch.tensor(1.0), tensors[KEY].flatten()):
-        save_file(dict(tensors, **{KEY: value}), str(folder / "adapter_model.safetensors"))
+    for value in (torch.tensor(1.0), tensors[FILE_KEY].flatten()):
+        save_file(dict(tensors, **{FILE_KEY: value}), str(folder / "adapter_model.safetensors"))
         with pytest.raises(ValueError, match=re.escape(f"{KEY} has shape {tuple(value.shape)}, expected")):
             mmpreproj.load_adapter(tiny_neox(), folder)
 

@@ -15,6 +15,7 @@ import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.adapter import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
+from tests.helpers.adapter_json import load_desc
 
 # --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
 
@@ -131,14 +132,19 @@ def test_saved_adapter_carries_type_method_and_base(tmp_path, tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     mmpreproj.inject(model, PreProjConfig(preproj=False))
     mmpreproj.save_adapter(model, tmp_path / "a")
-    desc = json.loads((tmp_path / "a" / ADAPTER_CONFIG_NAME).read_text())
+    assert json.loads((tmp_path / "a" / ADAPTER_CONFIG_NAME).read_text())["peft_type"] == "PREPROJ"
+    desc = load_desc(tmp_path / "a" / ADAPTER_CONFIG_NAME)
     assert desc["adapter_type"] == "mmpreproj" and desc["method"] == "skip"
     assert desc["base_model_name_or_path"] == str(tiny_model_dir)
     assert "fuse_qkv_skip" not in desc["config"]
     built = mmpreproj.inject(tiny_neox(), PreProjConfig())
     mmpreproj.save_adapter(built, tmp_path / "b")
-    desc = json.loads((tmp_path / "b" / ADAPTER_CONFIG_NAME).read_text())
+    desc = load_desc(tmp_path / "b" / ADAPTER_CONFIG_NAME)
     assert desc["method"] == "preproj_skip" and desc["base_model_name_or_path"] is None  # built in code
+
+
+_V01_CONFIG_FIELDS = ("preproj", "skip", "expansion", "activation", "init", "skip_init_std", "layers", "freeze_base",
+                      "compute_dtype", "library_version")
 
 
 def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path, tokens):
@@ -146,12 +152,18 @@ def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path
 
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
     mmpreproj.save_adapter(model, tmp_path)
+    from mmpreproj.adapter import read_adapter
+
     cfg_file = tmp_path / ADAPTER_CONFIG_NAME
-    desc = json.loads(cfg_file.read_text())
+    tensors = read_adapter(tmp_path)[1]  # keyed blocks.{i}.*, as mmpreproj 0.1.0 keyed the file
+    desc = load_desc(cfg_file)  # written as mmpreproj 0.1.0 wrote it: the old layout, without the tags
     for k in ("adapter_type", "method", "base_model_name_or_path"):
         del desc[k]
-    desc["config"]["fuse_qkv_skip"] = False  # what mmpreproj 0.1.0 wrote
+    desc["config"] = {k: v for k, v in desc["config"].items() if k in _V01_CONFIG_FIELDS}
+    desc["config"]["fuse_qkv_skip"] = False
     cfg_file.write_text(json.dumps(desc))
+    safetensors = pytest.importorskip("safetensors.torch")
+    safetensors.save_file(tensors, str(tmp_path / "adapter_model.safetensors"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "unknown key" or deprecation warning for an old file
         fresh = load_run_adapter(tiny_neox(), tmp_path)
@@ -168,7 +180,8 @@ def test_load_adapter_names_a_peft_folder_instead_of_calling_it_corrupt(tmp_path
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
-    with pytest.raises(ValueError, match="it is a peft adapter \\(peft_type='LORA'\\): load it with peft"):
+    with pytest.raises(ValueError, match="peft_type='LORA', not a pre-projection adapter .*load other peft methods "
+                       "with peft"):
         mmpreproj.load_adapter(tiny_neox(), tmp_path)
 
 
