@@ -2,6 +2,7 @@
 
     model = mmpreproj.inject(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
     print(mmpreproj.trainable_report(model))
+    print(mmpreproj.estimate(mmpreproj.PreProjConfig(skip_rank=16), "llama-3-8b"))  # cost before loading
     mmpreproj.save_adapter(model, "run/adapter"); mmpreproj.unload(model)
 """
 
@@ -18,6 +19,7 @@ from .adapter import (
     unload,
 )
 from .config import PreProjConfig
+from .estimate import Estimate, estimate
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .named_adapters import active_adapter, adapter_names, delete_adapter, set_adapter
 from .pretrained import from_pretrained
@@ -27,6 +29,7 @@ from .version import __version__
 
 __all__ = [
     "ContentSkip",
+    "Estimate",
     "MultimodalRoPE",
     "PreProjAttention",
     "PreProjConfig",
@@ -42,6 +45,7 @@ __all__ = [
     "adapter_names",
     "adapter_state_dict",
     "delete_adapter",
+    "estimate",
     "from_pretrained",
     "grid_positions",
     "hosts",
