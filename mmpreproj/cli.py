@@ -1,4 +1,4 @@
-"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, demo (also `python -m mmpreproj`)."""
+"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, budget, demo (also `python -m mmpreproj`)."""
 
 from __future__ import annotations
 
@@ -120,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="PPL rows (default: the protocol's 300)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
+    from .budget import DEFAULT_BUDGETS
+    from .train.sizes import BUDGET_METHODS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-budget)")
+    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
+                   help="fractions of the base's parameters (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(BUDGET_METHODS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds at each best LR (default: %(default)s)")
+    p.add_argument("--seed-methods", default=None, help="methods that get the extra seeds (default: all)")
+    p.add_argument("--lrs", default=None, help="start LRs for every method (default: each method's own, 2x apart)")
+    p.add_argument("--max-extend", type=int, default=3,
+                   help="LRs added past an edge while the best is there (default: %(default)s)")
+    p.add_argument("--no-paper-point", action="store_true", help="leave out the paper's full-size preproj_skip")
+    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
+    p.add_argument("--data-source", choices=("local", "hub"), default="local")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap
 
 
@@ -156,7 +176,7 @@ def _refuse_empty(args: argparse.Namespace) -> None:
         flag = "run folder" if dest == "runs" else "--" + dest.replace("_", "-")
         if dest in _PATH_OPTIONS:
             raise ValueError(f"{flag}: empty path; pass {_PATH_OPTIONS[dest]}")
-        if dest not in ("tasks", "methods", "lrs", "seeds"):  # lists: their own check names the allowed values
+        if dest not in ("tasks", "methods", "lrs", "seeds", "budgets", "seed_methods"):  # lists: their own check names the allowed values
             raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
 
 
@@ -224,11 +244,11 @@ def _check_args(args: argparse.Namespace) -> None:
 
     _refuse_empty(args)
     command = args.command
-    if command in ("train", "reproduce", "demo", "sweep"):  # train's counts: TrainConfig names them
+    if command in ("train", "reproduce", "demo", "sweep", "budget"):  # train's counts: TrainConfig names them
         _output_folder("--out", args.out)
     if command in ("train", "reproduce", "demo"):
         _data("--data", args.data)
-    if command in ("reproduce", "demo", "sweep"):
+    if command in ("reproduce", "demo", "sweep", "budget"):
         _count("--steps", args.steps, 1)
     if command == "eval":
         _names("--tasks", args.tasks, TASKS)
@@ -249,6 +269,18 @@ def _check_args(args: argparse.Namespace) -> None:
         parse_lrs(args.lrs, flag="--lrs")
         _count("--seed", args.seed, 0)
         _count("--limit", args.limit, 1)
+    elif command == "budget":
+        from .budget import parse_budgets
+        from .sweep import parse_lrs
+        from .train.sizes import BUDGET_METHODS
+
+        methods = _names("--methods", args.methods, BUDGET_METHODS)
+        _names("--seed-methods", args.seed_methods, methods)
+        parse_budgets(args.budgets, flag="--budgets")
+        if args.lrs is not None:
+            parse_lrs(args.lrs, flag="--lrs")
+        _count("--seeds", args.seeds, 1)
+        _count("--max-extend", args.max_extend, 0)
     elif command in ("reproduce", "demo"):
         from .reproduce import parse_seeds
 
@@ -404,6 +436,21 @@ def _sweep(args: argparse.Namespace) -> str:
     return f"{out}/report.md, lr_sweep.png"
 
 
+def _budget(args: argparse.Namespace) -> str:
+    from .budget import budget_study, parse_budgets
+    from .sweep import parse_lrs
+    from .train.sizes import BUDGET_METHODS
+
+    out = args.out or f"runs/{args.preset}-budget"
+    methods = _names("--methods", args.methods, BUDGET_METHODS)
+    budget_study(args.preset, out, parse_budgets(args.budgets, flag="--budgets"), methods, seeds=args.seeds,
+                 seed_methods=_names("--seed-methods", args.seed_methods, methods),
+                 start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None, max_extend=args.max_extend,
+                 paper_point=not args.no_paper_point, data_source=args.data_source,
+                 train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
+    return f"{out}/report.md, pareto.png"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
@@ -417,6 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _analyze(args)
         elif args.command == "sweep":
             summary = _sweep(args)
+        elif args.command == "budget":
+            summary = _budget(args)
         else:
             summary = _reproduce(args, "mini" if args.command == "demo" else args.preset)
     except KeyboardInterrupt:

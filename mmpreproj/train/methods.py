@@ -186,15 +186,19 @@ def apply_method(
     *,
     lora_r: int | None = None,
     lora_alpha: int | None = None,
+    sizes: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Freeze `model` and add what `method` trains; returns the model to train (a `PeftModel` for LoRA methods).
+
+    `sizes`: `PreProjConfig` size fields for the injected modules (expansion, skip_rank, layers, parts;
+    `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
     For "preproj_lora" the pre-projection is injected first, then peft wraps the model; peft freezes every
     non-LoRA parameter, so the injected weights are made trainable again afterwards.
     """
     spec = _spec(method)
     if spec.preproj or spec.skip:
-        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True))
+        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
     if not spec.lora:
         return model
     try:
