@@ -92,6 +92,7 @@ def budget_study(
     start_lrs: Sequence[float] | None = None,
     max_extend: int = 3,
     paper_point: bool = True,
+    eval_settings: dict[str, Any] | None = None,
     data_source: str = "local",
     train_overrides: dict[str, Any] | None = None,
     progress: bool = True,
@@ -114,7 +115,7 @@ def budget_study(
     out = Path(out)
     overrides = dict(train_overrides or {})
     base_cfg = get_preset(preset, **overrides)
-    settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"))
+    settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
@@ -134,7 +135,7 @@ def budget_study(
     base_row, _, _ = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
     state: dict[str, Any] = {"preset": preset, "command": command, "dim": dim, "layers": layers,
                              "base_params": base_params, "baseline": base_row, "seeds": seed_list,
-                             "points": [], "reused": 0}
+                             "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "reused": 0}
     items: dict[tuple, dict] = {}
 
     def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any]:
@@ -184,10 +185,12 @@ def budget_study(
             sizes = sizes_for_budget(method, target, dim=dim, layers=layers, lora_per_rank=per_rank)
             if sizes is None:
                 log.info("b%g %s: out of reach (a skip rank would reach d=%d)", b, method, dim)
+                state["unreachable"].append(f"b{b:g} {method}")
                 continue
             search(f"b{b:g}", method, sizes, start_lrs or START_LRS[method])
     if paper_point:  # the paper's full-size modules, at their own budget
         search("paper", "preproj_skip", {}, start_lrs or START_LRS["preproj_skip"])
+    _write(out, state, items, base_cfg, seeds, time.time() - t0)
     return json.loads((out / "budget.json").read_text())
 
 
@@ -256,7 +259,9 @@ def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg,
              f"Settings: the {state['preset']} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
              f"{base_cfg.schedule}, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens), base "
              f"{state['base_params']:,} parameters (d={state['dim']}, {state['layers']} blocks); only the sizes, the "
-             f"peak LR and the seed change. PPL = the paper's line PPL on {SWEEP_EVAL['ppl_split']} rows; "
-             f"untrained base {baseline:.1f}.", "", table, "", "![pareto.png](pareto.png)", "",
+             f"peak LR and the seed change. PPL = the paper's line PPL on {state['ppl_split']} rows; "
+             f"untrained base {baseline:.1f}.", "", table, "",
+             *([f"Out of reach (a skip rank would reach d={state['dim']}, where the full d x d skip is cheaper): "
+                + ", ".join(state["unreachable"]) + ".", ""] if state["unreachable"] else []), "![pareto.png](pareto.png)", "",
              *[f"![{f}]({f})" for f in figures], ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -39,6 +39,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)",
                  "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)"}
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
+    _add_size_args(p)
     p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
     p.add_argument("--paper-bf16-weights", action="store_true", default=None,
                    help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)")
@@ -46,6 +47,53 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
     p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _preset_value(field: str) -> str:
+    """The presets' value of a TrainConfig field, for --help: "1.25 in every preset" or "mini: 1.25, ..."."""
+    from .train.presets import PRESETS, get_preset
+
+    values = {name: getattr(get_preset(name), field) for name in sorted(PRESETS)}
+    if len(set(map(str, values.values()))) == 1:
+        return f"{next(iter(values.values()))} in every preset"
+    return ", ".join(f"{n}: {v}" for n, v in values.items())
+
+
+def _add_size_args(p: argparse.ArgumentParser) -> None:
+    """The injected modules' sizes (TrainConfig / PreProjConfig fields of the same names)."""
+    p.add_argument("--expansion", type=float, default=None,
+                   help="pre-projection inner width / d, below 1 a bottleneck (e.g. 0.0625) "
+                        f"(default: the preset's, {_preset_value('expansion')})")
+    p.add_argument("--skip-rank", type=int, default=None,
+                   help="rank r of a low-rank skip W_skip = B A, 2*r*d weights per block "
+                        f"(default: the preset's, {_preset_value('skip_rank')}; None = the full d x d skip)")
+    p.add_argument("--layers", default=None,
+                   help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
+                        f"{_preset_value('layers')}; None = every block)")
+    p.add_argument("--parts", default=None,
+                   help=f"comma-separated host parts to inject into (default: the preset's, {_preset_value('parts')}; None = the host row's parts)")
+
+
+def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The size flags given, as TrainConfig fields (--layers 0,-1 -> [0, -1]); ValueError naming the flag."""
+    out: dict[str, Any] = {}
+    for name in ("expansion", "skip_rank"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
+    if getattr(args, "layers", None) is not None:
+        items = [t.strip() for t in args.layers.split(",") if t.strip()]
+        if not items or not all(t.removeprefix("-").isdecimal() for t in items):
+            raise ValueError(f"--layers {args.layers!r}: pass comma-separated block indices such as 0,1,-1")
+        out["layers"] = [int(t) for t in items]
+    if getattr(args, "parts", None) is not None:
+        out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
+        if not out["parts"]:
+            raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
+    for flag, name in (("--expansion", "expansion"), ("--skip-rank", "skip_rank")):
+        value = out.get(name)
+        if value is not None and not (value > 0 and value == value and value != float("inf")):
+            raise ValueError(f"{flag} {value}; must be {'an int >= 1' if name == 'skip_rank' else 'a finite number > 0'}")
+    return out
 
 
 def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> None:
@@ -106,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seeds", default=None,
                        help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
                             "(default: the preset's seed)")
+        _add_size_args(p)
 
     p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
     from .sweep import DEFAULT_LRS
@@ -120,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="PPL rows (default: the protocol's 300)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_size_args(p)
 
     p = sub.add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
     from .budget import DEFAULT_BUDGETS
@@ -287,6 +337,8 @@ def _check_args(args: argparse.Namespace) -> None:
         _names("--methods", args.methods, METHODS)
         parse_seeds(args.seeds, 0, flag="--seeds")
         _count("--limit", args.limit, 1)
+    if command in ("train", "sweep", "reproduce", "demo"):
+        _size_overrides(args)
     if command != "analyze":  # last: the other options are checked even when the model is also wrong
         _model("--model", args.model)
 
@@ -300,6 +352,7 @@ def _train(args: argparse.Namespace) -> str:
         from .train.presets import PRESETS
 
         overrides["warmup_steps"] = min(PRESETS[args.preset]["warmup_steps"], overrides["steps"])
+    overrides.update(_size_overrides(args))
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)
@@ -416,6 +469,7 @@ def _repro_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k, None) is not None}
     if args.steps is not None:
         overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
+    overrides.update(_size_overrides(args))  # each reaches the methods that have its module (train.sizes)
     return overrides
 
 
