@@ -29,7 +29,7 @@ from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
 from .sweep import SWEEP_EVAL, check_lrs
 from .train import get_preset, load_model_and_tokenizer
-from .train.methods import _host_shape, _lora_per_rank
+from .train.methods import host_shape, lora_per_rank
 from .train.sizes import BUDGET_METHODS, sizes_for_budget
 
 __all__ = ["DEFAULT_BUDGETS", "START_LRS", "budget_study", "parse_budgets"]
@@ -119,8 +119,8 @@ def budget_study(
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
-    dim, layers = _host_shape(base)
-    per_rank = _lora_per_rank(base)
+    dim, layers = host_shape(base)
+    per_rank = lora_per_rank(base)
     base_params = sum(p.numel() for p in base.parameters())
     seed_list = [base_cfg.seed + i for i in range(seeds)]
     t0 = time.time()

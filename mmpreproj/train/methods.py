@@ -37,6 +37,8 @@ __all__ = [
     "check_methods",
     "count_trainable",
     "expected_trainable",
+    "host_shape",
+    "lora_per_rank",
     "meta_model",
     "method_param_table",
     "matched_lora_rank",
@@ -145,7 +147,7 @@ def resolve_lora(
     return r, 2 * r if alpha is None else alpha
 
 
-def _host_shape(model: nn.Module) -> tuple[int, int]:
+def host_shape(model: nn.Module) -> tuple[int, int]:
     """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`."""
     from ..hosts import find_host
     from ..hosts.lora import lora_sites
@@ -168,7 +170,7 @@ def _host_shape(model: nn.Module) -> tuple[int, int]:
     return int(cfg.hidden_size), int(cfg.num_hidden_layers)
 
 
-def _lora_per_rank(model: nn.Module) -> int | None:
+def lora_per_rank(model: nn.Module) -> int | None:
     """LoRA parameters per unit of rank on `model`'s row targets; None when no row knows the model."""
     from ..hosts import find_host
     from ..hosts.lora import lora_params_per_rank
@@ -205,7 +207,7 @@ def apply_method(
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError(f"method {method!r} needs peft: pip install 'mmpreproj[lora]'") from None
-    r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha, per_rank=_lora_per_rank(model))
+    r, alpha = resolve_lora(method, *host_shape(model), lora_r, lora_alpha, per_rank=lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
@@ -252,8 +254,8 @@ def expected_trainable(
     spec = _spec(method)
     per_rank = None
     if model is not None:
-        hidden_size, num_layers = _host_shape(model)
-        per_rank = _lora_per_rank(model) if spec.lora else None
+        hidden_size, num_layers = host_shape(model)
+        per_rank = lora_per_rank(model) if spec.lora else None
     if hidden_size is None or num_layers is None:
         raise ValueError("expected_trainable needs hidden_size and num_layers, or model=")
     d, layers = hidden_size, num_layers
