@@ -3,6 +3,7 @@
     model = peft.get_peft_model(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
     model.print_trainable_parameters(); model.save_pretrained("run/adapter")
     mmpreproj.inject(model, mmpreproj.PreProjConfig())              # the same, in place (no PeftModel)
+    print(mmpreproj.estimate(mmpreproj.PreProjConfig(skip_rank=16), "llama-3-8b"))  # cost before loading
 
 Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), so peft's loaders
 (`PeftModel.from_pretrained`, `AutoPeftModelForCausalLM`, transformers' `load_adapter`) read its adapters.
@@ -20,6 +21,7 @@ from .adapter import (
     set_adapter_state_dict,
     unload,
 )
+from .estimate import Estimate, estimate
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .named_adapters import active_adapter, adapter_names, delete_adapter, set_adapter
 from .pretrained import from_pretrained
@@ -31,6 +33,7 @@ from .version import __version__
 
 __all__ = [
     "ContentSkip",
+    "Estimate",
     "MultimodalRoPE",
     "PreProjAttention",
     "PreProjConfig",
@@ -47,6 +50,7 @@ __all__ = [
     "adapter_names",
     "adapter_state_dict",
     "delete_adapter",
+    "estimate",
     "from_pretrained",
     "grid_positions",
     "hosts",

@@ -311,7 +311,8 @@ def new_adapter_modules(
         if config.preproj
         else None
     )
-    skip = (ContentSkip(dim, config.skip_init_std, compute_dtype=config.compute_dtype, device=device)
+    skip = (ContentSkip(dim, config.skip_init_std, rank=config.skip_rank, compute_dtype=config.compute_dtype,
+                        device=device)
             if config.skip else None)
     return preproj, skip
 

@@ -24,7 +24,7 @@ from .eval import evaluate
 from .report import trainable_report
 from .train import train
 from .train.checkpoint import CHECKPOINT_NAME
-from .train.config import RESUME_FREE_FIELDS, TrainConfig
+from .train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
 from .train.runlog import write_json
 
 __all__ = ["ARM_FILE", "arm_key", "eval_arm", "finish_curve", "read_arm", "run_arm", "skip_rows", "train_arm"]
@@ -35,8 +35,9 @@ ARM_FILE = "eval.json"
 def arm_key(cfg: TrainConfig | None, eval_settings: dict[str, Any]) -> dict[str, Any]:
     """What an arm's numbers depend on: the training config (less bookkeeping fields) and the evaluation."""
     train_part = None
-    if cfg is not None:
-        train_part = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_FREE_FIELDS | {"library_version"}}
+    if cfg is not None:  # a size field at its default is left out: arms saved before the field existed still match
+        train_part = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_FREE_FIELDS | {"library_version"}
+                      and not (k in SIZE_DEFAULTS and v == SIZE_DEFAULTS[k])}
     return json.loads(json.dumps({"train": train_part, "eval": eval_settings}, default=str))
 
 

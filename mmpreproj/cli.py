@@ -1,4 +1,4 @@
-"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, demo (also `python -m mmpreproj`)."""
+"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, budget, demo (also `python -m mmpreproj`)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)",
                  "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)"}
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
+    _add_size_args(p)
     p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
     p.add_argument("--paper-bf16-weights", action="store_true", default=None,
                    help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)")
@@ -46,6 +47,53 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
     p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _preset_value(field: str) -> str:
+    """The presets' value of a TrainConfig field, for --help: "1.25 in every preset" or "mini: 1.25, ..."."""
+    from .train.presets import PRESETS, get_preset
+
+    values = {name: getattr(get_preset(name), field) for name in sorted(PRESETS)}
+    if len(set(map(str, values.values()))) == 1:
+        return f"{next(iter(values.values()))} in every preset"
+    return ", ".join(f"{n}: {v}" for n, v in values.items())
+
+
+def _add_size_args(p: argparse.ArgumentParser) -> None:
+    """The injected modules' sizes (TrainConfig / PreProjConfig fields of the same names)."""
+    p.add_argument("--expansion", type=float, default=None,
+                   help="pre-projection inner width / d, below 1 a bottleneck (e.g. 0.0625) "
+                        f"(default: the preset's, {_preset_value('expansion')})")
+    p.add_argument("--skip-rank", type=int, default=None,
+                   help="rank r of a low-rank skip W_skip = B A, 2*r*d weights per block "
+                        f"(default: the preset's, {_preset_value('skip_rank')}; None = the full d x d skip)")
+    p.add_argument("--layers", default=None,
+                   help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
+                        f"{_preset_value('layers')}; None = every block)")
+    p.add_argument("--parts", default=None,
+                   help=f"comma-separated host parts to inject into (default: the preset's, {_preset_value('parts')}; None = the host row's parts)")
+
+
+def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The size flags given, as TrainConfig fields (--layers 0,-1 -> [0, -1]); ValueError naming the flag."""
+    out: dict[str, Any] = {}
+    for name in ("expansion", "skip_rank"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
+    if getattr(args, "layers", None) is not None:
+        items = [t.strip() for t in args.layers.split(",") if t.strip()]
+        if not items or not all(t.removeprefix("-").isdecimal() for t in items):
+            raise ValueError(f"--layers {args.layers!r}: pass comma-separated block indices such as 0,1,-1")
+        out["layers"] = [int(t) for t in items]
+    if getattr(args, "parts", None) is not None:
+        out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
+        if not out["parts"]:
+            raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
+    for flag, name in (("--expansion", "expansion"), ("--skip-rank", "skip_rank")):
+        value = out.get(name)
+        if value is not None and not (value > 0 and value == value and value != float("inf")):
+            raise ValueError(f"{flag} {value}; must be {'an int >= 1' if name == 'skip_rank' else 'a finite number > 0'}")
+    return out
 
 
 def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> None:
@@ -106,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seeds", default=None,
                        help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
                             "(default: the preset's seed)")
+        _add_size_args(p)
 
     p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
     from .sweep import DEFAULT_LRS
@@ -118,6 +167,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--limit", type=int, default=None, help="PPL rows (default: the protocol's 300)")
+    p.add_argument("--data-source", choices=("local", "hub"), default="local")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_size_args(p)
+
+    p = sub.add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
+    from .budget import DEFAULT_BUDGETS
+    from .train.sizes import BUDGET_METHODS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-budget)")
+    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
+                   help="fractions of the base's parameters (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(BUDGET_METHODS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds at each best LR (default: %(default)s)")
+    p.add_argument("--seed-methods", default=None, help="methods that get the extra seeds (default: all)")
+    p.add_argument("--lrs", default=None, help="start LRs for every method (default: each method's own, 2x apart)")
+    p.add_argument("--max-extend", type=int, default=3,
+                   help="LRs added past an edge while the best is there (default: %(default)s)")
+    p.add_argument("--no-paper-point", action="store_true", help="leave out the paper's full-size preproj_skip")
+    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap
@@ -156,7 +226,7 @@ def _refuse_empty(args: argparse.Namespace) -> None:
         flag = "run folder" if dest == "runs" else "--" + dest.replace("_", "-")
         if dest in _PATH_OPTIONS:
             raise ValueError(f"{flag}: empty path; pass {_PATH_OPTIONS[dest]}")
-        if dest not in ("tasks", "methods", "lrs", "seeds"):  # lists: their own check names the allowed values
+        if dest not in ("tasks", "methods", "lrs", "seeds", "budgets", "seed_methods"):  # lists: their own check names the allowed values
             raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
 
 
@@ -224,11 +294,11 @@ def _check_args(args: argparse.Namespace) -> None:
 
     _refuse_empty(args)
     command = args.command
-    if command in ("train", "reproduce", "demo", "sweep"):  # train's counts: TrainConfig names them
+    if command in ("train", "reproduce", "demo", "sweep", "budget"):  # train's counts: TrainConfig names them
         _output_folder("--out", args.out)
     if command in ("train", "reproduce", "demo"):
         _data("--data", args.data)
-    if command in ("reproduce", "demo", "sweep"):
+    if command in ("reproduce", "demo", "sweep", "budget"):
         _count("--steps", args.steps, 1)
     if command == "eval":
         _names("--tasks", args.tasks, TASKS)
@@ -249,12 +319,26 @@ def _check_args(args: argparse.Namespace) -> None:
         parse_lrs(args.lrs, flag="--lrs")
         _count("--seed", args.seed, 0)
         _count("--limit", args.limit, 1)
+    elif command == "budget":
+        from .budget import parse_budgets
+        from .sweep import parse_lrs
+        from .train.sizes import BUDGET_METHODS
+
+        methods = _names("--methods", args.methods, BUDGET_METHODS)
+        _names("--seed-methods", args.seed_methods, methods)
+        parse_budgets(args.budgets, flag="--budgets")
+        if args.lrs is not None:
+            parse_lrs(args.lrs, flag="--lrs")
+        _count("--seeds", args.seeds, 1)
+        _count("--max-extend", args.max_extend, 0)
     elif command in ("reproduce", "demo"):
         from .reproduce import parse_seeds
 
         _names("--methods", args.methods, METHODS)
         parse_seeds(args.seeds, 0, flag="--seeds")
         _count("--limit", args.limit, 1)
+    if command in ("train", "sweep", "reproduce", "demo"):
+        _size_overrides(args)
     if command != "analyze":  # last: the other options are checked even when the model is also wrong
         _model("--model", args.model)
 
@@ -268,6 +352,7 @@ def _train(args: argparse.Namespace) -> str:
         from .train.presets import PRESETS
 
         overrides["warmup_steps"] = min(PRESETS[args.preset]["warmup_steps"], overrides["steps"])
+    overrides.update(_size_overrides(args))
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)
@@ -384,6 +469,7 @@ def _repro_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k, None) is not None}
     if args.steps is not None:
         overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
+    overrides.update(_size_overrides(args))  # each reaches the methods that have its module (train.sizes)
     return overrides
 
 
@@ -404,6 +490,21 @@ def _sweep(args: argparse.Namespace) -> str:
     return f"{out}/report.md, lr_sweep.png"
 
 
+def _budget(args: argparse.Namespace) -> str:
+    from .budget import budget_study, parse_budgets
+    from .sweep import parse_lrs
+    from .train.sizes import BUDGET_METHODS
+
+    out = args.out or f"runs/{args.preset}-budget"
+    methods = _names("--methods", args.methods, BUDGET_METHODS)
+    budget_study(args.preset, out, parse_budgets(args.budgets, flag="--budgets"), methods, seeds=args.seeds,
+                 seed_methods=_names("--seed-methods", args.seed_methods, methods),
+                 start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None, max_extend=args.max_extend,
+                 paper_point=not args.no_paper_point, data_source=args.data_source,
+                 train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
+    return f"{out}/report.md, pareto.png"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
@@ -417,6 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _analyze(args)
         elif args.command == "sweep":
             summary = _sweep(args)
+        elif args.command == "budget":
+            summary = _budget(args)
         else:
             summary = _reproduce(args, "mini" if args.command == "demo" else args.preset)
     except KeyboardInterrupt:

@@ -9,7 +9,8 @@ from typing import Any
 from .analysis.stats import Comparison
 from .paper import PAPER_TABLE2, TABLE_METRICS
 
-__all__ = ["METRIC_LABELS", "format_comparisons", "format_summary_table", "format_sweep_table", "noise_sentences"]
+__all__ = ["METRIC_LABELS", "format_budget_table", "format_comparisons", "format_summary_table", "format_sweep_table",
+           "noise_sentences"]
 
 METRIC_LABELS = {"lambada.acc": "LAMBADA acc", "hellaswag.acc": "HellaSwag acc", "arc_easy.acc": "ARC-E acc",
                  "ppl.ppl": "PPL", "lambada.ppl": "LAMBADA ppl"}
@@ -96,4 +97,39 @@ def format_sweep_table(points: Mapping[str, Mapping[float, Mapping[str, Any]]], 
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {'n/a' if best is None else f'{best:g}'} |")
     if baseline is not None:
         lines.append(f"\nUntrained base: PPL {baseline:.1f}.")
+    return "\n".join(lines)
+
+
+def _sizes_words(method: str, sizes: Mapping[str, Any], dim: int | None = None) -> str:
+    if not sizes:
+        return "paper (expansion 1.25, full skip)"
+    parts = []
+    if "lora_r" in sizes:
+        parts.append(f"r={sizes['lora_r']}")
+    if "expansion" in sizes:
+        parts.append(f"expansion {sizes['expansion']:.4g}")
+    if "skip_rank" in sizes:
+        parts.append(f"skip rank {sizes['skip_rank']}")
+    return ", ".join(parts)
+
+
+def format_budget_table(rows: Sequence[Mapping[str, Any]], base_params: int) -> str:
+    """One row per (budget, method): sizes, trainable params (% of base), LRs tried (seed 1), best LR, PPL mean ±
+    std over the seeds at the best LR, and PPL minus LoRA's at the same budget with its 95% intervals."""
+    lines = ["| budget | method | sizes | params | LRs tried: PPL (first seed) | best LR | PPL at best LR "
+             "| vs LoRA (diff, seeds interval, items interval) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        curve = ", ".join(f"{lr}: {'diverged' if v is None else f'{v:.1f}'}" for lr, v in r["curve"].items())
+        params = f"{r['params']:,} ({r['percent']:.2f}%)" if r.get("params") else "n/a"
+        ppl = "n/a" if r["mean"] is None else f"{r['mean']:.1f}" + (f" ± {r['std']:.1f} (n={r['n']})" if r["n"] > 1 else " (n=1)")
+        best = "n/a" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r["edge"] else "")
+        v = r.get("vs_lora")
+        if v is None:
+            vs = "-" if r["method"] == "lora" else "n/a"
+        else:
+            iv = lambda x: "n/a" if x is None else f"[{x[0]:.1f}, {x[1]:.1f}]"  # noqa: E731
+            vs = f"{v['diff']:+.1f}, {iv(v['seeds'])}, {iv(v['items'])}: {v['reading']}"
+        lines.append(f"| {r['budget']} | {r['method']} | {_sizes_words(r['method'], r['sizes'])} | {params} | {curve} "
+                     f"| {best} | {ppl} | {vs} |")
+    lines.append("\n`(edge)`: the best LR is the highest or lowest tried (the search stopped at its limit).")
     return "\n".join(lines)

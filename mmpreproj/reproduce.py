@@ -32,6 +32,7 @@ from .paper import PAPER_TABLE2
 from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
 from .train import get_preset, load_model_and_tokenizer
 from .train.methods import METHODS, PAPER_METHODS, check_methods
+from .train.sizes import SIZE_FIELDS, sizes_for_method
 from .tuner.config import PreProjConfig
 
 __all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
@@ -173,10 +174,10 @@ def reproduce(
     out = Path(out)
     settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))
     settings["tasks"] = list(settings["tasks"])
-    base_cfg = get_preset(preset, **(train_overrides or {}))
+    base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)
     cfgs = {(seed, method): get_preset(preset, method=method, seed=seed, out=str(out / method / f"seed-{seed}"),
-                                       progress=progress, **(train_overrides or {}))
+                                       progress=progress, **sizes_for_method(method, train_overrides or {}))
             for seed in seed_list for method in methods}  # every arm checked before the first one trains
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)

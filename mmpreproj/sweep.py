@@ -23,6 +23,7 @@ from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
 from .train import get_preset, load_model_and_tokenizer
 from .train.methods import check_methods
+from .train.sizes import SIZE_FIELDS, sizes_for_method
 
 __all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "check_lrs", "lr_sweep", "parse_lrs"]
 
@@ -88,9 +89,10 @@ def lr_sweep(
     overrides = dict(train_overrides or {})
     if seed is not None:
         overrides["seed"] = seed
-    base_cfg = get_preset(preset, **overrides)
+    base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     cfgs = {(lr, method): get_preset(preset, method=method, lr=lr, out=str(out / method / f"lr-{lr:g}"),
-                                     progress=progress, **overrides) for lr in lrs for method in methods}
+                                     progress=progress, **sizes_for_method(method, overrides))
+            for lr in lrs for method in methods}
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}

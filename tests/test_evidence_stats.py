@@ -21,12 +21,32 @@ def test_mean_std_by_hand():
 
 
 def test_t_interval_by_hand():
-    # diffs 1, 2, 3: mean 2, std 1, t(2) = 4.303 -> 2 -/+ 4.303 / sqrt(3) = 2 -/+ 2.48434
+    # diffs 1, 2, 3: mean 2, std 1, t(2) = 4.30265 -> 2 -/+ 4.30265 / sqrt(3) = 2 -/+ 2.48414
     lo, hi = t_interval([1.0, 2.0, 3.0])
-    assert lo == pytest.approx(2 - 4.303 / math.sqrt(3)) and hi == pytest.approx(2 + 4.303 / math.sqrt(3))
-    assert lo == pytest.approx(-0.48434, abs=1e-5)
+    assert lo == pytest.approx(2 - 4.303 / math.sqrt(3), abs=1e-3) and hi == pytest.approx(2 + 4.303 / math.sqrt(3), abs=1e-3)
+    assert lo == pytest.approx(-0.48414, abs=1e-5)
     assert t_interval([5.0]) is None  # one seed has no spread
-    assert t_quantile(1) == 12.706 and t_quantile(100) == 1.96
+
+
+@pytest.mark.parametrize(("df", "printed"), [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042),
+                                             (31, 2.040), (40, 2.021), (60, 2.000), (120, 1.980)])
+def test_t_quantile_matches_printed_tables(df, printed):
+    # three-decimal values of the standard two-sided 95% t table (df 31: 2.040, not the normal's 1.960)
+    assert t_quantile(df) == pytest.approx(printed, abs=5e-4)
+
+
+def test_t_quantile_beyond_30_df_is_not_the_normal():
+    # 32 per-seed diffs with std 1: half-width t(31) / sqrt(32) = 2.0395 / 5.657, 4% wider than 1.960's
+    diffs = [(-1.0) ** i * math.sqrt(31 / 32) for i in range(32)]  # mean 0, std (ddof=1) exactly 1
+    lo, hi = t_interval(diffs)
+    assert hi == pytest.approx(2.039513 / math.sqrt(32), abs=1e-5) and lo == pytest.approx(-hi)
+    assert t_quantile(10**6) == pytest.approx(1.95996, abs=1e-4)
+    assert t_quantile(1, level=0.90) == pytest.approx(6.314, abs=5e-4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="df="):
+            t_quantile(bad)
+    with pytest.raises(ValueError, match="level="):
+        t_quantile(3, level=1.0)
 
 
 def test_paired_bootstrap_exact_cases():
@@ -51,9 +71,9 @@ def test_paired_bootstrap_pairs_items():
 
 
 def test_compare_reads_the_noise():
-    # PPL 10, 12, 11 against 20, 21, 22: diffs -10, -9, -11 (std 1): -10 -/+ 2.484, lower PPL = better
+    # PPL 10, 12, 11 against 20, 21, 22: diffs -10, -9, -11 (std 1): -10 -/+ 2.48414, lower PPL = better
     c = compare({0: 10.0, 1: 12.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl")
-    assert c.diff == pytest.approx(-10.0) and c.seeds == pytest.approx((-10 - 2.48434, -10 + 2.48434), abs=1e-4)
+    assert c.diff == pytest.approx(-10.0) and c.seeds == pytest.approx((-10 - 2.48414, -10 + 2.48414), abs=1e-5)
     assert c.items is None and c.beyond_noise and c.words() == "better than lora, beyond the noise"
     # the same means with a spread that crosses zero
     c = compare({0: 10.0, 1: 30.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl")

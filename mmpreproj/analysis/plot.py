@@ -11,6 +11,7 @@ __all__ = [
     "plot_loss_curve",
     "plot_loss_curves",
     "plot_lr_sweep",
+    "plot_pareto",
     "plot_results",
     "plot_skip_growth",
     "plot_skip_norms",
@@ -183,6 +184,26 @@ def plot_lr_sweep(points: Mapping[str, Sequence[tuple[float, float]]], path: str
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_pareto(series: Mapping[str, Sequence[tuple[float, float, float]]], path: str | Path, *,
+                baseline: float | None = None, ylabel: str = "PPL", title: str = "PPL vs trainable parameters") -> Path:
+    """`{method: [(trainable params, mean, std), ...]}`: one line per method, error bars = std over seeds, log x."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    for name, pts in series.items():
+        pts = sorted(pts)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    label=name, ls="-" if len(pts) > 1 else "none")
+    if baseline is not None:
+        ax.axhline(baseline, color="k", ls=":", label="untrained base")
+    ax.set_xscale("log")
+    ax.set_xlabel("trainable parameters")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")

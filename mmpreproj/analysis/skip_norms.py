@@ -23,9 +23,9 @@ PAPER_SKIP_NORMS = {
 
 
 def skip_norms(model: nn.Module) -> dict[int, float]:
-    """{block index: ||W_skip||_F} for every injected block that has a skip."""
+    """{block index: ||W_skip||_F} for every injected block that has a skip (of B A for a low-rank skip)."""
     return {
-        m.block_index: m.skip.proj.weight.detach().float().norm().item()
+        m.block_index: m.skip.weight.detach().float().norm().item()
         for m in model.modules()
         if isinstance(m, PreProjAttention) and m.skip is not None
     }
@@ -34,12 +34,20 @@ def skip_norms(model: nn.Module) -> dict[int, float]:
 def skip_norms_from_adapter(path: str | Path) -> dict[int, float]:
     """The same, read from a saved adapter folder without building a model."""
     _, tensors = read_adapter(path)
-    out = {}
+    full: dict[int, torch.Tensor] = {}
+    low: dict[int, dict[str, torch.Tensor]] = {}  # block -> {"up": B (d, r), "down": A (r, d)}
     for key, v in tensors.items():
         block, module, param = parse_adapter_key(key)
-        if block is not None and module == "skip" and param == "proj.weight":
-            out[block] = v.float().norm().item()
-    return dict(sorted(out.items()))
+        if block is None or module != "skip":
+            continue
+        if param == "proj.weight":
+            full[block] = v.float()
+        elif param in ("up.weight", "down.weight"):
+            low.setdefault(block, {})[param.split(".")[0]] = v.float()
+    for block, ab in low.items():
+        if set(ab) == {"up", "down"}:
+            full[block] = ab["up"] @ ab["down"]  # (d, r) @ (r, d) -> (d, d)
+    return {block: w.norm().item() for block, w in sorted(full.items())}
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,13 +15,21 @@ __all__ = ["ContentSkip"]
 
 
 class ContentSkip(nn.Module, TunerSlot):
-    """`W_skip · x~`, a bias-free d x d linear map added to the block output beside attention.
+    """`W_skip · x~`, a bias-free linear map added to the block output beside attention.
+
+    Full (`rank=None`, the paper's): `W_skip` is one d x d matrix (`proj.weight`), d*d weights.
+    Low-rank (`rank=r`): `W_skip = B A` with A = `down.weight` (r x d) and B = `up.weight` (d x r), 2*r*d weights.
+
+    Init: full, `W_skip` ~ N(0, init_std). Low-rank, B ~ N(0, init_std) and A ~ N(0, 1/sqrt(r)), so the
+    entries of B A have std init_std as the full matrix's do; `init_std=0` zeroes B, an exact zero map (the
+    host's output unchanged) in which B gets a gradient at once and A from the first step that moves B.
 
     Args:
         dim: model width d.
-        init_std: `W_skip` ~ N(0, init_std) (paper: 1e-4); 0 gives an exact zero map.
+        init_std: the init's std (paper: 1e-4); 0 gives an exact zero map.
+        rank: None for the full d x d matrix, or r >= 1 for `B A` (r < d saves weights).
         compute_dtype: as `PreProjection`: "input" computes in (and returns) the input's dtype, or autocast's;
-            "float32" computes in the weight's dtype and returns the input's. The weight stays float32.
+            "float32" computes in the weight's dtype and returns the input's. The weights stay float32.
     """
 
     def __init__(
@@ -27,6 +37,7 @@ class ContentSkip(nn.Module, TunerSlot):
         dim: int,
         init_std: float = 1e-4,
         *,
+        rank: int | None = None,
         compute_dtype: str = "input",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -36,38 +47,59 @@ class ContentSkip(nn.Module, TunerSlot):
             raise ValueError(f"dim must be positive, got {dim}")
         if init_std < 0:
             raise ValueError(f"init_std must be >= 0, got {init_std}")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ValueError(f"rank={rank!r}; must be None (the full d x d matrix) or an int >= 1")
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype={compute_dtype!r} is not supported; allowed values: {list(COMPUTE_DTYPES)}")
         self.dim = dim
+        self.rank = rank
         self.compute_dtype = compute_dtype
         self.casts = WeightCasts()
-        self.proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype or torch.float32)
+        factory = {"device": device, "dtype": dtype or torch.float32}
+        if rank is None:
+            self.proj = nn.Linear(dim, dim, bias=False, **factory)
+        else:
+            self.down = nn.Linear(dim, rank, bias=False, **factory)  # A: (r, d)
+            self.up = nn.Linear(rank, dim, bias=False, **factory)  # B: (d, r)
         self.reset_parameters(init_std)
 
     @torch.no_grad()
     def reset_parameters(self, init_std: float = 1e-4) -> None:
-        """Re-draw `W_skip` from N(0, init_std), or zero it when init_std is 0."""
+        """Re-draw the weights (see the class docstring); init_std 0 gives an exact zero map."""
+        last = self.proj if self.rank is None else self.up
+        if self.rank is not None:
+            nn.init.normal_(self.down.weight, std=1.0 / math.sqrt(self.rank))
         if init_std == 0:
-            nn.init.zeros_(self.proj.weight)
+            nn.init.zeros_(last.weight)
         else:
-            nn.init.normal_(self.proj.weight, std=init_std)
+            nn.init.normal_(last.weight, std=init_std)
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.proj.weight
+        """The effective d x d `W_skip` (B A for a low-rank skip, computed; `proj.weight` itself otherwise)."""
+        return self.proj.weight if self.rank is None else self.up.weight @ self.down.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., d) -> (..., d)
-        w = self.proj.weight
+        if self.rank is None:
+            ws = [self.proj.weight]
+        else:
+            ws = [self.down.weight, self.up.weight]  # (r, d) then (d, r): (..., d) -> (..., r) -> (..., d)
         if self.compute_dtype == "float32":  # the earlier behaviour
-            h = x.to(w.dtype) if not torch.is_autocast_enabled(x.device.type) else x
-            return self.proj(h).to(x.dtype)
-        dtype = resolve_compute_dtype(self.compute_dtype, x, w)
-        return F.linear(x.to(dtype), self.casts(w, dtype))
+            h = x.to(ws[0].dtype) if not torch.is_autocast_enabled(x.device.type) else x
+            for w in ws:
+                h = F.linear(h, w)
+            return h.to(x.dtype)
+        dtype = resolve_compute_dtype(self.compute_dtype, x, ws[0])
+        h = x.to(dtype)
+        for w in ws:
+            h = F.linear(h, self.casts(w, dtype))
+        return h
 
     def _apply(self, fn, *args, **kwargs):
         self.casts.clear()  # `.to()`, `.cuda()`, `.float()`: new weights, possibly at a freed address
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, compute_dtype={self.compute_dtype!r}"
+        rank = "" if self.rank is None else f", rank={self.rank}"
+        return f"dim={self.dim}{rank}, compute_dtype={self.compute_dtype!r}"

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from ..jsonconfig import JsonConfig
+from ..tuner.config import PreProjConfig
 from ..validate import check_choice, check_field_types, check_rule
-from .methods import METHODS  # the one definition of the method names
+from .methods import METHOD_SPECS, METHODS  # the one definition of the method names
 
-__all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "TrainConfig"]
+__all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "SIZE_DEFAULTS", "TrainConfig"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
 MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
@@ -20,6 +21,9 @@ SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
 PARALLEL = ("ddp", "fsdp")  # how several processes (torchrun / accelerate launch) share the work
 
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
+# The size fields and their defaults (the paper's modules); `arms.arm_key` leaves a field at its default out.
+SIZE_DEFAULTS: dict[str, Any] = {"expansion": 1.25, "skip_rank": None, "layers": None, "parts": None}
+
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
 
 
@@ -54,6 +58,11 @@ class TrainConfig(JsonConfig):
         paper_bf16_weights: cast the trainable weights to bf16 (the paper's setting; updates round away).
         gradient_checkpointing, reentrant_checkpointing: activation checkpointing and its variant.
         lora_r, lora_alpha: override the LoRA rank/alpha (None = the paper's rule for the method).
+        expansion, skip_rank, layers, parts: the injected modules' sizes, as `PreProjConfig`'s fields of the
+            same names (pre-projection inner width expansion * d, below 1 a bottleneck; None or a rank r
+            for `W_skip = B A`; the block indices and host parts injected into, None = all). Each applies
+            only to a method that injects what it sizes (`skip_rank`: one with a skip; `expansion`: one
+            with a pre-projection).
         seed: seeds the run's torch, python `random` and numpy streams (the caller's are restored after it:
             `rng.seeded_rng`), the injected-weight init and the data order.
         device: "auto" (cuda:LOCAL_RANK if available, else cpu), "cpu", "cuda", "cuda:1", ...
@@ -98,6 +107,10 @@ class TrainConfig(JsonConfig):
     reentrant_checkpointing: bool = False
     lora_r: int | None = None
     lora_alpha: int | None = None
+    expansion: float = 1.25
+    skip_rank: int | None = None
+    layers: list[int] | None = None
+    parts: list[str] | None = None
     seed: int = 42
     device: str = "auto"
     parallel: str = "ddp"
@@ -150,6 +163,7 @@ class TrainConfig(JsonConfig):
                     f"TrainConfig.{name}={value!r} only applies to methods 'lora' and 'preproj_lora', "
                     f"not method={self.method!r}"
                 )
+        self._check_sizes()
         if self.device != "auto":
             try:
                 torch.device(self.device)
@@ -157,6 +171,32 @@ class TrainConfig(JsonConfig):
                 raise ValueError(
                     f"TrainConfig.device={self.device!r}; allowed values: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'"
                 ) from None
+
+    def _check_sizes(self) -> None:
+        """The size fields: valid as `PreProjConfig` takes them, and only where the method injects their module."""
+        spec = METHOD_SPECS[self.method]
+        _check(self.expansion > 0, "expansion", self.expansion, "a finite number > 0")
+        _check(self.skip_rank is None or self.skip_rank >= 1, "skip_rank", self.skip_rank, "None or an int >= 1")
+        sized = {"expansion": (self.expansion != SIZE_DEFAULTS["expansion"], spec.preproj, "a pre-projection"),
+                 "skip_rank": (self.skip_rank is not None, spec.skip, "a skip"),
+                 "layers": (self.layers is not None, spec.preproj or spec.skip, "injected modules"),
+                 "parts": (self.parts is not None, spec.preproj or spec.skip, "injected modules")}
+        for name, (set_, applies, what) in sized.items():
+            if set_ and not applies:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} sizes {what}, which method="
+                                 f"{self.method!r} does not have; leave it at its default")
+        if self.layers is not None or self.parts is not None:
+            self.preproj_sizes(spec.preproj, spec.skip)  # PreProjConfig's own checks (empty, duplicates)
+
+    def preproj_sizes(self, preproj: bool = True, skip: bool = True) -> dict[str, Any]:
+        """The size fields as `PreProjConfig` keyword arguments (checked by building one)."""
+        sizes = {"expansion": self.expansion, "skip_rank": self.skip_rank if skip else None,
+                 "layers": self.layers, "parts": self.parts}
+        try:
+            PreProjConfig(preproj=preproj, skip=skip, **sizes)
+        except ValueError as e:
+            raise ValueError(str(e).replace("PreProjConfig.", "TrainConfig.", 1)) from None
+        return sizes
 
     @property
     def effective_batch(self) -> int:

@@ -36,6 +36,8 @@ __all__ = [
     "check_methods",
     "count_trainable",
     "expected_trainable",
+    "host_shape",
+    "lora_per_rank",
     "meta_model",
     "method_param_table",
     "matched_lora_rank",
@@ -143,7 +145,7 @@ def resolve_lora(
     return r, 2 * r if alpha is None else alpha
 
 
-def _host_shape(model: nn.Module) -> tuple[int, int]:
+def host_shape(model: nn.Module) -> tuple[int, int]:
     """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`.
     A model no row knows (by type or structure) is the registry's error, which says how to describe it."""
     from ..hosts import find_host
@@ -169,7 +171,7 @@ def _host_shape(model: nn.Module) -> tuple[int, int]:
     return int(cfg.hidden_size), int(cfg.num_hidden_layers)
 
 
-def _lora_per_rank(model: nn.Module) -> int | None:
+def lora_per_rank(model: nn.Module) -> int | None:
     """LoRA parameters per unit of rank on `model`'s row targets (the registry's error when no row knows it)."""
     from ..hosts import find_host
     from ..hosts.lora import lora_params_per_rank
@@ -183,19 +185,23 @@ def apply_method(
     *,
     lora_r: int | None = None,
     lora_alpha: int | None = None,
+    sizes: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Freeze `model` and add what `method` trains; returns the model to train (a `PeftModel` for LoRA methods).
+
+    `sizes`: `PreProjConfig` size fields for the injected modules (expansion, skip_rank, layers, parts;
+    `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
     For "preproj_lora" the pre-projection is injected first, then peft wraps the model; peft freezes every
     non-LoRA parameter, so the injected weights are made trainable again afterwards.
     """
     spec = _spec(method)
     if spec.preproj or spec.skip:
-        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True))
+        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
     if not spec.lora:
         return model
     from peft import LoraConfig, get_peft_model
-    r, alpha = resolve_lora(method, *_host_shape(model), lora_r, lora_alpha, per_rank=_lora_per_rank(model))
+    r, alpha = resolve_lora(method, *host_shape(model), lora_r, lora_alpha, per_rank=lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
@@ -235,8 +241,8 @@ def expected_trainable(
     spec = _spec(method)
     per_rank = None
     if model is not None:
-        hidden_size, num_layers = _host_shape(model)
-        per_rank = _lora_per_rank(model) if spec.lora else None
+        hidden_size, num_layers = host_shape(model)
+        per_rank = lora_per_rank(model) if spec.lora else None
     if hidden_size is None or num_layers is None:
         raise ValueError("expected_trainable needs hidden_size and num_layers, or model=")
     d, layers = hidden_size, num_layers

@@ -59,7 +59,7 @@ from .distributed import (
     wrap_fsdp,
 )
 from .errors import NonFiniteLossError
-from .methods import apply_method, count_trainable
+from .methods import METHOD_SPECS, apply_method, count_trainable
 from .models import enable_checkpointing, load_model, load_tokenizer, resolve_device
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
@@ -237,7 +237,9 @@ def _setup(
         model = load_model(cfg.model, cfg.model_dtype)
     if examples is None:
         examples = build_examples(cfg, tokenizer if tokenizer is not None else load_tokenizer(cfg.model))
-    model = apply_method(model.to(ctx.device), cfg.method, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha)
+    spec = METHOD_SPECS[cfg.method]
+    sizes = cfg.preproj_sizes(spec.preproj, spec.skip) if spec.preproj or spec.skip else None
+    model = apply_method(model.to(ctx.device), cfg.method, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, sizes=sizes)
     if cfg.paper_bf16_weights:
         cast_trainable_(model, torch.bfloat16)
     if cfg.gradient_checkpointing:

@@ -41,10 +41,14 @@ class PreProjConfig(JsonConfig, PeftConfig):
     Args:
         preproj: add the pre-projection `x~ = x^ + W_down·act(W_up·x^)` before Q/K/V.
         skip: add the content skip `W_skip·x~` beside the attention output.
-        expansion: pre-projection inner width as a multiple of d (paper: 1.25).
+        expansion: pre-projection inner width as a multiple of d (paper: 1.25); below 1 it is a bottleneck
+            (1/16: inner width d/16), 2*d*int(expansion*d) weights per block either way.
         activation: pre-projection activation, one of "silu", "gelu", "relu".
         init: pre-projection init, "paper" (N(0, 0.01) both) or "identity" (`W_down` = 0).
         skip_init_std: std of the `W_skip` init (paper: 1e-4; 0 = exact zero).
+        skip_rank: None (the paper's full d x d `W_skip`, d*d weights per block) or r >= 1 for a low-rank
+            `W_skip = B A` (B: d x r, A: r x d; 2*r*d weights per block). Init: B ~ N(0, skip_init_std),
+            A ~ N(0, 1/sqrt(r)), so `skip_init_std=0` is an exact zero skip (`modules.ContentSkip`).
         parts: host parts to inject into, e.g. ["vision", "language"] for a VLM (None = the row's default
             parts; `mmpreproj.hosts.HOSTS[row].parts` lists them).
         layers: block indices to inject into (None = every block of the selected parts; negative indices
@@ -66,6 +70,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     activation: str = "silu"
     init: str = "paper"
     skip_init_std: float = 1e-4
+    skip_rank: int | None = None
     parts: list[str] | None = None
     layers: list[int] | dict[str, list[int]] | None = None
     modules_to_save: list[str] | None = None
@@ -92,6 +97,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
         check_choice("PreProjConfig", "compute_dtype", self.compute_dtype, list(COMPUTE_DTYPES))
         check_rule(self.expansion > 0, "PreProjConfig", "expansion", self.expansion, "a finite number > 0")
         check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
+        _check_skip_rank(self.skip_rank, self.skip)
         for name in ("parts", "modules_to_save"):
             value = getattr(self, name)
             if value is not None:
@@ -167,6 +173,15 @@ def _layer_list(value: object, name: str) -> list[int]:
     if len(set(value)) != len(value):
         raise ValueError(f"PreProjConfig.{name} has duplicates: {list(value)}")
     return list(value)
+
+
+def _check_skip_rank(rank: int | None, skip: bool) -> None:
+    """`skip_rank`: None or an int >= 1, and only with a skip to shape."""
+    check_rule(rank is None or rank >= 1, "PreProjConfig", "skip_rank", rank,
+               "None (the full d x d skip) or an int >= 1")
+    if rank is not None and not skip:
+        raise ValueError(f"PreProjConfig.skip_rank={rank!r} with skip=False: there is no skip to shape; "
+                         "set skip=True or skip_rank=None")
 
 
 def _removed_fuse_qkv_skip(value: object, *, warn: bool) -> None:

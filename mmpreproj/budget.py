@@ -1,0 +1,267 @@
+"""`budget`: at a trainable-parameter budget, which method wins, each at its own tuned LR.
+
+    budget_study("mini", "runs/mini-budget", budgets=(0.01, 0.1), methods=("lora", "preproj_skip"), seeds=3)
+
+For every budget (a fraction of the base's parameters) and method, `train.sizes.sizes_for_budget` picks the
+LoRA rank, skip rank or pre-projection width. The LR search starts at `start_lrs` (2x apart), and while the
+best PPL sits at an edge of what was tried it adds the next LR by 2x on that side (at most `max_extend`
+times), so the best LR found has tried neighbours at most 2x away on both sides. The other seeds then train
+at the best LR (only for `seed_methods`, all by default). Every point is an arm (`mmpreproj.arms`):
+`out/b<budget>/<method>/lr-<lr>-seed-<seed>/`, read back on a restart. Writes budget.json, report.md,
+pareto.png and lr-b<budget>.png under `out` after every (budget, method), so a cut-short study reports what
+it reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .analysis import plot_lr_sweep
+from .analysis.plot import plot_pareto
+from .analysis.stats import compare, mean_std
+from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
+from .report_md import format_budget_table
+from .sweep import SWEEP_EVAL, check_lrs
+from .train import get_preset, load_model_and_tokenizer
+from .train.methods import host_shape, lora_per_rank
+from .train.sizes import BUDGET_METHODS, sizes_for_budget
+
+__all__ = ["DEFAULT_BUDGETS", "START_LRS", "budget_study", "parse_budgets"]
+
+log = logging.getLogger("mmpreproj.budget")
+
+DEFAULT_BUDGETS = (0.01, 0.03, 0.1, 0.3)
+# Where each method's search starts on mini: 2x around its best LR at the full size (docs/evidence/mini-lr-sweep:
+# LoRA 3e-3, pre-projection + skip 1e-2, skip 3e-2; pre-projection alone unmeasured, started as preproj_skip).
+START_LRS: Mapping[str, tuple[float, ...]] = {
+    "lora": (1.5e-3, 3e-3, 6e-3), "preproj_skip": (5e-3, 1e-2, 2e-2), "preproj": (5e-3, 1e-2, 2e-2),
+    "skip": (1.5e-2, 3e-2, 6e-2),
+}
+LR_BOUNDS = (1e-5, 0.5)  # the search never leaves these
+
+
+def parse_budgets(text: str | Sequence[float], *, flag: str = "budgets") -> list[float]:
+    """"0.01,0.1" -> [0.01, 0.1]: distinct fractions of the base's parameters in (0, 1]."""
+    items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
+    out: list[float] = []
+    for s in items:
+        try:
+            b = float(s)
+        except (TypeError, ValueError):
+            raise ValueError(f"{flag}: {s!r} is not a number; pass fractions in (0, 1], e.g. 0.01,0.1") from None
+        if not (math.isfinite(b) and 0 < b <= 1) or b in out:
+            raise ValueError(f"{flag}: {s!r} is {'repeated' if b in out else 'not in (0, 1]'}; "
+                             "pass distinct fractions of the base's parameters, e.g. 0.01,0.1")
+        out.append(b)
+    if not out:
+        raise ValueError(f"{flag}: no budget given; pass fractions in (0, 1], e.g. 0.01,0.1")
+    return out
+
+
+def _next_lr(tried: Mapping[float, float | None]) -> float | None:
+    """The next LR (2x past an edge) while the best finite PPL is at an edge of `tried`; None once it is inside."""
+    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
+    lrs = sorted(tried)
+    if not ok:  # all diverged: go lower
+        nxt = lrs[0] / 2
+    else:
+        best = min(ok, key=ok.get)
+        if best == lrs[0]:
+            nxt = best / 2
+        elif best == lrs[-1]:
+            nxt = best * 2
+        else:
+            return None
+    return nxt if LR_BOUNDS[0] <= nxt <= LR_BOUNDS[1] else None
+
+
+def budget_study(
+    preset: str,
+    out: str | Path,
+    budgets: Sequence[float] = DEFAULT_BUDGETS,
+    methods: Sequence[str] = BUDGET_METHODS,
+    *,
+    seeds: int = 3,
+    seed_methods: Sequence[str] | None = None,
+    start_lrs: Sequence[float] | None = None,
+    max_extend: int = 3,
+    paper_point: bool = True,
+    eval_settings: dict[str, Any] | None = None,
+    data_source: str = "local",
+    train_overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Run the study (see the module docstring); returns what budget.json holds."""
+    budgets = parse_budgets(budgets)
+    bad = [m for m in methods if m not in BUDGET_METHODS]
+    if bad or not methods or len(set(methods)) != len(methods):
+        raise ValueError(f"methods={list(methods)!r}: distinct names from {list(BUDGET_METHODS)}")
+    seed_methods = list(methods if seed_methods is None else seed_methods)
+    if any(m not in methods for m in seed_methods):
+        raise ValueError(f"seed_methods={seed_methods!r}: must be among methods={list(methods)!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds={seeds!r}; must be an int >= 1 (the preset's seed and the next seeds-1)")
+    if isinstance(max_extend, bool) or not isinstance(max_extend, int) or max_extend < 0:
+        raise ValueError(f"max_extend={max_extend!r}; must be an int >= 0")
+    if start_lrs is not None:
+        start_lrs = check_lrs(start_lrs, "start_lrs")
+    out = Path(out)
+    overrides = dict(train_overrides or {})
+    base_cfg = get_preset(preset, **overrides)
+    settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))
+    eval_key = {**settings, "protocol": "paper", "data_source": data_source}
+    out.mkdir(parents=True, exist_ok=True)
+    base, tokenizer = load_model_and_tokenizer(base_cfg)
+    dim, layers = host_shape(base)
+    per_rank = lora_per_rank(base)
+    base_params = sum(p.numel() for p in base.parameters())
+    seed_list = [base_cfg.seed + i for i in range(seeds)]
+    t0 = time.time()
+
+    def run_eval(model):
+        return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
+
+    def baseline(fresh: bool):
+        row, its = run_eval(base)
+        return {"method": "baseline", "params": 0, **row}, its
+
+    base_row, _, _ = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
+    state: dict[str, Any] = {"preset": preset, "command": command, "dim": dim, "layers": layers,
+                             "base_params": base_params, "baseline": base_row, "seeds": seed_list,
+                             "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "reused": 0}
+    items: dict[tuple, dict] = {}
+
+    def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any]:
+        cfg = get_preset(preset, **{**overrides, "method": method, "lr": lr, "seed": seed, **sizes,
+                                    "out": str(out / label / method / f"lr-{lr:g}-seed-{seed}"), "progress": progress})
+        run_dir = Path(cfg.out)
+
+        def compute(fresh: bool):
+            model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
+            metrics, its = run_eval(model)
+            row.update(metrics)
+            finish_curve(run_dir, row, cfg.steps, f"{method} {sizes}, LR {lr:g}, seed {seed}")
+            return row, its
+
+        try:
+            row, its, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
+        except Exception as err:  # a diverged point is a result, not a crash of the study
+            if type(err).__name__ != "NonFiniteLossError":
+                raise
+            row, its, reused = {"method": method, "lr": lr, "seed": seed, "ppl.ppl": None, "diverged": str(err)}, {}, False
+        state["reused"] += reused
+        row = {**row, "budget": label, "sizes": sizes}
+        state["points"].append(row)
+        items[(label, method, lr, seed)] = its
+        log.info("%s %s lr %g seed %d: %s", label, method, lr, seed, "read back" if reused else "trained")
+        return row
+
+    def search(label: str, method: str, sizes: dict[str, Any], first: Sequence[float]) -> None:
+        tried: dict[float, float | None] = {}
+        for lr in first:
+            tried[lr] = point(label, method, sizes, lr, seed_list[0]).get("ppl.ppl")
+        for _ in range(max_extend):
+            nxt = _next_lr(tried)
+            if nxt is None:
+                break
+            tried[nxt] = point(label, method, sizes, nxt, seed_list[0]).get("ppl.ppl")
+        ok = {lr: v for lr, v in tried.items() if v is not None}
+        if ok and method in seed_methods:
+            best = min(ok, key=ok.get)
+            for seed in seed_list[1:]:
+                point(label, method, sizes, best, seed)
+        _write(out, state, items, base_cfg, seeds, time.time() - t0)
+
+    for b in budgets:
+        target = round(b * base_params)
+        for method in methods:
+            sizes = sizes_for_budget(method, target, dim=dim, layers=layers, lora_per_rank=per_rank)
+            if sizes is None:
+                log.info("b%g %s: out of reach (a skip rank would reach d=%d)", b, method, dim)
+                state["unreachable"].append(f"b{b:g} {method}")
+                continue
+            search(f"b{b:g}", method, sizes, start_lrs or START_LRS[method])
+    if paper_point:  # the paper's full-size modules, at their own budget
+        search("paper", "preproj_skip", {}, start_lrs or START_LRS["preproj_skip"])
+    _write(out, state, items, base_cfg, seeds, time.time() - t0)
+    return json.loads((out / "budget.json").read_text())
+
+
+def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> list[dict[str, Any]]:
+    """One row per (budget, method): sizes, params, LRs tried, best LR, PPL over seeds, interval against LoRA."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in state["points"]:
+        groups.setdefault((r["budget"], r["method"]), []).append(r)
+    rows = []
+    for (label, method), pts in groups.items():
+        first = state["seeds"][0]
+        curve = {r["lr"]: r.get("ppl.ppl") for r in pts if r["seed"] == first}
+        ok = {lr: v for lr, v in curve.items() if v is not None}
+        best = min(ok, key=ok.get) if ok else None
+        at_best = {r["seed"]: r["ppl.ppl"] for r in pts if r["lr"] == best and r.get("ppl.ppl") is not None}
+        mean, std, n = mean_std(list(at_best.values())) if at_best else (None, None, 0)
+        params = next((r.get("params") for r in pts if r.get("params")), None)
+        rows.append({"budget": label, "method": method, "sizes": pts[0]["sizes"], "params": params,
+                     "percent": 100 * params / state["base_params"] if params else None,
+                     "curve": {f"{lr:g}": v for lr, v in sorted(curve.items())}, "best_lr": best,
+                     "ppl": at_best, "mean": mean, "std": std, "n": n,
+                     "edge": best is not None and best in (min(curve), max(curve))})
+    for row in rows:  # paired by seed against LoRA at the same budget, each at its own best LR
+        lora = next((r for r in rows if r["budget"] == row["budget"] and r["method"] == "lora"), None)
+        if lora is None or row["method"] == "lora" or not row["ppl"] or not lora["ppl"]:
+            continue
+        key = lambda r, s: items.get((r["budget"], r["method"], r["best_lr"], s), {}).get("ppl", {}).get("row_loss")  # noqa: E731
+        seeds_both = sorted(set(row["ppl"]) & set(lora["ppl"]))
+        its = {s: key(row, s) for s in seeds_both}
+        ref_its = {s: key(lora, s) for s in seeds_both}
+        have_items = all(v is not None for v in (*its.values(), *ref_its.values()))
+        c = compare(row["ppl"], lora["ppl"], method=row["method"], reference="lora", metric="ppl.ppl",
+                    items=its if have_items else None, ref_items=ref_its if have_items else None)
+        row["vs_lora"] = {"diff": c.diff, "seeds": c.seeds, "items": c.items, "reading": c.words()}
+    return rows
+
+
+def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg, seeds: int, seconds: float) -> None:
+    rows = _summary(state, items, seeds)
+    compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in state["points"])
+    doc = {k: v for k, v in state.items() if k != "points"}
+    doc.update(seconds=seconds, compute_seconds=compute_s, summary=rows, points=state["points"])
+    (out / "budget.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    baseline = state["baseline"].get("ppl.ppl")
+    by_method: dict[str, list[tuple[float, float, float]]] = {}
+    for r in rows:
+        if r["mean"] is not None and r["budget"] != "paper":
+            by_method.setdefault(r["method"], []).append((r["params"], r["mean"], r["std"] or 0.0))
+    extra = {"preproj_skip, paper size": [(r["params"], r["mean"], r["std"] or 0.0) for r in rows
+                                          if r["budget"] == "paper" and r["mean"] is not None]}
+    plot_pareto({**by_method, **{k: v for k, v in extra.items() if v}}, out / "pareto.png", baseline=baseline,
+                title=f"{state['preset']}: PPL at each method's best LR vs trainable parameters")
+    figures = []
+    for label in dict.fromkeys(r["budget"] for r in rows):
+        series = {r["method"]: [(float(lr), v) for lr, v in r["curve"].items() if v is not None]
+                  for r in rows if r["budget"] == label}
+        name = f"lr-{label}.png"
+        plot_lr_sweep(series, out / name, baseline=baseline,
+                      title=f"{state['preset']} {label}: PPL vs peak LR, seed {state['seeds'][0]}")
+        figures.append(name)
+    table = format_budget_table(rows, state["base_params"])
+    lines = [f"# Parameter budget study: {state['preset']}", "",
+             f"Command: `{state['command'] or 'mmpreproj budget --preset ' + state['preset']}`", "",
+             f"Time: {seconds / 60:.1f} min wall for the last invocation ({state['reused']} point(s) read back); "
+             f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.", "",
+             f"Settings: the {state['preset']} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
+             f"{base_cfg.schedule}, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens), base "
+             f"{state['base_params']:,} parameters (d={state['dim']}, {state['layers']} blocks); only the sizes, the "
+             f"peak LR and the seed change. PPL = the paper's line PPL on {state['ppl_split']} rows; "
+             f"untrained base {baseline:.1f}.", "", table, "",
+             *([f"Out of reach (a skip rank would reach d={state['dim']}, where the full d x d skip is cheaper): "
+                + ", ".join(state["unreachable"]) + ".", ""] if state["unreachable"] else []), "![pareto.png](pareto.png)", "",
+             *[f"![{f}]({f})" for f in figures], ""]
+    (out / "report.md").write_text("\n".join(lines))

@@ -1,0 +1,95 @@
+"""`estimate`: what a `PreProjConfig` costs on a named model shape, before any model is loaded.
+
+    print(mmpreproj.estimate(PreProjConfig(skip_rank=16, expansion=1 / 16), "llama-3-8b"))
+    # llama-3-8b (32/32 blocks, d=4096): 71,303,168 trainable (pre-projection 67,108,864 + skip 4,194,304),
+    # 0.888% of the base's ~8,030M; 1.14 GB as fp32 weights + gradients + AdamW
+
+Per block: pre-projection 2*d*int(expansion*d), skip d*d (full) or 2*r*d (`skip_rank=r`). Memory is what
+training holds per trainable weight: fp32 weight, fp32 gradient and AdamW's two fp32 moments, 16 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .tuner.config import PreProjConfig
+
+__all__ = ["SHAPES", "Estimate", "ModelShape", "estimate"]
+
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weight 4 + fp32 gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's injection shape: blocks, width, and the base's own parameter count (published, rounded)."""
+
+    layers: int
+    dim: int
+    base_params: int
+
+
+SHAPES: MappingProxyType[str, ModelShape] = MappingProxyType({
+    "mini-pythia": ModelShape(4, 256, 7_353_856),  # assets/mini-pythia, counted
+    "pythia-160m": ModelShape(12, 768, 162_000_000),
+    "pythia-410m": ModelShape(24, 1024, 405_000_000),
+    "llama-3.2-1b": ModelShape(16, 2048, 1_236_000_000),
+    "llama-3-8b": ModelShape(32, 4096, 8_030_000_000),
+})
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Trainable weights of a config on a shape, per slot, and the bytes training holds for them."""
+
+    shape: str
+    layers: int
+    dim: int
+    blocks: int  # blocks the config injects into
+    preproj: int
+    skip: int
+    base_params: int
+
+    @property
+    def params(self) -> int:
+        return self.preproj + self.skip
+
+    @property
+    def train_bytes(self) -> int:
+        """fp32 weights + gradients + AdamW moments (16 bytes per trainable weight)."""
+        return self.params * TRAIN_BYTES_PER_PARAM
+
+    @property
+    def percent(self) -> float:
+        """Trainable weights as a percentage of the base's parameters."""
+        return 100.0 * self.params / self.base_params
+
+    def __str__(self) -> str:
+        return (f"{self.shape} ({self.blocks}/{self.layers} blocks, d={self.dim}): {self.params:,} trainable "
+                f"(pre-projection {self.preproj:,} + skip {self.skip:,}), {self.percent:.3g}% of the base's "
+                f"~{self.base_params / 1e6:,.0f}M; {_bytes(self.train_bytes)} as fp32 weights + gradients + AdamW")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def estimate(config: PreProjConfig, shape: str) -> Estimate:
+    """The trainable count and training memory of `config` on the named `shape` (one of `SHAPES`).
+
+    `config.layers` selects blocks as at inject time (a per-part dict is read for "language"); `parts` does
+    not change the count on these single-part shapes.
+    """
+    if not isinstance(config, PreProjConfig):
+        raise ValueError(f"estimate(config=...) takes a PreProjConfig, got {type(config).__name__}")
+    if shape not in SHAPES:
+        raise ValueError(f"estimate(shape={shape!r}); allowed values: {list(SHAPES)}")
+    s = SHAPES[shape]
+    d = s.dim
+    blocks = len(config.resolve_layers(s.layers, "language"))
+    preproj = 2 * d * config.inner_width(d) if config.preproj else 0
+    skip = (d * d if config.skip_rank is None else 2 * config.skip_rank * d) if config.skip else 0
+    return Estimate(shape, s.layers, d, blocks, preproj * blocks, skip * blocks, s.base_params)
