@@ -62,7 +62,9 @@ class ContentSkip(nn.Module):
             h = x.to(w.dtype) if not torch.is_autocast_enabled(x.device.type) else x
             return self.proj(h).to(x.dtype)
         dtype = resolve_compute_dtype(self.compute_dtype, x, w)
-        return F.linear(x.to(dtype), self.casts(w, dtype))
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return F.linear(x.to(dtype), self.casts(w, dtype))
+        return self.casts.linear(x.to(dtype), w)  # no graph: kept cast, prepacked where faster
 
     def _apply(self, fn, *args, **kwargs):
         self.casts.clear()  # `.to()`, `.cuda()`, `.float()`: new weights, possibly at a freed address
