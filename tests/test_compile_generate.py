@@ -60,6 +60,20 @@ def test_compiled_injected_decoder_matches_eager_forward_and_cached_decode(ids):
         assert (base(ids).logits - ref.logits).abs().max() > 100 * tol  # the test can fail: the modules count
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_host_modules_compile_to_one_graph_in_inference(dtype):
+    """No-grad inference on a half host: the weight casts are traced (no graph break, no guard per kept cast)."""
+    from mmpreproj.modules import ContentSkip, PreProjection
+
+    pp, skip = PreProjection(64), ContentSkip(64, init_std=0.05)
+    x = torch.randn(2, 5, 64).to(dtype)
+    with torch.no_grad():
+        for m in (pp, skip):
+            out = torch.compile(m, fullgraph=True, backend="eager")(x)
+            assert not m.casts._casts  # the trace kept nothing (a kept cast would be guarded on per weight)
+            torch.testing.assert_close(out, m(x), rtol=0, atol=0)
+
+
 def test_static_cache_compiled_generation_matches_eager_generation(ids):
     model = tiny_llama()
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_scores=True)

@@ -34,7 +34,8 @@ class WeightCasts:
     `generate`) each weight is cast once per dtype and kept, keyed on the parameter's storage, in-place version
     and device: `load_state_dict`/`load_adapter` (in-place copies) and foreach/for-loop optimizer steps make a
     new cast, and the modules drop their casts on `.to()`. Writes that bypass version counters without a training forward first
-    (through `.data`, a fused optimizer stepping on gradients set by hand) need `clear()`. A plain attribute,
+    (through `.data`, a fused optimizer stepping on gradients set by hand) need `clear()`. While torch.compile
+    or torch.export traces, the cast is a traced op (nothing kept, no guard per weight). A plain attribute,
     never in a state dict.
     """
 
@@ -50,6 +51,8 @@ class WeightCasts:
             return weight
         if torch.is_grad_enabled() and weight.requires_grad:
             self._casts.clear()
+            return weight.to(dtype)
+        if torch.compiler.is_compiling():  # a traced cast (one graph; no guard on this cache's keys per weight)
             return weight.to(dtype)
         return self._kept(weight, dtype)
 
