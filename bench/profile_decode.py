@@ -5,9 +5,7 @@
 Prefills 128 tokens, then profiles `--steps` single-token steps of the base and of the injected model (default
 `PreProjConfig`), and prints, per aten op, the calls per step and self CPU microseconds per step of each model
 and the difference, sorted by the difference; then the per-step totals (op calls, self CPU time, wall time).
-Also times the wrapper's Python around its matmuls: one step with the modules' forwards replaced by no-ops would
-change results, so instead the profile's "PreProjAttention"-scoped self time (Python and small ops that are no
-matmul) is reported.
+Counts are exact; times on a shared machine are not (run it twice, or read them beside bench_decode.py).
 """
 
 from __future__ import annotations
