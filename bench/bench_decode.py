@@ -154,6 +154,7 @@ def run(shape: str, layers: int | None, dtypes: list[str], prompt_len: int, step
         prompt = torch.randint(0, base.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
         row: dict = {"weight_bytes_ratio": weight_bytes(models["injected"], head) / weight_bytes(models["base"], head)}
         if compiled:
+            torch._dynamo.reset()  # a fresh compile per host dtype (else the recompile limit drops frames to eager)
             t0 = time.perf_counter()
             for k in ("base", "injected"):
                 models[f"{k} compiled"] = c = torch.compile(models[k])
