@@ -6,7 +6,8 @@ Runs each bench script in its own process (same machine, one after another) with
 figures into one markdown table (with `--runs N`, the whole set N times: each cell is the median, with the range): inference overhead vs FLOP ratio (GPT-NeoX 160M/410M shapes, ViT-B/16),
 a bf16 host's forward and decode with fp32 / host-dtype / bf16 modules and its training memory, KV-cache bytes ratio, training tokens/s vs peft LoRA at the paper's rank,
 RoPE apply vs reference implementations, compiled vs eager, the Llama-3.2-1B and Qwen2-VL-2B-vision shapes'
-forward overhead, and the KV-cache bytes ratio of every decoder row. Random weights; no downloads.
+forward overhead, the KV-cache bytes ratio of every decoder row, and batch-1 decode per token on fp32 and bf16
+hosts (160M with its LM head; the Llama-3.2-1B decoder body per layer) beside the weight-bytes ratio. Random weights; no downloads.
 """
 
 from __future__ import annotations
@@ -66,7 +67,21 @@ def rows(res: dict) -> list[tuple[str, float, str]]:
         out.append((f"{r['case']} (N={r['N']}) apply time", r["ratio"], "1.00 = peer"))
     for r in res["compile"]["rows"]:
         out.append((f"{r['model']}: compiled / eager", r["compiled_vs_eager"], f"compile {r['compile_s']:.0f} s"))
-    return out + host_rows(res)
+    return out + host_rows(res) + decode_rows(res)
+
+
+def decode_rows(res: dict) -> list[tuple[str, float, str]]:
+    """Batch-1 decode per token over the base (bench_decode.py): 160M with its LM head, Llama-3.2-1B body per layer."""
+    out = []
+    for key, what in (("decode160", "GPT-NeoX 160M"), ("decode_llama", "Llama-3.2-1B shape, decoder body")):
+        d = res[key]
+        for host, row in d["hosts"].items():
+            for k, r in row["decode"].items():
+                if k != "base":
+                    out.append((f"{what} decode per token ({host} host, {d['new_tokens']} after {d['prompt']}), {k} / base",
+                                r["ratio"], f"weight bytes {row['weight_bytes_ratio']:.3f}; {d['repeats']} repeats "
+                                f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}"))  # fmt: skip
+    return out
 
 
 def host_rows(res: dict) -> list[tuple[str, float, str]]:
@@ -98,6 +113,11 @@ def run_once(quick: bool) -> dict:
                                                  "--vision-layers", "1" if quick else "2",
                                                  "--image", "224" if quick else "448", *rep]),  # fmt: skip
         "kv_rows": _run("bench_kv_rows.py", []),
+        # decode: one torch thread, its CPU time (robust to a shared machine's preemption), variants step by step
+        "decode160": _run("bench_decode.py", ["--shape", "160m", "--new", "4" if quick else "16", *rep,
+                                              "--threads", "1", "--clock", "cpu"]),
+        "decode_llama": _run("bench_decode.py", ["--shape", "llama1b", "--layers", "1" if quick else "2",
+                                                 "--new", "4" if quick else "16", *rep, "--threads", "1", "--clock", "cpu"]),
     }
 
 

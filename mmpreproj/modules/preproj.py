@@ -87,7 +87,14 @@ class PreProjection(nn.Module, TunerSlot):
             h = x.to(w_up.dtype) if not torch.is_autocast_enabled(x.device.type) else x
             return (h + self._delta(h, w_up, w_down)).to(x.dtype)
         dtype = resolve_compute_dtype(self.compute_dtype, x, w_up)
-        delta = self._delta(x.to(dtype), self.casts(w_up, dtype), self.casts(w_down, dtype))
+        h = x.to(dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or w_up.requires_grad or w_down.requires_grad):
+            delta = self._delta(h, self.casts(w_up, dtype), self.casts(w_down, dtype))
+        else:  # no graph (inference, generate): kept casts, prepacked where that is faster (`WeightCasts.linear`)
+            casts = self.casts
+            delta = casts.linear(self.act(casts.linear(h, w_up)), w_down)
+            if x.dtype == dtype:  # the line below without its two no-op casts (decode pays per op)
+                return x + delta
         return (x + delta.to(x.dtype)).to(dtype)  # x^ + delta rounded once, into the dtype computed in
 
     def _apply(self, fn, *args, **kwargs):

@@ -10,7 +10,8 @@ No activations are kept between calls. What the wrapper does keep: the seam chec
 (then dropped), the observers a reader registered (`observe`, e.g. `mmpreproj.analysis.routing_ratios`),
 and, inside the pre-projection and the skip, each weight cast once to the compute dtype for inference
 (`modules.compute.WeightCasts`: a bf16 host would otherwise recast the fp32 weights on every decode step;
-rebuilt after any in-place update, never used while a gradient is needed, never in a state dict).
+on a CPU with oneDNN bf16 kernels the kept copy is prepacked, `modules.onednn`; rebuilt after any in-place
+update, never used while a gradient is needed or while torch.compile traces, never in a state dict).
 
 The wrappers of one injection share an `InFlight`: the number of autograd graphs through their trainable
 weights that are not backwarded yet, so that `set_adapter` can refuse a switch between forward and backward.
