@@ -241,8 +241,9 @@ def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg,
             by_method.setdefault(r["method"], []).append((r["params"], r["mean"], r["std"] or 0.0))
     extra = {"preproj_skip, paper size": [(r["params"], r["mean"], r["std"] or 0.0) for r in rows
                                           if r["budget"] == "paper" and r["mean"] is not None]}
-    plot_pareto({**by_method, **{k: v for k, v in extra.items() if v}}, out / "pareto.png", baseline=baseline,
-                title=f"{state['preset']}: PPL at each method's best LR vs trainable parameters")
+    plot_pareto({**by_method, **{k: v for k, v in extra.items() if v}}, out / "pareto.png",  # no base line: it
+                title=f"{state['preset']}: PPL at each method's best LR vs trainable parameters "  # flattens the rest
+                f"(untrained base {baseline:.0f})")
     figures = []
     for label in dict.fromkeys(r["budget"] for r in rows):
         series = {r["method"]: [(float(lr), v) for lr, v in r["curve"].items() if v is not None]
