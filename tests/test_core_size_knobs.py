@@ -79,13 +79,14 @@ def test_save_load_round_trip_of_a_rank_r_skip_and_a_bottleneck(tmp_path, tokens
     want = model(tokens).logits.detach()
     norms = skip_norms(model)
     path = mmpreproj.save_adapter(model, tmp_path / "adapter")
-    saved = json.loads((path / "adapter_config.json").read_text())
-    assert saved["config"]["skip_rank"] == 3 and saved["config"]["expansion"] == 1 / 16
+    saved = json.loads((path / "adapter_config.json").read_text())  # peft's flat config
+    assert saved["peft_type"] == "PREPROJ" and saved["skip_rank"] == 3 and saved["expansion"] == 1 / 16
     from safetensors.torch import load_file
 
     shapes = {k: tuple(v.shape) for k, v in load_file(str(path / "adapter_model.safetensors")).items()}
-    assert shapes["blocks.0.skip.down.weight"] == (3, 32) and shapes["blocks.0.skip.up.weight"] == (32, 3)
-    assert shapes["blocks.0.preproj.up.weight"] == (2, 32)  # int(32 / 16) = 2
+    block0 = "base_model.model.gpt_neox.layers.0.attention"  # peft's key of block 0's wrapper
+    assert shapes[f"{block0}.skip.down.weight"] == (3, 32) and shapes[f"{block0}.skip.up.weight"] == (32, 3)
+    assert shapes[f"{block0}.preproj.up.weight"] == (2, 32)  # int(32 / 16) = 2
     fresh = tiny_neox()
     torch.manual_seed(77)
     mmpreproj.load_adapter(fresh, path)
