@@ -22,10 +22,10 @@ from mmpreproj import PreProjAttention, PreProjConfig
 from mmpreproj.hosts import find_host
 
 
-def swin(width=64, depth=2, seed=0, **kw):
+def swin(width=64, depth=2, seed=0, window_size=4, **kw):
     """One stage on a 6x6 patch grid with 4x4 windows: padded to 8x8; block 1 is shifted by 2."""
     torch.manual_seed(seed)
-    return SwinTransformer(img_size=24, patch_size=4, window_size=4, embed_dim=width, depths=(depth,),
+    return SwinTransformer(img_size=24, patch_size=4, window_size=window_size, embed_dim=width, depths=(depth,),
                            num_heads=(4,), num_classes=10, **kw).eval()
 
 
@@ -236,3 +236,22 @@ def test_features_only_coatnet_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="is a TransformerBlock2d: "):
         mmpreproj.inject(model)
     assert_same_snapshot(snapshot(model), before)
+
+
+VARIANTS = {  # other configurations of the rows (MaxxViT-V2's registered models: grid attention only)
+    "maxvit_grid_only": (lambda: maxvit(no_block_attn=True), images, 2),
+    "maxvit_rel_pos_mlp": (lambda: maxvit(rel_pos_type="mlp"), images, 4),
+    "swin_one_window_no_pad_no_shift": (lambda: swin(window_size=6), swin_images, 2),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS, ids=VARIANTS.keys())
+def test_variants_inject_at_identity(name):
+    builder, inputs, count = VARIANTS[name]
+    model = builder().double()
+    x = tuple(t.double() for t in inputs())
+    with torch.no_grad():
+        ref = model(*x)
+        mmpreproj.inject(model, IDENTITY)
+        assert len(mmpreproj.injected_modules(model)) == count
+        torch.testing.assert_close(model(*x), ref, atol=1e-9, rtol=0)
