@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     open_clip,
     timm_variants,
     timm_vit,
+    timm_windows,
     transformers_decoders,
     transformers_encoders,
     transformers_vision,
