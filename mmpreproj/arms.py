@@ -90,6 +90,17 @@ def eval_arm(model: nn.Module, tokenizer, settings: dict[str, Any], *, data_sour
     return flat, items
 
 
+def baseline_arm(out: Path, model_id: str, base: nn.Module, eval_key: dict[str, Any],
+                 run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The untrained base's row (`out/baseline`, read back when finished with the same `eval_key`)."""
+    def baseline(fresh: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        row, its = run_eval(base)
+        return {"method": "baseline", "params": 0, **row}, its
+
+    row, _, _ = run_arm(out / "baseline", {"model": model_id, **eval_key}, baseline)
+    return row
+
+
 def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> tuple[nn.Module, dict[str, Any]]:
     """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`); writes the
     run folder's `loss_curve.png`. Returns the trained model and a row of training facts."""

@@ -25,7 +25,7 @@ from typing import Any
 from .analysis import plot_lr_sweep
 from .analysis.plot import plot_pareto
 from .analysis.stats import compare, mean_std
-from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
+from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
 from .sweep import SWEEP_EVAL, check_lrs
 from .train import get_preset, load_model_and_tokenizer
@@ -128,11 +128,7 @@ def budget_study(
     def run_eval(model):
         return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
 
-    def baseline(fresh: bool):
-        row, its = run_eval(base)
-        return {"method": "baseline", "params": 0, **row}, its
-
-    base_row, _, _ = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
+    base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
     state: dict[str, Any] = {"preset": preset, "command": command, "dim": dim, "layers": layers,
                              "base_params": base_params, "baseline": base_row, "seeds": seed_list,
                              "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "reused": 0}

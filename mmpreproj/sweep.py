@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .analysis import plot_lr_sweep
-from .arms import arm_key, eval_arm, finish_curve, run_arm, train_arm
+from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
 from .train import get_preset, load_model_and_tokenizer
 from .train.methods import check_methods
@@ -101,11 +101,7 @@ def lr_sweep(
     def run_eval(model):
         return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
 
-    def baseline(fresh: bool):
-        row, its = run_eval(base)
-        return {"method": "baseline", "params": 0, **row}, its
-
-    base_row, _, _ = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
+    base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
     points: dict[str, dict[float, dict[str, Any]]] = {}
     reused_n = 0
     for lr in lrs:  # LR-major: a sweep cut short still compares the methods at the LRs it reached

@@ -34,6 +34,7 @@ __all__ = [
     "block_keys_from_peft",
     "block_keys_to_peft",
     "description_from_peft_config",
+    "injection_of",
     "is_legacy_description",
     "peft_config_from_description",
 ]
@@ -57,11 +58,16 @@ def is_legacy_description(cfg: dict[str, Any]) -> bool:
     return "peft_type" not in cfg and "config" in cfg
 
 
+def injection_of(desc: dict[str, Any]) -> dict[str, Any]:
+    """A description without its `config`: the `injection` record of the peft layout."""
+    return {k: v for k, v in desc.items() if k != "config"}
+
+
 def peft_config_from_description(desc: dict[str, Any]) -> dict[str, Any]:
     """The peft `adapter_config.json` object of an in-memory description (`InjectionState.describe` plus the
     writer's keys): the config's fields at the top level, everything else under `injection`."""
     config = dict(desc["config"])
-    config["injection"] = {k: v for k, v in desc.items() if k != "config"}
+    config["injection"] = injection_of(desc)
     config["base_model_name_or_path"] = config.get("base_model_name_or_path") or desc.get("base_model_name_or_path")
     return config
 

@@ -23,7 +23,7 @@ from .. import named_adapters
 from ..modules.wrapper import PreProjAttention
 from ..unwrap import injected_owner
 from .config import PreProjConfig
-from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft
+from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
 
 __all__ = ["MERGE_REFUSED", "PreProjModel"]
 
@@ -56,15 +56,9 @@ class PreProjModel(BaseTuner):
             _adapter.inject(model, config, adapter_name=adapter_name)
             if config.inference_mode:
                 self.set_requires_grad(adapter_name, requires_grad=False)
-        _, state = injected_owner(model, "PreProjModel")
-        self.targeted_module_names = list(state.modules)
-        config.injection = self._injection(model, adapter_name)
-
-    @staticmethod
-    def _injection(model: nn.Module, adapter_name: str) -> dict:
-        """What the injection resolved (saved as `injection` in adapter_config.json)."""
         owner, state = injected_owner(model, "PreProjModel")
-        return {k: v for k, v in _adapter.describe_for_save(owner, adapter_name).items() if k != "config"}
+        self.targeted_module_names = list(state.modules)
+        config.injection = injection_of(_adapter.describe_for_save(owner, adapter_name))  # what it resolved
 
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         return peft_config
@@ -153,8 +147,8 @@ class PreProjModel(BaseTuner):
         """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
         tensors = _adapter.named_adapter_tensors(owner, adapter_name)
-        desc = _adapter.describe_for_save(owner, adapter_name)
-        config.injection = {k: v for k, v in desc.items() if k != "config"}  # fresh facts for the config file
+        desc = _adapter.describe_for_save(owner, adapter_name, tensors)
+        config.injection = injection_of(desc)  # fresh facts for the config file peft writes next
         return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
 
     @classmethod
