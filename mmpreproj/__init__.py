@@ -10,7 +10,12 @@ Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), 
 """
 
 from . import hosts, rope
-from .adapter import (
+from .modules import ContentSkip, PreProjAttention, PreProjection
+from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
+from .tuner import PreProjModel
+from .tuner.config import PreProjConfig
+from .tuner.estimate import Estimate, estimate
+from .tuner.inject import (
     adapter_disabled,
     adapter_state_dict,
     inject,
@@ -21,14 +26,9 @@ from .adapter import (
     set_adapter_state_dict,
     unload,
 )
-from .estimate import Estimate, estimate
-from .modules import ContentSkip, PreProjAttention, PreProjection
-from .named_adapters import active_adapter, adapter_names, delete_adapter, set_adapter
-from .pretrained import from_pretrained
-from .report import TrainableReport, trainable_report
-from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
-from .tuner import PreProjModel
-from .tuner.config import PreProjConfig
+from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
+from .tuner.pretrained import from_pretrained
+from .tuner.report import TrainableReport, trainable_report
 from .version import __version__
 
 __all__ = [

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_size_args(p)
 
     p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
-    from .sweep import DEFAULT_LRS
+    from .experiments.sweep import DEFAULT_LRS
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_size_args(p)
 
     p = sub.add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
-    from .budget import DEFAULT_BUDGETS
+    from .experiments.budget import DEFAULT_BUDGETS
     from .train.sizes import BUDGET_METHODS
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
@@ -254,8 +254,8 @@ def _existing(flag: str, value: str | None) -> None:
 
 def _adapter_folder(flag: str, value: str) -> None:
     """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
-    from .adapter import ADAPTER_CONFIG_NAME
     from .train.adapters import run_adapter_dir
+    from .tuner.inject import ADAPTER_CONFIG_NAME
 
     _existing(flag, value)
     if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
@@ -313,15 +313,15 @@ def _check_args(args: argparse.Namespace) -> None:
         for run in args.runs:
             _adapter_folder("run folder", run)
     elif command == "sweep":
-        from .sweep import parse_lrs
+        from .experiments.sweep import parse_lrs
 
         _names("--methods", args.methods, METHODS)
         parse_lrs(args.lrs, flag="--lrs")
         _count("--seed", args.seed, 0)
         _count("--limit", args.limit, 1)
     elif command == "budget":
-        from .budget import parse_budgets
-        from .sweep import parse_lrs
+        from .experiments.budget import parse_budgets
+        from .experiments.sweep import parse_lrs
         from .train.sizes import BUDGET_METHODS
 
         methods = _names("--methods", args.methods, BUDGET_METHODS)
@@ -332,7 +332,7 @@ def _check_args(args: argparse.Namespace) -> None:
         _count("--seeds", args.seeds, 1)
         _count("--max-extend", args.max_extend, 0)
     elif command in ("reproduce", "demo"):
-        from .reproduce import parse_seeds
+        from .experiments.reproduce import parse_seeds
 
         _names("--methods", args.methods, METHODS)
         parse_seeds(args.seeds, 0, flag="--seeds")
@@ -385,9 +385,9 @@ def _adapters(values: list[str] | None) -> list[str]:
 
 def _eval(args: argparse.Namespace) -> str:
     from .eval import adapters_table, evaluate, evaluate_adapters
-    from .io import atomic_write
     from .train import load_model_and_tokenizer, load_run_adapter
     from .train.config import TrainConfig
+    from .util.io import atomic_write
 
     adapters = _adapters(args.adapter)
     model, tok = load_model_and_tokenizer(TrainConfig(model=args.model, device="auto"))
@@ -417,7 +417,7 @@ def _eval(args: argparse.Namespace) -> str:
 
 def _analyze(args: argparse.Namespace) -> str:
     from .analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
-    from .reproduce import _ratio_batches, _ratio_texts
+    from .experiments.reproduce import _ratio_batches, _ratio_texts
     from .train import load_model_and_tokenizer, load_run_adapter, run_adapter_dir
     from .train.config import TrainConfig
 
@@ -446,7 +446,7 @@ def _analyze(args: argparse.Namespace) -> str:
 
 
 def _reproduce(args: argparse.Namespace, preset: str) -> str:
-    from .reproduce import reproduce
+    from .experiments.reproduce import reproduce
     from .train.methods import METHODS
 
     methods = _names("--methods", args.methods, METHODS)
@@ -454,7 +454,7 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
     kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress,
                               "seeds": args.seeds, "command": _command_line()}
     if methods or args.command == "demo":
-        from .reproduce import DEMO_METHODS
+        from .experiments.reproduce import DEMO_METHODS
 
         kwargs["methods"] = methods or DEMO_METHODS
     if args.limit is not None:
@@ -478,7 +478,7 @@ def _command_line() -> str:
 
 
 def _sweep(args: argparse.Namespace) -> str:
-    from .sweep import lr_sweep, parse_lrs
+    from .experiments.sweep import lr_sweep, parse_lrs
     from .train.methods import METHODS
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
@@ -491,8 +491,8 @@ def _sweep(args: argparse.Namespace) -> str:
 
 
 def _budget(args: argparse.Namespace) -> str:
-    from .budget import budget_study, parse_budgets
-    from .sweep import parse_lrs
+    from .experiments.budget import budget_study, parse_budgets
+    from .experiments.sweep import parse_lrs
     from .train.sizes import BUDGET_METHODS
 
     out = args.out or f"runs/{args.preset}-budget"

@@ -72,7 +72,7 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
 
     from mmpreproj.analysis import routing_ratios
     from mmpreproj.eval import evaluate
-    from mmpreproj.reproduce import _ratio_batches, _ratio_texts
+    from mmpreproj.experiments.reproduce import _ratio_batches, _ratio_texts
 
     run = tmp_path / "run"
     common = ["--model", str(tiny_model_dir), "--steps", "3", "--warmup-steps", "1", "--num-lines", "16",
@@ -124,7 +124,7 @@ def test_reproduce_writes_table(tiny_model_dir, tmp_path):
 
 
 def test_table_puts_paper_figures_beside_ours():
-    from mmpreproj.reproduce import format_table
+    from mmpreproj.experiments.reproduce import format_table
 
     rows = [{"method": "preproj_skip", "params": 24_772_608, "lambada.acc": 0.2, "ppl.ppl": 50.0, "lambada.ppl": 9.5}]
     line = format_table(rows, "pythia-160m").splitlines()[2]

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-import mmpreproj.arms as arms
-from mmpreproj.reproduce import reproduce
-from mmpreproj.sweep import lr_sweep
+import mmpreproj.experiments.arms as arms
+from mmpreproj.experiments.reproduce import reproduce
+from mmpreproj.experiments.sweep import lr_sweep
 
 REAL_TRAIN = arms.train
 FAST = {"steps": 2, "warmup_steps": 1, "max_len": 32, "batch_size": 2, "num_lines": 16, "save_every": 1}

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mmpreproj.analysis.stats import compare, mean_std, paired_bootstrap, t_interval, t_quantile
-from mmpreproj.reproduce import parse_seeds
+from mmpreproj.experiments.reproduce import parse_seeds
 from mmpreproj.train.methods import expected_trainable, matched_lora_rank
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj.hosts import trace_seams
+from mmpreproj.tuner import trace_seams
 from mmpreproj.tuner.config import PreProjConfig
 from tests.helpers.adapter_json import load_desc
 

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj import adapter_files
-from mmpreproj.adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
+from mmpreproj.tuner.inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
+from mmpreproj.util import file_sets as adapter_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ CHILD = """
 import os, signal, sys, torch
 from torch import nn
 import mmpreproj
-from mmpreproj import adapter_files
+from mmpreproj.util import file_sets as adapter_files
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
 

@@ -10,7 +10,7 @@ import pytest
 
 from mmpreproj import PreProjConfig
 from mmpreproj.train import TrainConfig
-from mmpreproj.validate import ConfigTypeError
+from mmpreproj.util.validate import ConfigTypeError
 
 
 @pytest.mark.parametrize(

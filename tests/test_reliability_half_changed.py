@@ -147,7 +147,7 @@ def test_unload_freezes_again_the_modules_to_save_inject_made_trainable():
 
 
 def test_trace_seams_keeps_the_callers_rng_and_traces_a_train_mode_model_with_dropout():
-    from mmpreproj.hosts import trace_seams
+    from mmpreproj.tuner import trace_seams
 
     model = tiny_neox(attention_dropout=0.5, hidden_dropout=0.5).train()
     model.gpt_neox.layers[1].eval()  # a mixed model: each flag comes back as it was
@@ -182,8 +182,8 @@ def _saved_pair(folder, seed):
 def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
     import transformers as tf
 
-    import mmpreproj.adapter as adapter_module
-    from mmpreproj import adapter_files
+    import mmpreproj.tuner.inject as adapter_module
+    from mmpreproj.util import file_sets as adapter_files
 
     _saved_pair(tmp_path, seed=1)
     newer = mmpreproj.inject(tiny_neox(seed=7), PreProjConfig(skip_init_std=0.05))  # another base, another adapter

@@ -16,8 +16,8 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter import read_adapter
 from mmpreproj.modules import PreProjAttention
+from mmpreproj.tuner.inject import read_adapter
 from tests.helpers.adapter_json import dump_desc, load_desc
 
 

@@ -134,8 +134,8 @@ def test_list_options_are_checked_in_full_before_any_work(capsys, tmp_path, monk
 
 
 def test_sweep_and_reproduce_check_every_arm_before_writing_or_loading(tmp_path, no_work):
-    from mmpreproj.reproduce import reproduce
-    from mmpreproj.sweep import lr_sweep
+    from mmpreproj.experiments.reproduce import reproduce
+    from mmpreproj.experiments.sweep import lr_sweep
 
     with pytest.raises(ValueError, match=r"lrs: nan is not a finite number > 0"):
         lr_sweep("mini", tmp_path / "sweep", lrs=[1e-3, math.nan])
@@ -219,9 +219,9 @@ def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, e
 
 
 def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
-    from mmpreproj.adapter import new_adapter_modules
     from mmpreproj.modules import AttentionCall, PreProjAttention
     from mmpreproj.tuner.config import PreProjConfig
+    from mmpreproj.tuner.inject import new_adapter_modules
 
     preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
     wrapper = PreProjAttention(torch.nn.Identity(), AttentionCall(inputs=((1, "mask"),), output_index=None),
@@ -298,7 +298,7 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
     old = mmpreproj.inject(tiny_neox())
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
     files = {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()}
-    monkeypatch.setattr("mmpreproj.adapter.save_file", _disk_full)
+    monkeypatch.setattr("mmpreproj.tuner.inject.save_file", _disk_full)
     with pytest.raises(CheckpointWriteError, match=r"cannot write the adapter to .*adapter: OSError: No space left "
                        r"on device; nothing there was replaced \(the previous adapter files, if any, are kept\)"):
         save_run_adapter(mmpreproj.inject(tiny_neox(seed=1)), "preproj_skip", tmp_path / "adapter")
@@ -344,7 +344,7 @@ def test_resume_from_a_damaged_checkpoint_names_the_checkpoint_folder(trainer_an
 
 
 def test_a_deeply_nested_json_file_is_called_corrupt_by_name(tmp_path):
-    from mmpreproj.arms import read_arm
+    from mmpreproj.experiments.arms import read_arm
     from mmpreproj.train import TrainConfig, load_run_adapter
 
     nested = "[" * 100_000 + "]" * 100_000

@@ -18,7 +18,7 @@ from test_host_transformers import BUILDERS, _gpt2, _qwen2_vl, vl_forward, vl_in
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.pretrained import PRETRAINED_ADAPTER_DIR
+from mmpreproj.tuner.pretrained import PRETRAINED_ADAPTER_DIR
 from tests.helpers.adapter_json import load_desc
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))
@@ -240,7 +240,7 @@ def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loa
     strict=False)`; going on would keep the adapter the run started with, so it is refused, naming the call."""
     import warnings
 
-    from mmpreproj.pretrained import _base_key_hooks
+    from mmpreproj.tuner.pretrained import _base_key_hooks
 
     _, model, out = _trained(CASES[1])
     model.save_pretrained(tmp_path)

@@ -13,8 +13,8 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
+from mmpreproj.tuner.inject import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
 from tests.helpers.adapter_json import load_desc
 
 # --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
@@ -112,7 +112,7 @@ def test_training_data_from_the_hub_uses_the_one_hub_probe(monkeypatch):
 
 
 def test_every_list_of_methods_is_read_from_the_one_table():
-    from mmpreproj import reproduce, sweep  # noqa: F401
+    from mmpreproj.experiments import reproduce, sweep  # noqa: F401
     from mmpreproj.train import config as train_config
     from mmpreproj.train.methods import METHOD_SPECS, METHODS, PAPER_METHODS, check_methods
 
@@ -152,7 +152,7 @@ def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path
 
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
     mmpreproj.save_adapter(model, tmp_path)
-    from mmpreproj.adapter import read_adapter
+    from mmpreproj.tuner.inject import read_adapter
 
     cfg_file = tmp_path / ADAPTER_CONFIG_NAME
     tensors = read_adapter(tmp_path)[1]  # keyed blocks.{i}.*, as mmpreproj 0.1.0 keyed the file

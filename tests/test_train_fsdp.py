@@ -14,10 +14,10 @@ from conftest import assert_adamw_runs_agree, tiny_neox
 from test_train_distributed import WORKER, _free_port
 
 import mmpreproj
-from mmpreproj.adapter import read_adapter
 from mmpreproj.cli import build_parser
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.trainer import seed_everything
+from mmpreproj.tuner.inject import read_adapter
 
 
 def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mmpreproj.arms import arm_key
-from mmpreproj.budget import _next_lr, budget_study, parse_budgets
+from mmpreproj.experiments.arms import arm_key
+from mmpreproj.experiments.budget import _next_lr, budget_study, parse_budgets
 from mmpreproj.train import get_preset
 from mmpreproj.train.sizes import budget_params, sizes_for_budget, sizes_for_method
 
@@ -110,8 +110,8 @@ def test_budget_study_end_to_end(tiny_model_dir, tmp_path):
 
 
 def test_a_trained_rank_r_arm_has_the_formulas_count(tiny_model_dir, tmp_path):
-    from mmpreproj.report import trainable_report
     from mmpreproj.train import train
+    from mmpreproj.tuner.report import trainable_report
 
     cfg = get_preset("mini", method="preproj_skip", model=str(tiny_model_dir), steps=1, warmup_steps=0, save_every=0,
                      expansion=0.25, skip_rank=3, layers=[-1], out=str(tmp_path / "run"), progress=False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..adapter import parse_adapter_key, read_adapter
 from ..modules import PreProjAttention
+from ..tuner.inject import parse_adapter_key, read_adapter
 
 __all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKIP_NORMS"]
 

@@ -15,6 +15,5 @@ from . import (  # noqa: F401
     transformers_vlm,
 )
 from .registry import HOSTS, HostSpec, find_host, get_host, register_host
-from .trace import trace_seams
 
-__all__ = ["HOSTS", "HostSpec", "find_host", "get_host", "register_host", "trace_seams"]
+__all__ = ["HOSTS", "HostSpec", "find_host", "get_host", "register_host"]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..adapter import is_injected
+from ..tuner.inject import is_injected
 
 __all__ = [
     "COMPUTE_DTYPES",

@@ -39,7 +39,7 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 
-from ..adapter import (
+from ..tuner.inject import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
     adapter_state_dict,
@@ -49,9 +49,9 @@ from ..adapter import (
     save_adapter,
     set_adapter_state_dict,
 )
-from ..adapter import load_adapter as _inject_from
-from ..io import set_new_file_modes
+from ..tuner.inject import load_adapter as _inject_from
 from ..tuner.keys import is_other_peft_method
+from ..util.io import set_new_file_modes
 
 __all__ = [
     "PREPROJ_SUBDIR",
@@ -218,7 +218,7 @@ class PreProjTrainerMixin:
 
 def _refuse_full_fine_tune(model: nn.Module, trainer: str) -> None:
     """ValueError with the call to make when `model` has no injection and no peft adapter."""
-    from ..adapter import _peft_layers
+    from ..tuner.inject import _peft_layers
 
     if is_injected(model) or _peft_layers(model) or not any(p.requires_grad for p in model.parameters()):
         return

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import adapter as _adapter
-from ..io import set_new_file_modes
+from ..tuner import inject as _adapter
 from ..tuner.config import PreProjConfig
 from ..tuner.keys import as_description, is_other_peft_method
+from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS, METHODS
 from .runlog import CONFIG_NAME

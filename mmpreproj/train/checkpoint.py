@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..io import atomic_write, remove_stale_temps
+from ..util.io import atomic_write, remove_stale_temps
 from ..version import __version__
 from .errors import CheckpointWriteError
 

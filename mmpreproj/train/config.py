@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from ..jsonconfig import JsonConfig
 from ..tuner.config import PreProjConfig
-from ..validate import check_choice, check_field_types, check_rule
+from ..util.jsonconfig import JsonConfig
+from ..util.validate import check_choice, check_field_types, check_rule
 from .methods import METHOD_SPECS, METHODS  # the one definition of the method names
 
 __all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "SIZE_DEFAULTS", "TrainConfig"]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import adapter as _adapter
+from ..tuner import inject as _adapter
 from ..tuner.config import PreProjConfig
 
 __all__ = [

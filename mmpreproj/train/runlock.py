@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..io import set_new_file_mode
+from ..util.io import set_new_file_mode
 
 __all__ = ["RUN_LOCK_NAME", "RunInUseError", "run_lock"]
 

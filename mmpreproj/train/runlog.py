@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write
+from ..util.io import atomic_write
 
 __all__ = ["CONFIG_NAME", "LOG_NAME", "METRICS_NAME", "StepLog", "write_json"]
 

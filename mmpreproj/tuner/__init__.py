@@ -6,7 +6,8 @@ from .config import PreProjConfig
 from .model import MERGE_REFUSED, PreProjModel
 from .peft_type import PREPROJ
 from .register import register_preproj
+from .trace import trace_seams
 
-__all__ = ["MERGE_REFUSED", "PREPROJ", "PreProjConfig", "PreProjModel", "register_preproj"]
+__all__ = ["MERGE_REFUSED", "PREPROJ", "PreProjConfig", "PreProjModel", "register_preproj", "trace_seams"]
 
 register_preproj()

@@ -14,10 +14,10 @@ from typing import Any
 from peft import PeftConfig
 
 from ..hosts.paths import PathError, check_path
-from ..jsonconfig import JsonConfig
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
-from ..validate import check_choice, check_field_types, check_rule
+from ..util.jsonconfig import JsonConfig
+from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
 from .peft_type import PREPROJ
 

@@ -109,7 +109,7 @@ def _module_table(desc: dict[str, Any], where: str) -> tuple[dict[int, str], dic
 def block_keys_to_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any], prefix: str = PEFT_PREFIX,
                        where: str = "adapter") -> dict[str, torch.Tensor]:
     """Block-index keys (`blocks.{i}.{slot}.{param}`, `modules.{name}.{param}`) -> peft keys."""
-    from ..adapter import parse_adapter_key
+    from .inject import parse_adapter_key
 
     blocks, saved = _module_table(desc, where)
     out = {}
@@ -124,7 +124,7 @@ def block_keys_from_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any],
                          where: str = "adapter") -> dict[str, torch.Tensor]:
     """peft keys (with or without the `base_model.model.` prefix) -> block-index keys; ValueError naming a key
     that is no weight of this adapter."""
-    from ..adapter import adapter_key
+    from .inject import adapter_key
 
     blocks, saved = _module_table(desc, where)
     table = {f"{path}.{slot}.": (index, slot) for index, path in blocks.items() for slot in SLOTS}

@@ -18,12 +18,12 @@ import torch
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from .. import adapter as _adapter
-from .. import named_adapters
 from ..modules.wrapper import PreProjAttention
-from ..unwrap import injected_owner
+from . import inject as _adapter
+from . import named as named_adapters
 from .config import PreProjConfig
 from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
+from .unwrap import injected_owner
 
 __all__ = ["MERGE_REFUSED", "PreProjModel"]
 

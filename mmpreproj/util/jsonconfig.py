@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .version import __version__
+from ..version import __version__
 
 __all__ = ["JsonConfig"]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .tuner.config import PreProjConfig
+from .config import PreProjConfig
 from .unwrap import injected_owner
 
 __all__ = [
@@ -77,7 +77,7 @@ def active_adapter(model: nn.Module) -> str:
 
 
 def _wrappers(owner: nn.Module) -> list:
-    from .adapter import injected_modules
+    from .inject import injected_modules
 
     return injected_modules(owner)
 
@@ -148,7 +148,7 @@ def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
 
 def _paths_of(description: dict) -> dict:
     """The paths of a saved description in one normal form (old spellings read as today's)."""
-    from .hosts.spec import HostSpec
+    from ..hosts.spec import HostSpec
 
     spec = HostSpec.from_dict(description)
     return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
@@ -161,7 +161,7 @@ def add_named_adapter(
 
     Everything is checked and built first; on error nothing changed.
     """
-    from .adapter import _saved_module_tensors, adapter_key, check_tensors_match, new_adapter_modules
+    from .inject import _saved_module_tensors, adapter_key, check_tensors_match, new_adapter_modules
 
     owner, state = injected_owner(model, "load_adapter")
     check_adapter_name(name)
@@ -205,7 +205,7 @@ def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.
     The config must inject the same slots at the same blocks; its init (and `skip_init_std`) is its own.
     `modules_to_save` start from their current values.
     """
-    from .adapter import _saved_module_tensors, adapter_key, new_adapter_modules
+    from .inject import _saved_module_tensors, adapter_key, new_adapter_modules
 
     owner, state = injected_owner(model, "add_adapter")
     for field_name in ("parts", "layers", "modules_to_save", "host"):
@@ -236,7 +236,7 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     forward under reentrant gradient checkpointing (it builds no graph through the adapter until backward)
     and a forward of a `torch.compile`d model (its compiled code keeps no count).
     """
-    from .adapter import _saved_module_tensors
+    from .inject import _saved_module_tensors
 
     owner, state = injected_owner(model, "set_adapter")
     name, config = named_adapter(state, check_adapter_name(name))

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .analysis import plot_lr_sweep
+from ..analysis import plot_lr_sweep
+from ..train import get_preset, load_model_and_tokenizer
+from ..train.methods import check_methods
+from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
-from .train import get_preset, load_model_and_tokenizer
-from .train.methods import check_methods
-from .train.sizes import SIZE_FIELDS, sizes_for_method
 
 __all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "check_lrs", "lr_sweep", "parse_lrs"]
 

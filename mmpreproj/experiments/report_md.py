@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .analysis.stats import Comparison
+from ..analysis.stats import Comparison
 from .paper import PAPER_TABLE2, TABLE_METRICS
 
 __all__ = ["METRIC_LABELS", "format_budget_table", "format_comparisons", "format_summary_table", "format_sweep_table",

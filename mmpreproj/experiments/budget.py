@@ -22,15 +22,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .analysis import plot_lr_sweep
-from .analysis.plot import plot_pareto
-from .analysis.stats import compare, mean_std
+from ..analysis import plot_lr_sweep
+from ..analysis.plot import plot_pareto
+from ..analysis.stats import compare, mean_std
+from ..train import get_preset, load_model_and_tokenizer
+from ..train.methods import host_shape, lora_per_rank
+from ..train.sizes import BUDGET_METHODS, sizes_for_budget
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
 from .sweep import SWEEP_EVAL, check_lrs
-from .train import get_preset, load_model_and_tokenizer
-from .train.methods import host_shape, lora_per_rank
-from .train.sizes import BUDGET_METHODS, sizes_for_budget
 
 __all__ = ["DEFAULT_BUDGETS", "START_LRS", "budget_study", "parse_budgets"]
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from torch import nn
 
-from .analysis import plot_loss_curve, routing_ratios, skip_norms
-from .eval import evaluate
-from .report import trainable_report
-from .train import train
-from .train.checkpoint import CHECKPOINT_NAME
-from .train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
-from .train.runlog import write_json
+from ..analysis import plot_loss_curve, routing_ratios, skip_norms
+from ..eval import evaluate
+from ..train import train
+from ..train.checkpoint import CHECKPOINT_NAME
+from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
+from ..train.runlog import write_json
+from ..tuner.report import trainable_report
 
 __all__ = ["ARM_FILE", "arm_key", "eval_arm", "finish_curve", "read_arm", "run_arm", "skip_rows", "train_arm"]
 

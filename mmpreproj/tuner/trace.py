@@ -232,8 +232,8 @@ def _probe(model: nn.Module, handles: list, args: tuple, kwargs: dict) -> torch.
 
 
 def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:
-    from ..adapter import inject
-    from ..tuner.config import PreProjConfig
+    from .config import PreProjConfig
+    from .inject import inject
 
     twin = copy.deepcopy(model)
     with torch.no_grad():

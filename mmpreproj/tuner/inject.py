@@ -21,15 +21,25 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .adapter_files import committed_files, write_files
-from .hosts import HostSpec
-from .hosts.checkpointing import reentrant_checkpointing
-from .hosts.paths import check_path
-from .hosts.registry import as_host, forced_mismatch, host_for_adapter
-from .hosts.spec import HostError, Site, get_path, resolve_sites
-from .modules import ContentSkip, PreProjAttention, PreProjection
-from .modules.seam import SeamCheck
-from .modules.wrapper import InFlight
+from ..hosts import HostSpec
+from ..hosts.checkpointing import reentrant_checkpointing
+from ..hosts.paths import check_path
+from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
+from ..hosts.spec import HostError, Site, get_path, resolve_sites
+from ..modules import ContentSkip, PreProjAttention, PreProjection
+from ..modules.seam import SeamCheck
+from ..modules.wrapper import InFlight
+from ..timm_rope.saved import describe_rope, rope_for_load
+from ..util.file_sets import committed_files, write_files
+from ..version import __version__
+from .config import PreProjConfig
+from .keys import (
+    block_keys_from_peft,
+    block_keys_to_peft,
+    description_from_peft_config,
+    is_legacy_description,
+    peft_config_from_description,
+)
 from .pretrained import (
     BASE_SAVE_TOKEN,
     PRETRAINED_ADAPTER_DIR,
@@ -38,17 +48,7 @@ from .pretrained import (
     install_save_pretrained,
     remove_save_pretrained,
 )
-from .timm_rope.saved import describe_rope, rope_for_load
-from .tuner.config import PreProjConfig
-from .tuner.keys import (
-    block_keys_from_peft,
-    block_keys_to_peft,
-    description_from_peft_config,
-    is_legacy_description,
-    peft_config_from_description,
-)
 from .unwrap import STATE_ATTR, injected_owner, injected_owners, refuse_meta_parameters
-from .version import __version__
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
@@ -438,7 +438,7 @@ def inject(
     peft's spelling of the same call: `peft.inject_adapter_in_model(config, model)`; `peft.get_peft_model`
     wraps the result in a `PeftModel` (`mmpreproj.tuner.PreProjModel`).
     """
-    from .named_adapters import check_adapter_name
+    from .named import check_adapter_name
 
     config = config or PreProjConfig()
     plan = _plan(model, config, host if host is not None else config_host(model, config))
@@ -448,7 +448,7 @@ def inject(
         wrapper.name_adapter(adapter_name)
     _apply(model, plan)
     if example_input is not None:
-        from .hosts.trace import _probing
+        from .trace import _probing
 
         args, kwargs = ((), example_input) if isinstance(example_input, dict) else (
             tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,), {})
@@ -621,7 +621,7 @@ def set_adapter_state_dict(
     Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
     running, or a graph through the adapter awaiting backward: `named_adapters.refuse_in_flight`).
     """
-    from .named_adapters import named_adapter, refuse_in_flight
+    from .named import named_adapter, refuse_in_flight
 
     owner, state = injected_owner(model, "set_adapter_state_dict")
     name, _ = named_adapter(state, adapter_name)
@@ -657,7 +657,7 @@ def save_adapter(
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
     from .model_card import model_card
-    from .named_adapters import named_adapter
+    from .named import named_adapter
 
     owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
@@ -687,7 +687,7 @@ def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tens
     """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
     the adapter's config, the `add_rope` positions and the model card's fields."""
     from .model_card import card_fields
-    from .named_adapters import named_adapter
+    from .named import named_adapter
 
     state: InjectionState = vars(owner)[STATE_ATTR]
     name, config = named_adapter(state, name)
@@ -850,7 +850,7 @@ def load_adapter(
     Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
     to make (`mmpreproj.timm_rope.saved`).
     """
-    from .named_adapters import add_named_adapter, check_adapter_name
+    from .named import add_named_adapter, check_adapter_name
 
     refuse_meta_parameters(model, "load_adapter")
     if adapter_name is not None:

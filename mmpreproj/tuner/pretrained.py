@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .io import set_new_file_modes
-from .modules import PreProjAttention
+from ..modules import PreProjAttention
+from ..util.io import set_new_file_modes
 from .unwrap import STATE_ATTR
 
 __all__ = [
@@ -135,7 +135,7 @@ def split_state_dict(
     adapters are dropped. A `modules_to_save` module's keys keep their names with the inject-time values in
     the base, the given values go to the adapter. ValueError naming any other key under a wrapper.
     """
-    from .adapter import adapter_key, adapter_state_dict
+    from .inject import adapter_key, adapter_state_dict
 
     state = vars(model)[STATE_ATTR]
     wrappers = _wrappers_by_name(model)
@@ -173,7 +173,7 @@ def split_state_dict(
 def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
-    from .adapter import _saved_module_tensors
+    from .inject import _saved_module_tensors
 
     state = vars(model)[STATE_ATTR]
     swaps = [
@@ -243,8 +243,8 @@ def check_saved_pair(base_token: str | None, adapter_token: str | None, where: s
 def _adapter_token(folder: Path) -> str | None:
     """The `base_save_token` of the adapter in `folder` (its committed config); None if absent or unreadable
     (`load_adapter` then names what is wrong with the file)."""
-    from .adapter import ADAPTER_CONFIG_NAME
-    from .adapter_files import committed_files
+    from ..util.file_sets import committed_files
+    from .inject import ADAPTER_CONFIG_NAME
 
     with committed_files(folder, (ADAPTER_CONFIG_NAME,)) as files:
         try:
@@ -271,7 +271,7 @@ def _save_pretrained(
 
     `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
     `adapter_state_dict` keys it; the base is then read from the model)."""
-    from .adapter import adapter_state_dict, save_adapter
+    from .inject import adapter_state_dict, save_adapter
 
     cls_save = type(self).save_pretrained
     if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
@@ -323,7 +323,7 @@ def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **dow
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 
-    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from .inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 
     for sub in subfolders:
         try:
@@ -347,11 +347,11 @@ def from_pretrained(
     When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
     FileNotFoundError. A weights file that cannot be read (truncated) is named.
     """
-    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
-    from .train.models import (  # the Hub probe (local / reachable / cached)
+    from ..train.models import (  # the Hub probe (local / reachable / cached)
         corrupt_weights_error,
         pretrained_source,
     )
+    from .inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
 
     if model_cls is None:
         from transformers import AutoModelForCausalLM

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .modules import PreProjAttention
+from ..modules import PreProjAttention
 
 __all__ = ["TrainableReport", "trainable_report"]
 

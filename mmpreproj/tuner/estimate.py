@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .tuner.config import PreProjConfig
+from .config import PreProjConfig
 
 __all__ = ["SHAPES", "Estimate", "ModelShape", "estimate"]
 

@@ -24,16 +24,16 @@ from typing import Any
 
 import torch
 
-from .analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
-from .analysis.plot import read_losses
-from .analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
+from ..analysis.plot import read_losses
+from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from ..train import get_preset, load_model_and_tokenizer
+from ..train.methods import METHODS, PAPER_METHODS, check_methods
+from ..train.sizes import SIZE_FIELDS, sizes_for_method
+from ..tuner.config import PreProjConfig
 from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
 from .paper import PAPER_TABLE2
 from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
-from .train import get_preset, load_model_and_tokenizer
-from .train.methods import METHODS, PAPER_METHODS, check_methods
-from .train.sizes import SIZE_FIELDS, sizes_for_method
-from .tuner.config import PreProjConfig
 
 __all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
 
@@ -148,7 +148,7 @@ def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.
 
 def _ratio_texts(data_source: str, split: str, n: int = 32) -> list[str]:
     """A few evaluation rows (the PPL split) on which to measure ||W_skip x~|| / ||attn_out||."""
-    from .data import wikitext_lines
+    from ..data import wikitext_lines
 
     return [line for line in wikitext_lines(split, data_source) if len(line.strip()) > 50][:n]
 
