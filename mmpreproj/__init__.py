@@ -15,20 +15,14 @@ from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_po
 from .tuner import PreProjModel
 from .tuner.config import PreProjConfig
 from .tuner.estimate import Estimate, estimate
-from .tuner.inject import (
-    adapter_disabled,
-    adapter_state_dict,
-    inject,
-    injected_modules,
-    is_injected,
-    load_adapter,
-    save_adapter,
-    set_adapter_state_dict,
-    unload,
-)
+from .tuner.files import save_adapter
+from .tuner.inject import adapter_disabled, inject, unload
+from .tuner.loading import load_adapter
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
-from .tuner.pretrained import from_pretrained
+from .tuner.pretrained_load import from_pretrained
 from .tuner.report import TrainableReport, trainable_report
+from .tuner.state import injected_modules, is_injected
+from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict
 from .version import __version__
 
 __all__ = [

@@ -255,7 +255,7 @@ def _existing(flag: str, value: str | None) -> None:
 def _adapter_folder(flag: str, value: str) -> None:
     """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
     from .train.adapters import run_adapter_dir
-    from .tuner.inject import ADAPTER_CONFIG_NAME
+    from .tuner.files import ADAPTER_CONFIG_NAME
 
     _existing(flag, value)
     if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
@@ -265,7 +265,7 @@ def _adapter_folder(flag: str, value: str) -> None:
 
 def _model(flag: str, value: str | None) -> None:
     """A name written as a local path must exist (a hub id is looked up when the model loads)."""
-    from .train.models import check_local_model
+    from .data.model_source import check_local_model
 
     if value is not None:
         try:

@@ -20,7 +20,7 @@ pytest.importorskip("datasets")
 
 from conftest import assert_adamw_runs_agree  # noqa: E402
 
-from mmpreproj.tuner.inject import read_adapter  # noqa: E402
+from mmpreproj.tuner.files import read_adapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "recipes" / "integrations" / "accelerate_launch.sh"

@@ -79,7 +79,7 @@ def test_checkpoints_hold_the_adapter_and_resume_after_a_stop_is_bit_exact(tmp_p
     names = {p.name for p in ckpt.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json"} <= names
     assert not names & {"model.safetensors", "pytorch_model.bin", "config.json"}  # no copy of the base
-    _, saved = mmpreproj.tuner.inject.read_adapter(ckpt)
+    _, saved = mmpreproj.tuner.read_adapter(ckpt)
     assert saved.keys() == ref.keys()
 
     fresh = mmpreproj.inject(
@@ -158,7 +158,7 @@ def test_load_best_model_at_end_reloads_the_best_adapter(tmp_path, lm_data):
     )
     best = trainer.state.best_model_checkpoint
     assert best is not None
-    _, saved = mmpreproj.tuner.inject.read_adapter(best)
+    _, saved = mmpreproj.tuner.read_adapter(best)
     assert all(torch.equal(v, saved[k]) for k, v in mmpreproj.adapter_state_dict(model).items())
     with torch.no_grad():  # scramble, then reload the best: the override copies it back in place
         for w in mmpreproj.injected_modules(model):

@@ -18,7 +18,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
-from mmpreproj.tuner.inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
+from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
 
 REPO = Path(__file__).resolve().parents[1]

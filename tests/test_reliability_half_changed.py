@@ -182,7 +182,7 @@ def _saved_pair(folder, seed):
 def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
     import transformers as tf
 
-    import mmpreproj.tuner.inject as adapter_module
+    import mmpreproj.tuner.pretrained as save_pretrained_module
     from mmpreproj.util import file_sets as adapter_files
 
     _saved_pair(tmp_path, seed=1)
@@ -191,7 +191,7 @@ def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tm
     def killed_after_the_base(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(adapter_module, "save_adapter", killed_after_the_base)
+    monkeypatch.setattr(save_pretrained_module, "save_adapter", killed_after_the_base)  # its one writer
     with pytest.raises(Killed):
         newer.save_pretrained(tmp_path)  # the new base is written, the old adapter stays
     monkeypatch.undo()

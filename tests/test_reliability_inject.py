@@ -17,7 +17,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import PreProjAttention
-from mmpreproj.tuner.inject import read_adapter
+from mmpreproj.tuner.files import read_adapter
 from tests.helpers.adapter_json import dump_desc, load_desc
 
 

@@ -221,7 +221,7 @@ def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, e
 def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
     from mmpreproj.modules import AttentionCall, PreProjAttention
     from mmpreproj.tuner.config import PreProjConfig
-    from mmpreproj.tuner.inject import new_adapter_modules
+    from mmpreproj.tuner.plan import new_adapter_modules
 
     preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
     wrapper = PreProjAttention(torch.nn.Identity(), AttentionCall(inputs=((1, "mask"),), output_index=None),
@@ -298,7 +298,7 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
     old = mmpreproj.inject(tiny_neox())
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
     files = {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()}
-    monkeypatch.setattr("mmpreproj.tuner.inject.save_file", _disk_full)
+    monkeypatch.setattr("mmpreproj.tuner.files.save_file", _disk_full)
     with pytest.raises(CheckpointWriteError, match=r"cannot write the adapter to .*adapter: OSError: No space left "
                        r"on device; nothing there was replaced \(the previous adapter files, if any, are kept\)"):
         save_run_adapter(mmpreproj.inject(tiny_neox(seed=1)), "preproj_skip", tmp_path / "adapter")

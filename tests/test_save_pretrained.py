@@ -18,7 +18,7 @@ from test_host_transformers import BUILDERS, _gpt2, _qwen2_vl, vl_forward, vl_in
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.pretrained import PRETRAINED_ADAPTER_DIR
+from mmpreproj.tuner.files import PRETRAINED_ADAPTER_DIR
 from tests.helpers.adapter_json import load_desc
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))

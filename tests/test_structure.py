@@ -14,7 +14,8 @@ from torch import nn
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
-from mmpreproj.tuner.inject import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
+from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME
+from mmpreproj.tuner.state import adapter_key, parse_adapter_key
 from tests.helpers.adapter_json import load_desc
 
 # --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
@@ -152,7 +153,7 @@ def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path
 
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
     mmpreproj.save_adapter(model, tmp_path)
-    from mmpreproj.tuner.inject import read_adapter
+    from mmpreproj.tuner.files import read_adapter
 
     cfg_file = tmp_path / ADAPTER_CONFIG_NAME
     tensors = read_adapter(tmp_path)[1]  # keyed blocks.{i}.*, as mmpreproj 0.1.0 keyed the file

@@ -17,7 +17,7 @@ import mmpreproj
 from mmpreproj.cli import build_parser
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.trainer import seed_everything
-from mmpreproj.tuner.inject import read_adapter
+from mmpreproj.tuner.files import read_adapter
 
 
 def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):

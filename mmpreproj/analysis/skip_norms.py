@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from ..modules import PreProjAttention
-from ..tuner.inject import parse_adapter_key, read_adapter
+from ..tuner.files import read_adapter
+from ..tuner.state import parse_adapter_key
 
 __all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKIP_NORMS"]
 

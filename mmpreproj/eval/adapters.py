@@ -13,6 +13,9 @@ from typing import Any
 
 from torch import nn
 
+from ..train import load_run_adapter
+from ..tuner.inject import unload
+from ..tuner.state import is_injected
 from .evaluate import evaluate
 
 __all__ = ["adapters_table", "evaluate_adapters", "take_off_adapters"]
@@ -20,12 +23,10 @@ __all__ = ["adapters_table", "evaluate_adapters", "take_off_adapters"]
 
 def take_off_adapters(model: nn.Module) -> nn.Module:
     """The base again: peft's LoRA layers removed (not merged), then the mmpreproj modules unloaded."""
-    import mmpreproj
-
     if hasattr(model, "peft_config") and hasattr(model, "unload") and hasattr(model, "get_base_model"):
         model = model.unload()  # peft: the base model, its LoRA layers replaced by the originals
-    if mmpreproj.is_injected(model):
-        mmpreproj.unload(model)
+    if is_injected(model):
+        unload(model)
     return model
 
 
@@ -43,14 +44,12 @@ def evaluate_adapters(
     adapter folder, ours or peft's); between adapters it is taken off with `take_off_adapters`. The base
     must come in without adapters and leaves without them, also when an evaluation fails.
     """
-    import mmpreproj
-
     if load is None:
-        from ..train import load_run_adapter as load
+        load = load_run_adapter
     names = [str(a) for a in adapters]
     if len(set(names)) != len(names):
         raise ValueError(f"adapters: {names} names one adapter twice")
-    if mmpreproj.is_injected(model) or hasattr(model, "peft_config"):
+    if is_injected(model) or hasattr(model, "peft_config"):
         raise ValueError("evaluate_adapters: pass the base without adapters (each one is loaded in turn)")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names:

@@ -27,6 +27,7 @@ import torch
 from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.plot import read_losses
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from ..data import wikitext_lines
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import METHODS, PAPER_METHODS, check_methods
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
@@ -148,8 +149,6 @@ def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.
 
 def _ratio_texts(data_source: str, split: str, n: int = 32) -> list[str]:
     """A few evaluation rows (the PPL split) on which to measure ||W_skip x~|| / ||attn_out||."""
-    from ..data import wikitext_lines
-
     return [line for line in wikitext_lines(split, data_source) if len(line.strip()) > 50][:n]
 
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..modules.wrapper import AttentionCall
+from .checkpointing import CHECKPOINTING
 from .paths import HostError, check_path, get_path
 
 __all__ = [
@@ -252,8 +253,6 @@ class HostSpec:
     output_heads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from .checkpointing import CHECKPOINTING
-
         if self.checkpointing not in CHECKPOINTING:
             raise HostError(f"host {self.name!r}: checkpointing={self.checkpointing!r}; allowed: {list(CHECKPOINTING)}")
 

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..tuner.inject import is_injected
+from ..hosts import find_host
+from ..tuner.state import is_injected
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -95,8 +96,6 @@ def _targets(model: nn.Module, skip: tuple[str, ...]) -> list[tuple[nn.Module, s
 
 def _output_heads(model: nn.Module) -> tuple[str, ...]:
     """The host row's output heads (`HostSpec.output_heads`); () for a model no row knows."""
-    from ..hosts import find_host
-
     try:
         return find_host(model).output_heads
     except ValueError:

@@ -39,18 +39,12 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 
-from ..tuner.inject import (
-    ADAPTER_CONFIG_NAME,
-    ADAPTER_WEIGHTS_NAME,
-    adapter_state_dict,
-    injected_modules,
-    is_injected,
-    read_adapter,
-    save_adapter,
-    set_adapter_state_dict,
-)
-from ..tuner.inject import load_adapter as _inject_from
+from ..tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
 from ..tuner.keys import is_other_peft_method
+from ..tuner.loading import load_adapter as _inject_from
+from ..tuner.plan import peft_layers as _peft_layers
+from ..tuner.state import injected_modules, is_injected
+from ..tuner.state_dict import adapter_state_dict, set_adapter_state_dict
 from ..util.io import set_new_file_modes
 
 __all__ = [
@@ -218,8 +212,6 @@ class PreProjTrainerMixin:
 
 def _refuse_full_fine_tune(model: nn.Module, trainer: str) -> None:
     """ValueError with the call to make when `model` has no injection and no peft adapter."""
-    from ..tuner.inject import _peft_layers
-
     if is_injected(model) or _peft_layers(model) or not any(p.requires_grad for p in model.parameters()):
         return
     raise ValueError(

@@ -7,7 +7,7 @@ So the tuner layers of PREPROJ are the slot modules, not the wrapper around the 
 
 peft's per-layer switches (`set_adapter`, `enable_adapters`, `delete_adapter`, `merge`) are no-ops here: another
 tuner on top makes them for its own layers, and the PREPROJ tuner (`tuner.PreProjModel`) switches adapters
-through `named_adapters` and disables them on the wrapper (`PreProjAttention.adapter_enabled`).
+through `mmpreproj.tuner.named` and disables them on the wrapper (`PreProjAttention.adapter_enabled`).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class PreProjAttention(BaseLayerWrapper):
 
     The adapter slots are `adapter_layer_names` ("preproj", "skip"), one module each for the active adapter
     (peft's tuner layers, `modules.slot.TunerSlot`); other named adapters wait in `stored_adapters`
-    (`mmpreproj.named_adapters` switches them).
+    (`mmpreproj.tuner.named` switches them).
 
     Args:
         base_layer: the original attention module (kept as is; `get_base_layer()` returns it).
@@ -140,7 +140,7 @@ class PreProjAttention(BaseLayerWrapper):
         self.part = part
         self.seam_check = seam_check
         self.adapter_enabled = True
-        self.adapter_name = "default"  # the active adapter's name (`named_adapters` keeps it)
+        self.adapter_name = "default"  # the active adapter's name (`tuner.named` keeps it)
         self.flight: InFlight | None = None
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
@@ -292,7 +292,7 @@ class PreProjAttention(BaseLayerWrapper):
             f"{tuple(skip.shape)}; {hint}: fix 'call.output_index' in the host description"
         )
 
-    # --- several named adapters (mmpreproj.named_adapters): the active one is `preproj`/`skip` ---------------
+    # --- several named adapters (mmpreproj.tuner.named): the active one is `preproj`/`skip` ---------------
 
     def store_adapter(self, name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
         """Keep another adapter's modules beside the active one, frozen, under `name` (`stored_adapters`)."""

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tuner import inject as _adapter
+from .. import tuner as _adapter
 from ..tuner.config import PreProjConfig
 from ..tuner.keys import as_description, is_other_peft_method
 from ..util.io import set_new_file_modes

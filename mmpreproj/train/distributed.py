@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..hosts import find_host
 from .models import resolve_device
 
 __all__ = [
@@ -120,8 +121,6 @@ def wrap_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
         return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    from ..hosts import find_host
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))

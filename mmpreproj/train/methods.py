@@ -24,7 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tuner import inject as _adapter
+from .. import tuner as _adapter
+from ..hosts import find_host
+from ..hosts.lora import lora_params_per_rank, lora_sites, peft_target_modules
+from ..hosts.spec import HostError
 from ..tuner.config import PreProjConfig
 
 __all__ = [
@@ -148,10 +151,6 @@ def resolve_lora(
 def host_shape(model: nn.Module) -> tuple[int, int]:
     """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`.
     A model no row knows (by type or structure) is the registry's error, which says how to describe it."""
-    from ..hosts import find_host
-    from ..hosts.lora import lora_sites
-    from ..hosts.spec import HostError
-
     spec = find_host(model)
     try:
         sites = lora_sites(model, spec)
@@ -173,9 +172,6 @@ def host_shape(model: nn.Module) -> tuple[int, int]:
 
 def lora_per_rank(model: nn.Module) -> int | None:
     """LoRA parameters per unit of rank on `model`'s row targets (the registry's error when no row knows it)."""
-    from ..hosts import find_host
-    from ..hosts.lora import lora_params_per_rank
-
     return lora_params_per_rank(model, find_host(model))
 
 
@@ -213,9 +209,6 @@ def lora_targets(model: nn.Module) -> list[str]:
     """peft `target_modules` for this host: the row's attention targets (exact names where a short name
     would also hit the MLP, as GPT-2's `c_proj`). No fallback: a model no row knows is the registry's error
     (how to describe it), a row naming no targets `hosts.lora`'s."""
-    from ..hosts import find_host
-    from ..hosts.lora import peft_target_modules
-
     return peft_target_modules(model, find_host(model))
 
 

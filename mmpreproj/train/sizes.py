@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .methods import METHOD_SPECS
+
 __all__ = ["BUDGET_METHODS", "SIZE_FIELDS", "budget_params", "sizes_for_budget", "sizes_for_method"]
 
 BUDGET_METHODS = ("lora", "preproj_skip", "preproj", "skip")
@@ -23,8 +25,6 @@ SIZE_FIELDS = ("expansion", "skip_rank", "layers", "parts")  # TrainConfig's siz
 def sizes_for_method(method: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """`overrides` less the size fields `method` has no module for (a sweep or reproduction over several
     methods: `skip_rank` sizes the skip of those with one and leaves LoRA alone)."""
-    from .methods import METHOD_SPECS
-
     spec = METHOD_SPECS[method]
     has = {"expansion": spec.preproj, "skip_rank": spec.skip, "layers": spec.preproj or spec.skip,
            "parts": spec.preproj or spec.skip}

@@ -8,7 +8,7 @@ weight by peft's convention, the module path in the model behind peft's `base_mo
     base_model.model.multi_modal_projector.linear_1.weight             (a base module of modules_to_save)
 
 In memory (and in folders written by mmpreproj <= 0.3, `adapter_type: "mmpreproj"`) the same weights are keyed
-by the host's block index, which needs no model to read (`adapter.adapter_key`):
+by the host's block index, which needs no model to read (`state.adapter_key`):
 
     blocks.3.preproj.up.weight          modules.projector.linear_1.weight
 
@@ -25,6 +25,7 @@ import torch
 
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError
+from .state import adapter_key, parse_adapter_key
 
 __all__ = [
     "PEFT_PREFIX",
@@ -109,8 +110,6 @@ def _module_table(desc: dict[str, Any], where: str) -> tuple[dict[int, str], dic
 def block_keys_to_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any], prefix: str = PEFT_PREFIX,
                        where: str = "adapter") -> dict[str, torch.Tensor]:
     """Block-index keys (`blocks.{i}.{slot}.{param}`, `modules.{name}.{param}`) -> peft keys."""
-    from .inject import parse_adapter_key
-
     blocks, saved = _module_table(desc, where)
     out = {}
     for key, value in tensors.items():
@@ -124,8 +123,6 @@ def block_keys_from_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any],
                          where: str = "adapter") -> dict[str, torch.Tensor]:
     """peft keys (with or without the `base_model.model.` prefix) -> block-index keys; ValueError naming a key
     that is no weight of this adapter."""
-    from .inject import adapter_key
-
     blocks, saved = _module_table(desc, where)
     table = {f"{path}.{slot}.": (index, slot) for index, path in blocks.items() for slot in SLOTS}
     table.update({f"{path}.": (None, name) for name, path in saved.items()})

@@ -3,8 +3,8 @@ PreProjConfig())` returns a `PeftModel` with the same modules, weights and outpu
 
 peft's generic tuner finds target modules by name and swaps each for a layer; this method instead finds its
 sites through the host table (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts),
-so `inject_adapter` hands the model to `adapter.inject` (peft's `inject_adapter_in_model` counterpart), and
-the multi-adapter calls go to `named_adapters`. What peft reads back is peft's: `peft_config`,
+so `inject_adapter` hands the model to `inject.inject` (peft's `inject_adapter_in_model` counterpart), and
+the multi-adapter calls go to `named.py`. What peft reads back is peft's: `peft_config`,
 `active_adapter`, `targeted_module_names`, and a state dict in peft's keys (`tuner/keys.py`).
 """
 
@@ -19,10 +19,13 @@ from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
 from ..modules.wrapper import PreProjAttention
-from . import inject as _adapter
-from . import named as named_adapters
 from .config import PreProjConfig
+from .files import describe_for_save
+from .inject import inject, unload
 from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
+from .named import add_fresh_adapter, delete_adapter, set_adapter
+from .state import injected_modules, is_injected
+from .state_dict import named_adapter_tensors, set_adapter_state_dict, trainable_adapter_params
 from .unwrap import injected_owner
 
 __all__ = ["MERGE_REFUSED", "PreProjModel"]
@@ -44,21 +47,21 @@ class PreProjModel(BaseTuner):
     # -- injection -------------------------------------------------------------------------------------
     def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
                        low_cpu_mem_usage: bool = False, state_dict: dict | None = None, **_: Any) -> None:
-        """First adapter: `adapter.inject`; a further name (peft's `add_adapter`): a fresh adapter on the same
-        sites (`named_adapters.add_fresh_adapter`), inactive, as peft leaves an added adapter."""
+        """First adapter: `inject.inject`; a further name (peft's `add_adapter`): a fresh adapter on the same
+        sites (`named.add_fresh_adapter`), inactive, as peft leaves an added adapter."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, PreProjConfig):
             raise TypeError(f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, "
                             "expected a PreProjConfig")
-        if _adapter.is_injected(model):
-            named_adapters.add_fresh_adapter(model, adapter_name, config)
+        if is_injected(model):
+            add_fresh_adapter(model, adapter_name, config)
         else:
-            _adapter.inject(model, config, adapter_name=adapter_name)
+            inject(model, config, adapter_name=adapter_name)
             if config.inference_mode:
                 self.set_requires_grad(adapter_name, requires_grad=False)
         owner, state = injected_owner(model, "PreProjModel")
         self.targeted_module_names = list(state.modules)
-        config.injection = injection_of(_adapter.describe_for_save(owner, adapter_name))  # what it resolved
+        config.injection = injection_of(describe_for_save(owner, adapter_name))  # what it resolved
 
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         return peft_config
@@ -78,7 +81,7 @@ class PreProjModel(BaseTuner):
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
             raise ValueError(f"set_adapter: one active PREPROJ adapter at a time, got {names}")
-        named_adapters.set_adapter(self.model, names[0])
+        set_adapter(self.model, names[0])
         self.active_adapter = names[0]
         if inference_mode:
             self.set_requires_grad(names[0], requires_grad=False)
@@ -89,11 +92,11 @@ class PreProjModel(BaseTuner):
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
         owner, state = injected_owner(self.model, "set_requires_grad")
         if state.active_adapter in names:
-            for p in _adapter.trainable_adapter_params(owner):
+            for p in trainable_adapter_params(owner):
                 p.requires_grad_(requires_grad)
 
     def delete_adapter(self, adapter_name: str) -> None:
-        named_adapters.delete_adapter(self.model, adapter_name)
+        delete_adapter(self.model, adapter_name)
         del self.peft_config[adapter_name]
 
     def disable_adapter_layers(self) -> None:
@@ -103,7 +106,7 @@ class PreProjModel(BaseTuner):
         self._enable_adapter_layers(True)
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
-        for w in _adapter.injected_modules(self.model):
+        for w in injected_modules(self.model):
             w.adapter_enabled = enabled
             for slot in (w.preproj, w.skip):
                 if slot is not None:
@@ -137,7 +140,7 @@ class PreProjModel(BaseTuner):
 
     def unload(self) -> nn.Module:
         """Remove the modules and return the base model as it was before injection."""
-        return _adapter.unload(self.model)
+        return unload(self.model)
 
     # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
     @classmethod
@@ -146,8 +149,8 @@ class PreProjModel(BaseTuner):
                                 ) -> dict[str, torch.Tensor]:
         """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
-        tensors = _adapter.named_adapter_tensors(owner, adapter_name)
-        desc = _adapter.describe_for_save(owner, adapter_name, tensors)
+        tensors = named_adapter_tensors(owner, adapter_name)
+        desc = describe_for_save(owner, adapter_name, tensors)
         config.injection = injection_of(desc)  # fresh facts for the config file peft writes next
         return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
 
@@ -161,10 +164,10 @@ class PreProjModel(BaseTuner):
         """peft keys -> the model's keys. The active adapter loads through peft's `load_state_dict`; a stored
         (inactive) one is written here and nothing is left for peft to load."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
-        desc = _adapter.describe_for_save(owner, adapter_name)
+        desc = describe_for_save(owner, adapter_name)
         tensors = block_keys_from_peft(state_dict, desc, f"set_peft_model_state_dict({adapter_name!r})")
         if adapter_name != state.active_adapter:
-            _adapter.set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
+            set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
             return {}
         return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
 

@@ -17,7 +17,7 @@ An added adapter must fit the injection's sites: the same host row, parts, block
 preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
 dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
 
-No switch while a step is in flight (`refuse_in_flight`): `set_adapter`, `delete_adapter` and
+No switch while a step is in flight (`in_flight.refuse_in_flight`): `set_adapter`, `delete_adapter` and
 `set_adapter_state_dict` raise while a forward of the injected model runs (found on the threads' call
 stacks, so nothing is counted on the hot path and nothing can stay counted after an exception) or while an
 autograd graph built through the active adapter's trainable weights awaits its backward (`InFlight`, one
@@ -27,15 +27,17 @@ backward would fill gradients of an adapter the optimizer no longer steps.
 
 from __future__ import annotations
 
-import gc
-import sys
-import threading
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..hosts.spec import HostSpec
 from .config import PreProjConfig
+from .in_flight import refuse_in_flight
+from .plan import new_adapter_modules
+from .state import adapter_key, check_adapter_name, injected_modules, named_adapter
+from .state_dict import check_tensors_match, saved_module_tensors
 from .unwrap import injected_owner
 
 __all__ = [
@@ -43,27 +45,9 @@ __all__ = [
     "adapter_names",
     "add_fresh_adapter",
     "add_named_adapter",
-    "check_adapter_name",
     "delete_adapter",
-    "named_adapter",
-    "refuse_in_flight",
     "set_adapter",
 ]
-
-
-def check_adapter_name(name: object) -> str:
-    """An adapter name: a non-empty string without '.' (it becomes an `nn.ModuleDict` key)."""
-    if not isinstance(name, str) or not name or "." in name:
-        raise ValueError(f"adapter_name={name!r}; must be a non-empty string without '.'")
-    return name
-
-
-def named_adapter(state, name: str | None) -> tuple[str, PreProjConfig]:
-    """(name, config) of a loaded adapter; None means the active one. ValueError listing the loaded names."""
-    name = state.active_adapter if name is None else name
-    if name not in state.adapter_configs:
-        raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {list(state.adapter_configs)}")
-    return name, state.adapter_configs[name]
 
 
 def adapter_names(model: nn.Module) -> list[str]:
@@ -74,51 +58,6 @@ def adapter_names(model: nn.Module) -> list[str]:
 def active_adapter(model: nn.Module) -> str:
     """The name of the adapter that runs (and trains) now."""
     return injected_owner(model, "active_adapter")[1].active_adapter
-
-
-def _wrappers(owner: nn.Module) -> list:
-    from .inject import injected_modules
-
-    return injected_modules(owner)
-
-
-_CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
-
-
-def _running_module(owner: nn.Module) -> tuple[str, str] | None:
-    """(module name, thread name) of a module of `owner` whose call is on some thread's stack, else None."""
-    mine = {id(m): name for name, m in owner.named_modules()}
-    threads = {t.ident: t.name for t in threading.enumerate()}
-    for ident, frame in sys._current_frames().items():
-        f = frame
-        while f is not None:
-            if f.f_code in _CALL_CODES and id(f.f_locals.get("self")) in mine:
-                return mine[id(f.f_locals["self"])] or type(owner).__name__, threads.get(ident, str(ident))
-            f = f.f_back
-    return None
-
-
-def refuse_in_flight(owner: nn.Module, what: str) -> None:
-    """RuntimeError while a forward of the injected `owner` runs (any thread) or a graph through its active
-    adapter's weights awaits backward: an adapter switch then would mix adapters or lose the step."""
-    running = _running_module(owner)
-    if running is not None:
-        raise RuntimeError(
-            f"{what}: a forward/backward is in flight: {running[0]!r} of the injected model is running (thread "
-            f"{running[1]!r}), so blocks before and after the switch would run different adapters; switch "
-            "between steps"
-        )
-    flights = {id(w.flight): w.flight for w in _wrappers(owner) if getattr(w, "flight", None) is not None}
-    graphs = sum(f.graphs for f in flights.values())
-    if graphs:  # a graph held only by a reference cycle (a dropped exception's frames) is freed first
-        gc.collect()
-        graphs = sum(f.graphs for f in flights.values())
-    if graphs:
-        raise RuntimeError(
-            f"{what}: a forward/backward is in flight: {graphs} autograd graph(s) built through the active "
-            "adapter's weights have not been backwarded yet, so the switch would lose that step; call "
-            "backward first (or drop those outputs, or run forwards that need no backward under torch.no_grad())"
-        )
 
 
 def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
@@ -148,8 +87,6 @@ def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
 
 def _paths_of(description: dict) -> dict:
     """The paths of a saved description in one normal form (old spellings read as today's)."""
-    from ..hosts.spec import HostSpec
-
     spec = HostSpec.from_dict(description)
     return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
 
@@ -157,12 +94,10 @@ def _paths_of(description: dict) -> dict:
 def add_named_adapter(
     model: nn.Module, desc: dict, tensors: dict[str, torch.Tensor], name: str, where: str | Path
 ) -> nn.Module:
-    """Add a read adapter (`adapter.read_adapter`) to an injected model under `name`, inactive and frozen.
+    """Add a read adapter (`files.read_adapter`) to an injected model under `name`, inactive and frozen.
 
     Everything is checked and built first; on error nothing changed.
     """
-    from .inject import _saved_module_tensors, adapter_key, check_tensors_match, new_adapter_modules
-
     owner, state = injected_owner(model, "load_adapter")
     check_adapter_name(name)
     if name in state.adapter_configs:
@@ -174,7 +109,7 @@ def add_named_adapter(
     _check_fits(state, desc, config, str(where))
     built, expected = [], {}
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
-        for w in _wrappers(owner):
+        for w in injected_modules(owner):
             live = w.preproj if w.preproj is not None else w.skip
             ref = next(live.parameters())
             preproj, skip = new_adapter_modules(live.dim, config, ref.device)
@@ -185,7 +120,7 @@ def add_named_adapter(
                         {adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()}
                     )
             built.append((w, preproj, skip))
-    live_modules = _saved_module_tensors(owner, state.modules_to_save)
+    live_modules = saved_module_tensors(owner, state.modules_to_save)
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
     with torch.no_grad():
         for k, dst in expected.items():
@@ -205,8 +140,6 @@ def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.
     The config must inject the same slots at the same blocks; its init (and `skip_init_std`) is its own.
     `modules_to_save` start from their current values.
     """
-    from .inject import _saved_module_tensors, adapter_key, new_adapter_modules
-
     owner, state = injected_owner(model, "add_adapter")
     for field_name in ("parts", "layers", "modules_to_save", "host"):
         have, want = getattr(state.config, field_name), getattr(config, field_name)
@@ -216,13 +149,13 @@ def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.
     desc = state.describe()
     desc["config"] = config.to_dict()
     tensors = {}
-    for w in _wrappers(owner):
+    for w in injected_modules(owner):
         live = w.preproj if w.preproj is not None else w.skip
         preproj, skip = new_adapter_modules(live.dim, config, next(live.parameters()).device)
         for part, module in (("preproj", preproj), ("skip", skip)):
             if module is not None:
                 tensors.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
-    tensors.update({k: v.detach().clone() for k, v in _saved_module_tensors(owner, state.modules_to_save).items()})
+    tensors.update({k: v.detach().clone() for k, v in saved_module_tensors(owner, state.modules_to_save).items()})
     return add_named_adapter(model, desc, tensors, name, f"add_adapter({name!r})")
 
 
@@ -236,17 +169,15 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     forward under reentrant gradient checkpointing (it builds no graph through the adapter until backward)
     and a forward of a `torch.compile`d model (its compiled code keeps no count).
     """
-    from .inject import _saved_module_tensors
-
     owner, state = injected_owner(model, "set_adapter")
     name, config = named_adapter(state, check_adapter_name(name))
     old = state.active_adapter
     if name == old:
         return model
     refuse_in_flight(owner, "set_adapter")
-    live = _saved_module_tensors(owner, state.modules_to_save)
+    live = saved_module_tensors(owner, state.modules_to_save)
     kept = {k: v.detach().clone() for k, v in live.items()}
-    for w in _wrappers(owner):
+    for w in injected_modules(owner):
         w.activate_stored_adapter(name, store_active_as=old)
     with torch.no_grad():
         for k, dst in live.items():
@@ -270,7 +201,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
             f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
         )
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
-    for w in _wrappers(owner):
+    for w in injected_modules(owner):
         w.drop_stored_adapter(name)
     del state.adapter_configs[name]
     state.stored_modules.pop(name, None)

@@ -1,5 +1,5 @@
-"""`save_pretrained` / `from_pretrained` of an injected transformers model: the base checkpoint that plain
-`from_pretrained` reloads bit-exact, and the adapter beside it.
+"""`save_pretrained` of an injected transformers model (read back by `from_pretrained`, `pretrained_load.py`):
+the base checkpoint that plain `from_pretrained` reloads bit-exact, and the adapter beside it.
 
     model.save_pretrained(DIR)                      # DIR: the base (config.json, model.safetensors, ...)
                                                     # DIR/adapter/: adapter_config.json + adapter_model.safetensors
@@ -43,25 +43,24 @@ from torch import nn
 
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
+from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
+from .state import adapter_key
+from .state_dict import adapter_state_dict, saved_module_tensors
 from .unwrap import STATE_ATTR
 
 __all__ = [
-    "BASE_SAVE_TOKEN",
-    "PRETRAINED_ADAPTER_DIR",
     "SAVE_TOKEN_KEY",
     "base_view",
     "check_saved_pair",
     "config_save_token",
-    "from_pretrained",
     "install_save_pretrained",
     "load_base_keys",
     "remove_save_pretrained",
     "split_state_dict",
 ]
 
-PRETRAINED_ADAPTER_DIR = "adapter"
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
-BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
+
 _WRAPPER_OWN = ("preproj.", "skip.", "stored_adapters.")  # wrapper state that is not the base's
 
 
@@ -135,8 +134,6 @@ def split_state_dict(
     adapters are dropped. A `modules_to_save` module's keys keep their names with the inject-time values in
     the base, the given values go to the adapter. ValueError naming any other key under a wrapper.
     """
-    from .inject import adapter_key, adapter_state_dict
-
     state = vars(model)[STATE_ATTR]
     wrappers = _wrappers_by_name(model)
     saved = {path: name for name, path in state.modules_to_save.items()}
@@ -173,8 +170,6 @@ def split_state_dict(
 def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
-    from .inject import _saved_module_tensors
-
     state = vars(model)[STATE_ATTR]
     swaps = [
         (parent, name, child)
@@ -182,7 +177,7 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
         for name, child in parent.named_children()
         if isinstance(child, PreProjAttention)
     ]
-    live = _saved_module_tensors(model, state.modules_to_save)  # "modules.{name}.{param}" -> tensor
+    live = saved_module_tensors(model, state.modules_to_save)  # "modules.{name}.{param}" -> tensor
     kept = {k: v.detach().clone() for k, v in live.items()}
     try:
         for parent, name, wrapper in swaps:
@@ -240,22 +235,6 @@ def check_saved_pair(base_token: str | None, adapter_token: str | None, where: s
         )
 
 
-def _adapter_token(folder: Path) -> str | None:
-    """The `base_save_token` of the adapter in `folder` (its committed config); None if absent or unreadable
-    (`load_adapter` then names what is wrong with the file)."""
-    from ..util.file_sets import committed_files
-    from .inject import ADAPTER_CONFIG_NAME
-
-    with committed_files(folder, (ADAPTER_CONFIG_NAME,)) as files:
-        try:
-            desc = json.loads(files[ADAPTER_CONFIG_NAME].read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-    if isinstance(desc, dict) and isinstance(desc.get("injection"), dict):  # peft layout (tuner/keys.py)
-        desc = desc["injection"]
-    return desc.get(BASE_SAVE_TOKEN) if isinstance(desc, dict) else None
-
-
 def _save_pretrained(
     self: nn.Module,
     save_directory: str | Path,
@@ -271,8 +250,6 @@ def _save_pretrained(
 
     `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
     `adapter_state_dict` keys it; the base is then read from the model)."""
-    from .inject import adapter_state_dict, save_adapter
-
     cls_save = type(self).save_pretrained
     if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
         return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
@@ -316,100 +293,3 @@ def _refuse_torchao_base(model: nn.Module) -> None:
             "nothing was written. Save the adapter alone (save_pretrained(DIR, adapter_only=True) or "
             "mmpreproj.save_adapter) and keep the float base: quantize it again after loading, then load_adapter"
         )
-
-
-def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **download: Any) -> Path | None:
-    """The local folder of a hub repo's adapter files (first of `subfolders` that has them), or None."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
-
-    from .inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-
-    for sub in subfolders:
-        try:
-            cfg = hf_hub_download(repo, sub + ADAPTER_CONFIG_NAME, local_files_only=local_only, **download)
-            hf_hub_download(repo, sub + ADAPTER_WEIGHTS_NAME, local_files_only=local_only, **download)
-        except (EntryNotFoundError, LocalEntryNotFoundError):
-            continue
-        return Path(cfg).parent
-    return None
-
-
-def from_pretrained(
-    path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
-) -> nn.Module:
-    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter loaded.
-
-    `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
-    `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError
-    (never the plain base in place of the trained model), and the two must come from one save
-    (`check_saved_pair`); False = the base alone. `kwargs` go to `from_pretrained` (`dtype=`, `revision=`...).
-    When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
-    FileNotFoundError. A weights file that cannot be read (truncated) is named.
-    """
-    from ..train.models import (  # the Hub probe (local / reachable / cached)
-        corrupt_weights_error,
-        pretrained_source,
-    )
-    from .inject import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
-
-    if model_cls is None:
-        from transformers import AutoModelForCausalLM
-
-        model_cls = AutoModelForCausalLM
-    source, extra = pretrained_source(str(path_or_hub_id))
-    download = {k: kwargs[k] for k in ("revision", "cache_dir", "token") if k in kwargs}
-    local_only = bool(extra.get("local_files_only") or kwargs.get("local_files_only"))
-    if adapter is None:
-        if Path(source).is_dir():
-            folder = adapter_folder(source)
-            folder = folder if (folder / ADAPTER_CONFIG_NAME).is_file() else None
-        else:
-            folder = _hub_adapter(source, (PRETRAINED_ADAPTER_DIR + "/",), local_only, **download)
-        if folder is None:
-            raise FileNotFoundError(
-                f"from_pretrained: {str(path_or_hub_id)!r} holds no mmpreproj adapter (no "
-                f"{PRETRAINED_ADAPTER_DIR}/{ADAPTER_CONFIG_NAME}); pass adapter=False to load only the base, or "
-                "adapter=FOLDER for an adapter saved elsewhere"
-            )
-    elif adapter is False:
-        folder = None
-    else:
-        a_source, a_extra = pretrained_source(str(adapter))
-        folder = (
-            adapter_folder(a_source)
-            if Path(a_source).is_dir()
-            else _hub_adapter(
-                a_source,
-                ("", PRETRAINED_ADAPTER_DIR + "/"),
-                bool(a_extra.get("local_files_only")),
-                **download,
-            )
-        )
-        if folder is None or not (folder / ADAPTER_CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
-    if folder is not None and not (folder / ADAPTER_WEIGHTS_NAME).is_file():  # before the base is loaded
-        raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}")
-    if adapter is None and folder is not None and folder != Path(source):  # the pair save_pretrained wrote
-        check_saved_pair(_base_token(source, local_only, download), _adapter_token(folder), path_or_hub_id)
-    try:
-        model = model_cls.from_pretrained(source, **{**extra, **kwargs})
-    except Exception as err:
-        broken = corrupt_weights_error(source, err)
-        if broken is None:
-            raise
-        raise broken from None
-    return model if folder is None else load_adapter(model, folder)
-
-
-def _base_token(source: str, local_only: bool, download: dict[str, Any]) -> str | None:
-    """The save token in the config.json of a local folder or a hub repo."""
-    if Path(source).is_dir():
-        return config_save_token(Path(source) / "config.json")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
-
-    try:
-        return config_save_token(hf_hub_download(source, "config.json", local_files_only=local_only, **download))
-    except (EntryNotFoundError, LocalEntryNotFoundError):
-        return None

@@ -17,15 +17,17 @@ submodules, and a model output that moves means a plain tensor op (the residual 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..util.probing import probing
+from .config import PreProjConfig
+from .inject import inject
 
 __all__ = ["trace_seams"]
 
@@ -86,22 +88,6 @@ def _split_block(path: str) -> tuple[str, str] | None:
     return None
 
 
-@contextlib.contextmanager
-def _probing(model: nn.Module) -> Iterator[None]:
-    """Eval mode and a forked RNG (CPU and the model's CUDA devices) for the block; every submodule's
-    `training` flag and the caller's RNG state are put back afterwards."""
-    training = [(m, m.training) for m in model.modules()]
-    cuda = sorted({torch.cuda.current_device() if t.device.index is None else t.device.index
-                   for t in (*model.parameters(), *model.buffers()) if t.device.type == "cuda"})
-    with torch.random.fork_rng(devices=cuda):
-        try:
-            model.eval()
-            yield
-        finally:
-            for m, flag in training:
-                m.training = flag
-
-
 def trace_seams(model: nn.Module, *args: Any, check: bool = True, **kwargs: Any) -> dict:
     """The host description of `model` found by running `model(*args, **kwargs)` once (no gradients).
 
@@ -109,7 +95,7 @@ def trace_seams(model: nn.Module, *args: Any, check: bool = True, **kwargs: Any)
     the description and must reproduce the model's outputs (fp32, 1e-5). The forwards run in eval mode
     under a forked RNG: the caller's RNG and the model's train/eval flags are left as they were.
     """
-    with _probing(model):
+    with probing(model):
         return _trace(model, args, kwargs, check)
 
 
@@ -232,9 +218,6 @@ def _probe(model: nn.Module, handles: list, args: tuple, kwargs: dict) -> torch.
 
 
 def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict) -> None:
-    from .config import PreProjConfig
-    from .inject import inject
-
     twin = copy.deepcopy(model)
     with torch.no_grad():
         ref = model(*args, **kwargs)

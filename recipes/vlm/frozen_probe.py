@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.data.assets import asset_path  # noqa: E402
+from mmpreproj.data.model_source import pretrained_source  # noqa: E402
 from mmpreproj.train.errors import ModelUnavailableError  # noqa: E402
-from mmpreproj.train.models import pretrained_source, unavailable_error  # noqa: E402  (offline check, one-line message)
+from mmpreproj.train.models import unavailable_error  # noqa: E402  (offline check, one-line message)
 from recipes.kit.data import load_image_zip  # noqa: E402
 from recipes.kit.recipe import parse_config  # noqa: E402
 

@@ -1,0 +1,177 @@
+"""An adapter folder: `save_adapter` writes it, `read_adapter` reads it back (description, tensors), in peft's
+layout (`keys.py`) with the two files replaced together (`util.file_sets`); `check_saved_paths` form-checks
+what a file says before any of it meets a model."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..hosts import HostSpec
+from ..hosts.paths import check_path
+from ..hosts.spec import HostError
+from ..timm_rope.saved import describe_rope
+from ..util.file_sets import committed_files, write_files
+from ..version import __version__
+from .keys import (
+    block_keys_from_peft,
+    block_keys_to_peft,
+    description_from_peft_config,
+    is_legacy_description,
+    peft_config_from_description,
+)
+from .model_card import card_fields, model_card
+from .state import ADAPTER_TYPE, InjectionState, named_adapter
+from .state_dict import named_adapter_tensors, refuse_non_finite
+from .unwrap import STATE_ATTR, injected_owner
+
+__all__ = [
+    "ADAPTER_CONFIG_NAME",
+    "ADAPTER_WEIGHTS_NAME",
+    "BASE_SAVE_TOKEN",
+    "PRETRAINED_ADAPTER_DIR",
+    "adapter_folder",
+    "check_saved_paths",
+    "describe_for_save",
+    "read_adapter",
+    "save_adapter",
+]
+
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+PRETRAINED_ADAPTER_DIR = "adapter"  # where `save_pretrained` (and a training run) keeps the adapter (`pretrained.py`)
+BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
+
+
+def save_adapter(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    adapter_name: str | None = None,
+    readme: bool = False,
+    base_save_token: str | None = None,
+) -> Path:
+    """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
+
+    `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
+    from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
+    so a crash never leaves a torn file, and the two files are replaced together (`adapter_files`): a
+    reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
+    `torch.compile`). Non-finite weights are refused before anything is written.
+
+    `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
+    `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
+    `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
+    """
+    owner, state = injected_owner(model, "save_adapter")
+    path = Path(path)
+    name, _ = named_adapter(state, adapter_name)
+    if state_dict is None:
+        state_dict = named_adapter_tensors(owner, name)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
+    meta = {"format": "pt", "mmpreproj_version": __version__}
+    desc = describe_for_save(owner, name, tensors)
+    if base_save_token is not None:
+        desc[BASE_SAVE_TOKEN] = base_save_token
+    text = json.dumps(peft_config_from_description(desc), indent=2, sort_keys=True) + "\n"
+    tensors = block_keys_to_peft(tensors, desc, where=f"save_adapter {path}")
+    writers = {
+        ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
+        ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
+    }
+    if readme:
+        card = model_card(desc)
+        writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
+    write_files(path, writers)
+    return path
+
+
+def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tensor] | None = None) -> dict:
+    """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
+    the adapter's config, the `add_rope` positions and the model card's fields."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    name, config = named_adapter(state, name)
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    desc["config"] = config.to_dict()
+    tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
+    for k, v in card_fields(owner, name, tensors, state).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
+    return desc
+
+
+def adapter_folder(path: str | Path) -> Path:
+    """The folder holding an adapter's files: `path` itself, or the `adapter/` subfolder a
+    `save_pretrained` folder (and a training run folder) keeps them in."""
+    path = Path(path)
+    sub = path / PRETRAINED_ADAPTER_DIR
+    if not (path / ADAPTER_CONFIG_NAME).is_file() and (sub / ADAPTER_CONFIG_NAME).is_file():
+        return sub
+    return path
+
+
+def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files,
+    a config that is not an object and weights that are not finite (the tensor is named).
+
+    `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""
+    path = adapter_folder(path)
+    with committed_files(path, (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME)) as files:
+        cfg_file, weights_file = files[ADAPTER_CONFIG_NAME], files[ADAPTER_WEIGHTS_NAME]
+        for f in (cfg_file, weights_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"adapter file missing: {path / f.name}")
+        try:
+            desc = json.loads(cfg_file.read_text(encoding="utf-8"))
+            peft_layout = isinstance(desc, dict) and not is_legacy_description(desc)
+            if peft_layout:
+                desc = description_from_peft_config(desc, "peft adapter")
+            if isinstance(desc, dict) and desc.get("adapter_type", ADAPTER_TYPE) != ADAPTER_TYPE:
+                raise ValueError(f"adapter_type={desc['adapter_type']!r}, expected {ADAPTER_TYPE!r}")
+            if not isinstance(desc, dict) or "config" not in desc:
+                raise ValueError("no 'config' key")
+            if not isinstance(desc["config"], dict):
+                raise ValueError(f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}")
+        except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: {e}") from None
+        except RecursionError:  # json.loads of a file nested thousands of levels deep
+            raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: nested too deeply") from None
+        try:
+            tensors = load_file(str(weights_file))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
+    refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
+    if peft_layout:
+        tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
+        refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+    return desc, tensors
+
+
+def check_saved_paths(desc: dict, path: Path) -> None:
+    """Refuse a file whose paths are not data (calls, dunders, private names), before any of them meets a
+    model and whichever loader reads it: the description and `modules_to_save` are checked for form."""
+    where = f"adapter at {path}"
+    described = desc.get("host_description")
+    try:
+        if isinstance(described, dict) and described.get("parts"):
+            with warnings.catch_warnings():  # a form check only: the host in use warns where it is resolved
+                warnings.simplefilter("ignore", UserWarning)
+                HostSpec.from_dict(described)
+        saved = desc.get("modules_to_save") or {}
+        if not isinstance(saved, dict):
+            raise HostError(f"'modules_to_save' must be an object of name -> path, got {type(saved).__name__}")
+        for name, module_path in saved.items():
+            check_path(name, "modules_to_save")
+            check_path(module_path, f"modules_to_save[{name!r}]")
+    except HostError as e:
+        raise ValueError(f"{where}: {e}") from None

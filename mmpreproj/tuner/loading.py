@@ -1,0 +1,95 @@
+"""`load_adapter`: read an adapter folder, check it against the model, inject its modules and copy its weights;
+on a model already injected, add it beside the loaded ones (`named.add_named_adapter`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..timm_rope.saved import rope_for_load
+from .config import PreProjConfig
+from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
+from .inject import apply_plan
+from .named import add_named_adapter
+from .plan import plan_injection, saved_host
+from .pretrained import check_saved_pair, config_save_token
+from .state import check_adapter_name, is_injected, parse_adapter_key
+from .state_dict import check_tensors_match, saved_module_tensors, trainable_adapter_params, wrapper_tensors
+from .unwrap import refuse_meta_parameters
+
+__all__ = ["load_adapter"]
+
+
+def load_adapter(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    is_trainable: bool = False,
+    freeze_base: bool | None = None,
+    adapter_name: str | None = None,
+) -> nn.Module:
+    """Inject the modules described in `path` into `model` and load their weights.
+
+    Like peft, loading is for inference by default: the adapter's weights are frozen; `is_trainable=True`
+    leaves them (and its `modules_to_save`) trainable, to go on training.
+
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
+    when the base beside it comes from another save: `pretrained.check_saved_pair`). The
+    adapter file carries the host description (parts, paths, call convention), so a user-described host
+    reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
+    parts the model does not have, another hidden size or block count, or weights that do not match.
+
+    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
+    and inactive (`set_adapter` switches to it; see `named_adapters`); on a plain model it names the
+    first adapter (default "default").
+    Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
+    to make (`mmpreproj.timm_rope.saved`).
+    """
+    refuse_meta_parameters(model, "load_adapter")
+    if adapter_name is not None:
+        check_adapter_name(adapter_name)
+    given, path = Path(path), adapter_folder(path)
+    desc, tensors = read_adapter(path)
+    check_saved_paths(desc, path)
+    if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
+        check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
+    if adapter_name is not None and is_injected(model):
+        return add_named_adapter(model, desc, tensors, adapter_name, path)
+    config = PreProjConfig.from_dict(desc["config"])
+    if freeze_base is not None:
+        config.freeze_base = freeze_base
+    host = saved_host(model, desc, path)
+    restore_rope = rope_for_load(model, desc.get("rope"), f"adapter at {path}")  # checks only; runs after apply_plan
+    with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
+        plan = plan_injection(model, config, host)
+    saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
+    have_parts = [p["name"] for p in plan.state.parts]
+    if saved_parts and saved_parts != have_parts:
+        raise ValueError(f"adapter at {path} was saved for parts {saved_parts}; this model has parts {have_parts}")
+    for field_name, saved in (("num_blocks", desc.get("num_blocks")), ("hidden_size", desc.get("hidden_size"))):
+        have = getattr(plan.state, field_name)
+        if saved != have:
+            raise ValueError(f"adapter at {path} has {field_name}={saved}, this model has {field_name}={have}")
+    expected = wrapper_tensors([w for _, w in plan.placements])
+    expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+    check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
+    injected = {k: v for k, v in expected.items() if parse_adapter_key(k)[0] is not None}
+    with torch.no_grad():
+        for k, dst in injected.items():
+            dst.copy_(tensors[k])
+    if adapter_name is not None:
+        plan.state.adapter_configs = {adapter_name: plan.state.config}
+        plan.state.active_adapter = adapter_name
+    apply_plan(model, plan)
+    if restore_rope is not None:
+        restore_rope()
+    with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
+        for k, dst in expected.items():
+            if parse_adapter_key(k)[0] is None:
+                dst.copy_(tensors[k])
+    if not is_trainable:
+        for p in trainable_adapter_params(model):
+            p.requires_grad_(False)
+    return model

@@ -1,0 +1,235 @@
+"""Validate everything and build the wrappers, the model untouched (`plan_injection`): the host row and its
+sites, the parts and layers the config selects, `modules_to_save`, and the refusals (a compiled or peft model,
+two parts over one attention, quantized weights to train)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..hosts import HostSpec
+from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
+from ..hosts.spec import HostError, Site, get_path, resolve_sites
+from ..modules import ContentSkip, PreProjAttention, PreProjection
+from ..modules.wrapper import InFlight
+from .config import PreProjConfig
+from .files import check_saved_paths
+from .state import InjectionState, is_injected
+
+__all__ = ["Plan", "config_host", "new_adapter_modules", "peft_layers", "plan_injection", "saved_host"]
+
+
+@dataclass
+class Plan:
+    """Wrappers built for a model, not yet placed in it."""
+
+    spec: HostSpec
+    state: InjectionState
+    placements: list[tuple[Site, PreProjAttention]]  # (site, wrapper)
+    seams: list[tuple[PreProjAttention, nn.Module, nn.Module, str, str]] = field(default_factory=list)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _select(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[list[str], list[Site]]:
+    """The parts the config selects (checked against the model's) and the sites its `layers` pick."""
+    present = list(dict.fromkeys(s.part for s in sites))
+    wanted = config.parts or [p for p in (spec.default_parts or present) if p in present] or present
+    missing = [p for p in wanted if p not in present]
+    if missing:
+        raise ValueError(f"PreProjConfig.parts names {missing}, but this {spec.name!r} model has parts {present}")
+    if isinstance(config.layers, dict):
+        unknown = [p for p in config.layers if p not in wanted]
+        if unknown:
+            raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {wanted}")
+        chosen = []
+        for part in wanted:
+            mine = [s for s in sites if s.part == part]
+            chosen += [mine[i] for i in config.resolve_layers(len(mine), part)]
+        return wanted, chosen
+    pool = [s for s in sites if s.part in wanted]
+    return wanted, [pool[i] for i in config.resolve_layers(len(pool))]
+
+
+def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) -> dict[str, str]:
+    """{name: attribute path} of the base modules a config keeps trainable; ValueError naming a bad one."""
+    out = {}
+    for name in names or []:
+        path = spec.trainable_modules.get(name, name)
+        try:
+            module = get_path(model, path)
+        except HostError as e:
+            declared = sorted(spec.trainable_modules) or "none"
+            raise ValueError(
+                f"PreProjConfig.modules_to_save: {name!r} is neither a module host {spec.name!r} names "
+                f"(declared: {declared}) nor an attribute path of the model ({e})"
+            ) from None
+        if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
+            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) is not a module with parameters")
+        if _quantized_params(module):
+            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) holds quantized weights "
+                             f"(e.g. {_quantized_params(module)[0][0]!r}), which cannot train; keep it float")
+        out[name] = path
+    return out
+
+
+def plan_injection(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec | None) -> Plan:
+    """Validate everything and build the wrappers; the model is not touched."""
+    if not isinstance(config, PreProjConfig):
+        raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
+    if is_injected(model):
+        raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
+    _refuse_compiled_or_peft(model)
+    spec = as_host(model, host)
+    try:
+        sites = resolve_sites(model, spec)
+    except HostError as e:
+        if host is None or isinstance(host, dict):
+            raise
+        raise forced_mismatch(model, spec, e) from None
+    _refuse_overlapping_parts(model, spec, sites)
+    parts, chosen = _select(sites, spec, config)
+    if not chosen:
+        raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
+    placements, seams = [], []
+    flight = InFlight()  # shared by the wrappers: graphs awaiting backward (set_adapter refuses a switch then)
+    for site in chosen:
+        if isinstance(site.attention, PreProjAttention):
+            raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
+        preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
+        wrapper = PreProjAttention(
+            site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
+        )
+        wrapper.flight = flight
+        wrapper.seam = (f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
+                        f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}")
+        placements.append((site, wrapper))
+        if site.norm is not None:
+            where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
+            seams.append((wrapper, site.block, site.norm, where, site.norm_path))
+    widths = [site.width for site, _ in placements]
+    width: int | list[int] = widths[0] if len(set(widths)) == 1 else widths
+    description = spec.describe(model)
+    part_rows = []
+    for d in description["parts"]:
+        first = next(s.index for s in sites if s.part == d["name"])
+        injected = [s.part_index for s, _ in placements if s.part == d["name"]]
+        part_rows.append({"name": d["name"], "first_block": first, "num_blocks": d["num_blocks"], "layers": injected})
+    names = {id(m): n for n, m in model.named_modules()}
+    state = InjectionState(
+        config,
+        spec.name,
+        [s.index for s, _ in placements],
+        len(sites),
+        width,
+        host_description=description,
+        parts=part_rows,
+        modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
+        base_model_name_or_path=_name_or_path(model),
+        modules=[f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements],
+    )
+    return Plan(spec, state, placements, seams)
+
+
+def peft_layers(model: nn.Module) -> list[str]:
+    """Names of the peft adapter layers (LoRA, ...) inside `model` ("" for a `PeftModel` itself); peft is
+    looked up in `sys.modules`, never imported."""
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    layer_cls = getattr(tuners, "BaseTunerLayer", None)
+    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
+    if layer_cls is None and peft_model is None:
+        return []
+    return [n for n, m in model.named_modules() if (layer_cls is not None and isinstance(m, layer_cls))
+            or (n == "" and peft_model is not None and isinstance(m, peft_model))]
+
+
+def _refuse_compiled_or_peft(model: nn.Module) -> None:
+    """inject comes before `torch.compile` and before peft: refuse the other order, naming the one that works."""
+    compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    found = [n for n, m in model.named_modules() if compiled is not None and isinstance(m, compiled)]
+    if found:
+        what = "the model is" if found[0] == "" else f"its submodule {found[0]!r} is"
+        raise RuntimeError(
+            f"inject: {what} a torch.compile wrapper (OptimizedModule); inject the model before compiling it: "
+            "mmpreproj.inject(model), then model = torch.compile(model)"
+        )
+    layers = peft_layers(model)
+    if layers:
+        what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
+        raise RuntimeError(
+            f"inject: {what}; injecting now would freeze the peft adapter's weights with the base. Inject first, "
+            "then add peft: mmpreproj.inject(model), then peft.get_peft_model(model, lora_config) (the order of "
+            "method 'preproj_lora', mmpreproj.train.apply_method)"
+        )
+
+
+def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site]) -> None:
+    """ValueError naming both parts and the module when two sites share an attention module: the second
+    wrapper would replace the first one (an adapter that cannot be reloaded, seam hooks left behind). Two
+    parts over the same blocks with different attention modules (a block with two norm -> attention seams)
+    are fine: each site is its own wrapper with its own adapter block index."""
+    seen: dict[int, Site] = {}
+    for site in sites:
+        module = site.attention
+        first = seen.setdefault(id(module), site)
+        if first is site:
+            continue
+        name = next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+        raise ValueError(
+            f"host {spec.name!r}: part {first.part!r} block {first.part_index} and part {site.part!r} block "
+            f"{site.part_index} resolve to the same attention module {name!r}; each attention may belong to one "
+            "part only: fix the parts' 'blocks'/'attention' paths so that they do not overlap (nothing was changed)"
+        )
+
+
+def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Weights stored quantized (torchao subclass, bitsandbytes Params4bit): not a plain tensor nor a DTensor."""
+    return [(n, p) for n, p in module.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
+            and not hasattr(p, "full_tensor")]
+
+
+def new_adapter_modules(
+    dim: int, config: PreProjConfig, device: torch.device
+) -> tuple[PreProjection | None, ContentSkip | None]:
+    """The (pre-projection, skip) `config` asks for at width `dim` (None where it asks for none), float32."""
+    preproj = (
+        PreProjection(dim, config.expansion, config.activation, config.init,
+                      compute_dtype=config.compute_dtype, device=device)
+        if config.preproj
+        else None
+    )
+    skip = (ContentSkip(dim, config.skip_init_std, rank=config.skip_rank, compute_dtype=config.compute_dtype,
+                        device=device)
+            if config.skip else None)
+    return preproj, skip
+
+
+def _name_or_path(model: nn.Module) -> str | None:
+    """transformers' `name_or_path` (hub id or folder the model was loaded from); None when built in code."""
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if isinstance(name, (str, Path)) and str(name) else None
+
+
+def config_host(model: nn.Module, config: PreProjConfig) -> str | dict | HostSpec | None:
+    """The host a config asks for: the one its `injection` was saved for (a config read from an adapter
+    file, checked against `model`), else `config.host` (None = detect the row)."""
+    if config.injection is None:
+        return config.host
+    check_saved_paths(config.injection, Path("<config>"))
+    return saved_host(model, config.injection, Path(str(config.base_model_name_or_path or "<config>")))
+
+
+def saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
+    """The row (forced, by type or by structure) or described host an adapter was saved for, checked
+    against `model` (`hosts.registry.host_for_adapter`)."""
+    try:
+        return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+    except HostError as e:
+        raise ValueError(f"adapter at {path} was {e}") from None

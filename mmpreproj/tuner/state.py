@@ -1,0 +1,126 @@
+"""What `inject` leaves on a model: the injection state (`model.mmpreproj_state`), the wrappers in it, the
+adapter names and the one file-key format (`adapter_key` / `parse_adapter_key`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ..modules import PreProjAttention
+from ..version import __version__
+from .config import PreProjConfig
+
+__all__ = [
+    "ADAPTER_TYPE",
+    "InjectionState",
+    "adapter_key",
+    "adapter_params",
+    "check_adapter_name",
+    "injected_modules",
+    "is_injected",
+    "named_adapter",
+    "parse_adapter_key",
+]
+
+
+ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files: peft_type "PREPROJ", tuner/keys.py)
+
+
+@dataclass
+class InjectionState:
+    """What `inject` did to a model, kept on the model as `model.mmpreproj_state`."""
+
+    config: PreProjConfig
+    host: str
+    layers: list[int]
+    num_blocks: int
+    hidden_size: int | list[int]  # one width, or one per injected block when they differ (e.g. CLIP towers)
+    host_description: dict = field(default_factory=dict)  # the resolved row (spec.py), so reload needs no code
+    parts: list[dict] = field(default_factory=list)  # per part: name, first block index, blocks, injected layers
+    modules_to_save: dict[str, str] = field(default_factory=dict)  # name -> attribute path of a trained base module
+    base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
+    modules: list[str] = field(default_factory=list)  # each injected wrapper's path in the model, aligned with layers
+    saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
+    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
+    thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
+    input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
+    # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
+    active_adapter: str = "default"
+    adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
+    stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive
+    # name -> its modules_to_save values, keyed as in the file (`modules.{name}.{param}`)
+
+    def __post_init__(self) -> None:
+        self.adapter_configs.setdefault(self.active_adapter, self.config)
+
+    def describe(self) -> dict:
+        """The JSON-able description saved beside adapter weights."""
+        return {
+            "adapter_type": ADAPTER_TYPE,  # with `method`: what the folder holds, so nothing guesses from its shape
+            "method": self.config.method,
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "config": self.config.to_dict(),
+            "host": self.host,
+            "host_description": self.host_description,
+            "parts": self.parts,
+            "layers": self.layers,
+            "modules": self.modules,
+            "num_blocks": self.num_blocks,
+            "hidden_size": self.hidden_size,
+            "modules_to_save": self.modules_to_save,
+            "library_version": __version__,
+        }
+
+
+def injected_modules(model: nn.Module) -> list[PreProjAttention]:
+    """The wrappers in `model`, in block order."""
+    found = [m for m in model.modules() if isinstance(m, PreProjAttention)]
+    return sorted(found, key=lambda m: m.block_index)
+
+
+def is_injected(model: nn.Module) -> bool:
+    return hasattr(model, "mmpreproj_state") or bool(injected_modules(model))
+
+
+def adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
+    return [p for m in (wrapper.preproj, wrapper.skip) if m is not None for p in m.parameters()]
+
+
+def adapter_key(block_index: int | None, module: str, name: str) -> str:
+    """The file key of an adapter weight, the one place its format is written:
+    `blocks.{i}.{preproj|skip}.{param}` for an injected weight (i = the adapter block index), or, with
+    `block_index=None`, `modules.{name}.{param}` for a base module of `modules_to_save`."""
+    if block_index is None:
+        return f"modules.{module}.{name}"
+    return f"blocks.{block_index}.{module}.{name}"
+
+
+def parse_adapter_key(key: str) -> tuple[int | None, str, str]:
+    """`adapter_key`'s inverse: (block index or None for a saved module, module, param); ValueError otherwise."""
+    kind, _, rest = key.partition(".")
+    first, _, name = rest.partition(".")
+    if kind == "blocks" and first.isdigit() and name:
+        module, _, param = name.partition(".")
+        if param:
+            return int(first), module, param
+    if kind == "modules" and first and name:
+        return None, first, name
+    raise ValueError(f"{key!r} is not an adapter key (blocks.<i>.<preproj|skip>.<param> or modules.<name>.<param>)")
+
+
+def check_adapter_name(name: object) -> str:
+    """An adapter name: a non-empty string without '.' (it becomes an `nn.ModuleDict` key)."""
+    if not isinstance(name, str) or not name or "." in name:
+        raise ValueError(f"adapter_name={name!r}; must be a non-empty string without '.'")
+    return name
+
+
+def named_adapter(state, name: str | None) -> tuple[str, PreProjConfig]:
+    """(name, config) of a loaded adapter; None means the active one. ValueError listing the loaded names."""
+    name = state.active_adapter if name is None else name
+    if name not in state.adapter_configs:
+        raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {list(state.adapter_configs)}")
+    return name, state.adapter_configs[name]
