@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from safetensors import safe_open
 
 from . import hub
 from .assets import resolve_path
@@ -37,8 +39,6 @@ def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
         return str(local), {}
     if not (hub.hub_offline() or not hub.hub_reachable()):
         return name, {}
-    from huggingface_hub import try_to_load_from_cache
-
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         raise FileNotFoundError(f"the Hub cannot be reached and {name!r} is neither cached nor a local folder")
     return name, {"local_files_only": True}
@@ -56,8 +56,6 @@ def corrupt_weights_error(source: str, err: Exception) -> ValueError | None:
     if folder.is_dir():
         files = sorted(folder.glob("model*.safetensors")) + sorted(folder.glob("pytorch_model*.bin"))
     else:
-        from huggingface_hub import try_to_load_from_cache
-
         try:
             found = [try_to_load_from_cache(source, f) for f in _WEIGHT_FILES]
         except Exception:  # not a valid repo id: nothing cached to look at
@@ -77,8 +75,6 @@ def _unreadable(path: Path) -> str | None:
     """Why the weights file `path` cannot be read (its header, and for a zip its directory), or None."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
             with safe_open(str(path), "pt"):
                 pass
         else:

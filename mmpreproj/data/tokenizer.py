@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
 from .assets import asset_path, open_text
 
 __all__ = ["PYTHIA_TOKENIZER_FILE", "pythia_tokenizer"]
@@ -18,9 +21,6 @@ def pythia_tokenizer(path: str | os.PathLike[str] | None = None):  # -> transfor
     No special tokens are added on encoding. The vocabulary has 50,277 entries; Pythia's embeddings have
     more rows (50,304 for the small models), so size models from their config, not from this tokenizer.
     """
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
     with open_text(path or asset_path(*PYTHIA_TOKENIZER_FILE)) as f:
         backend = Tokenizer.from_str(f.read())
     eot = "<|endoftext|>"

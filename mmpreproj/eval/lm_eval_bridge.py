@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -63,8 +64,6 @@ def _local_config(task: str, task_manager: Any) -> dict[str, Any]:
 
 def _task_manager(tasks: Sequence[str]) -> Any:
     """An lm-eval `TaskManager` that indexes only the folders of `tasks` when they are all known ones."""
-    from pathlib import Path
-
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 

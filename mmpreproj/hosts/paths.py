@@ -18,6 +18,7 @@ resolver maps the keyword to that method, a string can never spell a call. A pat
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -122,8 +123,6 @@ def get_path(root: Any, path: str, field: str = "path") -> Any:
 
 def _not_plain(obj: Any, name: str) -> str:
     """Why a name the object does have was not followed (a property, method or class attribute)."""
-    import inspect
-
     found = inspect.getattr_static(type(obj), name, _MISSING)
     if found is _MISSING:
         return ""

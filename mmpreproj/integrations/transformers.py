@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 from torch import nn
 from transformers import Trainer
 from transformers.trainer import TRAINING_ARGS_NAME
@@ -137,8 +138,6 @@ def load_trained(model: nn.Module, folder: str | Path, *, is_trainable: bool = F
     folder = Path(folder)
     if not _holds_peft_adapter(folder):
         return _inject_from(model, folder)
-    from peft import PeftModel
-
     _inject_from(model, folder / PREPROJ_SUBDIR)
     peft_model = PeftModel.from_pretrained(model, str(folder), is_trainable=is_trainable)
     if is_trainable:  # peft froze every non-LoRA weight, ours included

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 from torch import nn
 
 from .. import tuner as _adapter
@@ -132,8 +133,6 @@ def load_run_adapter(model: nn.Module, path: str | Path, method: str | None = No
     if spec.preproj or spec.skip:
         model = _adapter.load_adapter(model, ours)
     if spec.lora:
-        from peft import PeftModel
-
         model = PeftModel.from_pretrained(model, str(lora if (spec.preproj or spec.skip) else path))
     return model
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from peft import LoraConfig, get_peft_model
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from .. import tuner as _adapter
 from ..hosts import find_host
@@ -196,7 +198,6 @@ def apply_method(
         _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
     if not spec.lora:
         return model
-    from peft import LoraConfig, get_peft_model
     r, alpha = resolve_lora(method, *host_shape(model), lora_r, lora_alpha, per_rank=lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
@@ -249,8 +250,6 @@ def expected_trainable(
 
 def meta_model(config: Any) -> nn.Module:
     """A `AutoModelForCausalLM` built from `config` on the meta device (no memory, no download)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..data.model_source import check_local_model, corrupt_weights_error, pretrained_source
 from .errors import ModelUnavailableError
@@ -34,8 +35,6 @@ def unavailable_error(what: str, name: str, err: Exception) -> ModelUnavailableE
 
 def load_tokenizer(name: str) -> Any:
     """`AutoTokenizer.from_pretrained(name)` with pad = eos when it has no pad token (as the paper)."""
-    from transformers import AutoTokenizer
-
     check_local_model(name)
     try:
         source, kwargs = pretrained_source(name)
@@ -49,8 +48,6 @@ def load_tokenizer(name: str) -> Any:
 
 def load_model(name: str, dtype: str = "float32") -> nn.Module:
     """`AutoModelForCausalLM.from_pretrained(name)` in `dtype` ("float32" or "bfloat16"), on CPU."""
-    from transformers import AutoModelForCausalLM
-
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed values: {sorted(_DTYPES)}")
     check_local_model(name)

@@ -62,11 +62,11 @@ def save_adapter(
 
     `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
     from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
-    so a crash never leaves a torn file, and the two files are replaced together (`adapter_files`): a
+    so a crash never leaves a torn file, and the two files are replaced together (`util.file_sets`): a
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
 
-    `adapter_name` saves one of several loaded adapters (default: the active one, `named_adapters`);
+    `adapter_name` saves one of several loaded adapters (default: the active one, `named.py`);
     `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """

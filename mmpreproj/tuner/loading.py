@@ -42,7 +42,7 @@ def load_adapter(
     parts the model does not have, another hidden size or block count, or weights that do not match.
 
     On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
-    and inactive (`set_adapter` switches to it; see `named_adapters`); on a plain model it names the
+    and inactive (`set_adapter` switches to it; see `named.py`); on a plain model it names the
     first adapter (default "default").
     Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
     to make (`mmpreproj.timm_rope.saved`).

@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import hf_hub_download
+from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from ..data.model_source import corrupt_weights_error, pretrained_source
 from ..util.file_sets import committed_files
@@ -40,9 +43,6 @@ def _adapter_token(folder: Path) -> str | None:
 
 def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **download: Any) -> Path | None:
     """The local folder of a hub repo's adapter files (first of `subfolders` that has them), or None."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
-
     for sub in subfolders:
         try:
             cfg = hf_hub_download(repo, sub + ADAPTER_CONFIG_NAME, local_files_only=local_only, **download)
@@ -66,8 +66,6 @@ def from_pretrained(
     FileNotFoundError. A weights file that cannot be read (truncated) is named.
     """
     if model_cls is None:
-        from transformers import AutoModelForCausalLM
-
         model_cls = AutoModelForCausalLM
     source, extra = pretrained_source(str(path_or_hub_id))
     download = {k: kwargs[k] for k in ("revision", "cache_dir", "token") if k in kwargs}
@@ -118,9 +116,6 @@ def _base_token(source: str, local_only: bool, download: dict[str, Any]) -> str 
     """The save token in the config.json of a local folder or a hub repo."""
     if Path(source).is_dir():
         return config_save_token(Path(source) / "config.json")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
-
     try:
         return config_save_token(hf_hub_download(source, "config.json", local_files_only=local_only, **download))
     except (EntryNotFoundError, LocalEntryNotFoundError):

@@ -47,7 +47,7 @@ class InjectionState:
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
-    # several adapters on one base (named_adapters.py): the active one runs, the others wait, frozen
+    # several adapters on one base (named.py): the active one runs, the others wait, frozen
     active_adapter: str = "default"
     adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
     stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive

@@ -94,7 +94,7 @@ def set_adapter_state_dict(
     shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
     `adapter_name` writes a stored (inactive) adapter instead of the active one.
     Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
-    running, or a graph through the adapter awaiting backward: `named_adapters.refuse_in_flight`).
+    running, or a graph through the adapter awaiting backward: `in_flight.refuse_in_flight`).
     """
     owner, state = injected_owner(model, "set_adapter_state_dict")
     name, _ = named_adapter(state, adapter_name)
