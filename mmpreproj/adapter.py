@@ -40,6 +40,7 @@ from .pretrained import (
 )
 from .timm_rope.saved import describe_rope, rope_for_load
 from .tuner.config import PreProjConfig
+from .tuner.digest import DIGEST_KEY, check_weights_digest
 from .tuner.keys import (
     block_keys_from_peft,
     block_keys_to_peft,
@@ -780,6 +781,7 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
+        check_weights_digest(desc.get(DIGEST_KEY), tensors, path / ADAPTER_WEIGHTS_NAME)  # a PeftModel save cut short
     _refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
     if peft_layout:
         tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
