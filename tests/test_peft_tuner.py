@@ -190,6 +190,10 @@ def test_a_foreign_file_key_is_refused_naming_it(tmp_path):
     tensors = load_file(str(weights))
     tensors["base_model.model.gpt_neox.embed_in.weight"] = torch.zeros(32, 32)
     save_file(tensors, str(weights))
+    cfg_file = tmp_path / "adapter_config.json"  # a hand-made file: no digest, so the key check is what refuses
+    cfg = json.loads(cfg_file.read_text())
+    del cfg["injection"]["weights_digest"]
+    cfg_file.write_text(json.dumps(cfg))
     fresh = tiny_neox()
     with pytest.raises(ValueError, match=r"weight 'base_model.model.gpt_neox.embed_in.weight' belongs to no injected"):
         mmpreproj.load_adapter(fresh, tmp_path)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import InitVar, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from peft import PeftConfig
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from ..hosts.paths import PathError, check_path
 from ..modules.compute import COMPUTE_DTYPES
@@ -19,6 +22,7 @@ from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
+from .digest import DIGEST_KEY, check_weights_digest
 from .peft_type import PREPROJ
 
 __all__ = ["FUSE_QKV_SKIP_REMOVED", "PreProjConfig"]
@@ -120,6 +124,21 @@ class PreProjConfig(JsonConfig, PeftConfig):
         """The method this config injects, by its name in `mmpreproj.train.METHODS`: "preproj_skip", "preproj"
         or "skip" (saved as the adapter's `method` tag)."""
         return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[(self.preproj, self.skip)]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
+                        **kwargs: Any) -> PreProjConfig:
+        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the check that the weights beside
+        the config come from the same save (`tuner/digest.py`: a save cut short is refused, naming the file)."""
+        config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
+        weights = Path(pretrained_model_name_or_path, subfolder or "", "adapter_model.safetensors")
+        if isinstance(config, PreProjConfig) and weights.is_file():  # a hub id: peft downloads the weights later
+            try:
+                tensors = load_file(str(weights))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
+            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)
+        return config
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:

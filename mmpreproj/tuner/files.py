@@ -19,6 +19,7 @@ from ..hosts.spec import HostError
 from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
+from .digest import DIGEST_KEY, check_weights_digest
 from .keys import (
     block_keys_from_peft,
     block_keys_to_peft,
@@ -150,6 +151,7 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
+        check_weights_digest(desc.get(DIGEST_KEY), tensors, path / ADAPTER_WEIGHTS_NAME)  # a PeftModel save cut short
     refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
     if peft_layout:
         tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")

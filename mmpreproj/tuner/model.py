@@ -20,6 +20,7 @@ from torch import nn
 
 from ..modules.wrapper import PreProjAttention
 from .config import PreProjConfig
+from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .inject import inject, unload
 from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
@@ -151,7 +152,8 @@ class PreProjModel(BaseTuner):
         owner, state = injected_owner(model, "get_peft_model_state_dict")
         tensors = named_adapter_tensors(owner, adapter_name)
         desc = describe_for_save(owner, adapter_name, tensors)
-        config.injection = injection_of(desc)  # fresh facts for the config file peft writes next
+        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
+        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(tensors)}
         return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
 
     @classmethod
