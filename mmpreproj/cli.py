@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-extend", type=int, default=3,
                    help="LRs added past an edge while the best is there (default: %(default)s)")
     p.add_argument("--no-paper-point", action="store_true", help="leave out the paper's full-size preproj_skip")
+    p.add_argument("--read-only", action="store_true",
+                   help="train nothing: read back the finished points and write the report (the rest: not run)")
     p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
@@ -501,7 +503,8 @@ def _budget(args: argparse.Namespace) -> str:
                  seed_methods=_names("--seed-methods", args.seed_methods, methods),
                  start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None, max_extend=args.max_extend,
                  paper_point=not args.no_paper_point, data_source=args.data_source,
-                 train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
+                 train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line(),
+                 read_only=args.read_only)
     return f"{out}/report.md, pareto.png"
 
 

@@ -107,6 +107,14 @@ def test_budget_study_end_to_end(tiny_model_dir, tmp_path):
         assert (out / png).stat().st_size > 1000
     again = budget_study("mini", out, **kw)
     assert again["reused"] == len(doc["points"]) and again["summary"] == json.loads(json.dumps(doc["summary"]))
+    # read_only: the finished points come back as they are, a method with none is "not run", nothing trains
+    arms = sorted(p for p in out.rglob("*") if p.is_dir())
+    ro = budget_study("mini", out, **{**kw, "methods": ["lora", "preproj_skip", "skip"]}, read_only=True)
+    assert ro["summary"] == again["summary"] and ro["not_run"] == ["b0.005 skip"]
+    assert sorted(p for p in out.rglob("*") if p.is_dir()) == arms
+    assert "Not run (no finished point): b0.005 skip." in (out / "report.md").read_text()
+    empty = budget_study("mini", tmp_path / "empty", **kw, read_only=True)
+    assert empty["points"] == [] and empty["not_run"] == ["b0.005 lora", "b0.005 preproj_skip"]
 
 
 def test_a_trained_rank_r_arm_has_the_formulas_count(tiny_model_dir, tmp_path):

@@ -9,7 +9,9 @@ times), so the best LR found has tried neighbours at most 2x away on both sides.
 at the best LR (only for `seed_methods`, all by default). Every point is an arm (`mmpreproj.arms`):
 `out/b<budget>/<method>/lr-<lr>-seed-<seed>/`, read back on a restart. Writes budget.json, report.md,
 pareto.png and lr-b<budget>.png under `out` after every (budget, method), so a cut-short study reports what
-it reached.
+it reached. `read_only=True` trains nothing: it reads back the finished points (the ones the search would
+visit) and writes the report, listing each (budget, method) with no finished point as not run; that is how
+several processes, each given a share of the grid with the same `out`, end in one report.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def budget_study(
     train_overrides: dict[str, Any] | None = None,
     progress: bool = True,
     command: str | None = None,
+    read_only: bool = False,
 ) -> dict[str, Any]:
     """Run the study (see the module docstring); returns what budget.json holds."""
     budgets = parse_budgets(budgets)
@@ -131,15 +134,19 @@ def budget_study(
     base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
     state: dict[str, Any] = {"preset": preset, "command": command, "dim": dim, "layers": layers,
                              "base_params": base_params, "baseline": base_row, "seeds": seed_list,
-                             "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "reused": 0}
+                             "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "not_run": [],
+                             "reused": 0}
     items: dict[tuple, dict] = {}
 
-    def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any]:
+    def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any] | None:
+        """The point's row (trained, or read back); None when `read_only` and it has not finished."""
         cfg = get_preset(preset, **{**overrides, "method": method, "lr": lr, "seed": seed, **sizes,
                                     "out": str(out / label / method / f"lr-{lr:g}-seed-{seed}"), "progress": progress})
         run_dir = Path(cfg.out)
 
         def compute(fresh: bool):
+            if read_only:
+                raise _NotRun
             model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
             metrics, its = run_eval(model)
             row.update(metrics)
@@ -148,6 +155,8 @@ def budget_study(
 
         try:
             row, its, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
+        except _NotRun:
+            return None
         except Exception as err:  # a diverged point is a result, not a crash of the study
             if type(err).__name__ != "NonFiniteLossError":
                 raise
@@ -162,12 +171,18 @@ def budget_study(
     def search(label: str, method: str, sizes: dict[str, Any], first: Sequence[float]) -> None:
         tried: dict[float, float | None] = {}
         for lr in first:
-            tried[lr] = point(label, method, sizes, lr, seed_list[0]).get("ppl.ppl")
-        for _ in range(max_extend):
+            row = point(label, method, sizes, lr, seed_list[0])
+            if row is not None:
+                tried[lr] = row.get("ppl.ppl")
+        for _ in range(max_extend if tried else 0):
             nxt = _next_lr(tried)
-            if nxt is None:
+            row = None if nxt is None else point(label, method, sizes, nxt, seed_list[0])
+            if row is None:
                 break
-            tried[nxt] = point(label, method, sizes, nxt, seed_list[0]).get("ppl.ppl")
+            tried[nxt] = row.get("ppl.ppl")
+        if not tried:  # read_only, nothing finished
+            state["not_run"].append(f"{label} {method}")
+            return
         ok = {lr: v for lr, v in tried.items() if v is not None}
         if ok and method in seed_methods:
             best = min(ok, key=ok.get)
@@ -188,6 +203,10 @@ def budget_study(
         search("paper", "preproj_skip", {}, start_lrs or START_LRS["preproj_skip"])
     _write(out, state, items, base_cfg, seeds, time.time() - t0)
     return json.loads((out / "budget.json").read_text())
+
+
+class _NotRun(Exception):
+    """A point `read_only` found unfinished."""
 
 
 def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> list[dict[str, Any]]:
@@ -259,6 +278,8 @@ def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg,
              f"peak LR and the seed change. PPL = the paper's line PPL on {state['ppl_split']} rows; "
              f"untrained base {baseline:.1f}.", "", table, "",
              *([f"Out of reach (a skip rank would reach d={state['dim']}, where the full d x d skip is cheaper): "
-                + ", ".join(state["unreachable"]) + ".", ""] if state["unreachable"] else []), "![pareto.png](pareto.png)", "",
+                + ", ".join(state["unreachable"]) + ".", ""] if state["unreachable"] else []),
+             *([f"Not run (no finished point): {', '.join(state['not_run'])}.", ""] if state.get("not_run") else []),
+             "![pareto.png](pareto.png)", "",
              *[f"![{f}]({f})" for f in figures], ""]
     (out / "report.md").write_text("\n".join(lines))
