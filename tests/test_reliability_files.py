@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_neox
 from torch import nn
 
 import mmpreproj
@@ -29,6 +28,7 @@ from mmpreproj.train import LMExamples, TrainConfig, train
 from mmpreproj.train.checkpoint import save_checkpoint
 from mmpreproj.train.runlock import RUN_LOCK_NAME, RunInUseError, run_lock
 from mmpreproj.train.runlog import StepLog, write_json
+from tests.helpers.zoo import tiny_neox
 
 UMASKS = [0o022, 0o077, 0o027]
 

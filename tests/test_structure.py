@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_neox
 from torch import nn
 
 import mmpreproj
@@ -16,6 +15,7 @@ from mmpreproj import PreProjConfig
 from mmpreproj.adapter import ADAPTER_CONFIG_NAME, adapter_key, parse_adapter_key
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
 from tests.helpers.adapter_json import load_desc
+from tests.helpers.zoo import tiny_neox
 
 # --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
 
