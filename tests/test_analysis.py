@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_neox
-from png_content import assert_draws, colour_mask
 
 import mmpreproj
 from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms, skip_norms_from_adapter
+from tests.helpers.png_content import assert_draws, colour_mask
+from tests.helpers.zoo import tiny_neox
 
 
 def test_skip_norms_match_weights_and_saved_adapter(tmp_path):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import ContentSkip, PreProjection
+from tests.helpers.zoo import tiny_neox
 
 
 @pytest.mark.parametrize("module", [PreProjection(16), ContentSkip(16)], ids=["preproj", "skip"])

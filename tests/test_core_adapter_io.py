@@ -6,30 +6,12 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from tests.helpers.adapter_json import dump_desc, load_desc
-
-
-def _snapshot(model):
-    """Module identities and every tensor, to prove a failed call changed nothing."""
-    return (
-        [id(m) for m in model.modules()],
-        {k: v.clone() for k, v in model.state_dict().items()},
-        {n: p.requires_grad for n, p in model.named_parameters()},
-        hasattr(model, "mmpreproj_state"),
-    )
-
-
-def _assert_unchanged(model, snap):
-    ids, state, grads, injected = snap
-    assert [id(m) for m in model.modules()] == ids
-    now = model.state_dict()
-    assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
-    assert {n: p.requires_grad for n, p in model.named_parameters()} == grads
-    assert hasattr(model, "mmpreproj_state") == injected
+from tests.helpers.snapshots import assert_unchanged, snapshot
+from tests.helpers.zoo import tiny_neox
 
 
 @pytest.fixture
@@ -98,27 +80,27 @@ def test_adapter_disabled_gives_base_outputs(tokens):
 
 def test_error_unsupported_model_names_supported_architectures():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(ValueError, match="gpt_neox"):
         mmpreproj.inject(model)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
 
 
 def test_error_inject_twice_leaves_model_untouched():
     model = tiny_neox()
     mmpreproj.inject(model)
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(RuntimeError, match="already"):
         mmpreproj.inject(model)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
 
 
 def test_error_bad_layer_index_leaves_model_untouched():
     model = tiny_neox()
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(ValueError, match="layers"):
         mmpreproj.inject(model, PreProjConfig(layers=[7]))
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
 
 
 @pytest.mark.parametrize(
@@ -128,10 +110,10 @@ def test_error_bad_layer_index_leaves_model_untouched():
 def test_error_adapter_for_other_shape(trained_adapter, overrides, field):
     path, _ = trained_adapter
     model = tiny_neox(**overrides)
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(ValueError, match=field):
         mmpreproj.load_adapter(model, path)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
 
 
 @pytest.mark.parametrize("damage", ["missing_weights", "missing_config", "corrupt_weights", "corrupt_config", "wrong_keys"])
@@ -151,10 +133,10 @@ def test_error_missing_or_corrupt_files(trained_adapter, damage):
         desc["config"]["skip"] = False  # config says no skip, weights hold one
         dump_desc(config, desc)
     model = tiny_neox()
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises((FileNotFoundError, ValueError), match="adapter"):
         mmpreproj.load_adapter(model, path)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
 
 
 def test_unload_without_injection_errors():
@@ -167,7 +149,7 @@ def test_set_adapter_state_dict_copies_in_place_and_refuses_mismatches(trained_a
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
     params = [p for w in mmpreproj.injected_modules(model) for p in w.parameters()]
     _, tensors = mmpreproj.tuner.read_adapter(path)
-    snap = _snapshot(model)
+    snap = snapshot(model)
     bad = dict(tensors)
     bad.pop(next(iter(bad)))
     with pytest.raises(ValueError, match="missing"):
@@ -175,7 +157,7 @@ def test_set_adapter_state_dict_copies_in_place_and_refuses_mismatches(trained_a
     wrong = {k: (v[:1] if i == 0 else v) for i, (k, v) in enumerate(tensors.items())}
     with pytest.raises(ValueError, match="shape"):
         mmpreproj.set_adapter_state_dict(model, wrong)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
     assert not torch.allclose(model(tokens).logits, trained_logits)
     mmpreproj.set_adapter_state_dict(model, tensors)
     assert [id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters()] == [id(p) for p in params]

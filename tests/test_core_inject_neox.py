@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj import PreProjConfig
+from tests.helpers.zoo import tiny_neox
 
 
 def test_identity_init_matches_untouched_model(neox, tokens):

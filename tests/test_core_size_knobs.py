@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj import ContentSkip, PreProjConfig, estimate
 from mmpreproj.analysis import skip_norms, skip_norms_from_adapter
+from tests.helpers.zoo import tiny_neox
 
 
 def test_low_rank_skip_is_b_times_a():

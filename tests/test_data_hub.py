@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from net_guard import refuse_network
 
 from mmpreproj.data import DataUnavailableError, hellaswag_examples, lambada_examples, wikitext_lines
 from mmpreproj.data import hub as hub_mod
+from tests.helpers.net_guard import refuse_network
 
 
 def _one_line(err: pytest.ExceptionInfo) -> str:

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from eval_fixtures import ForcedNext, tiny_pythia
 from torch import nn
 
 from mmpreproj.data import hellaswag_examples, lambada_examples, pythia_tokenizer, wikitext_lines
@@ -19,6 +18,7 @@ from mmpreproj.eval import (
     line_perplexity,
     score_continuations,
 )
+from tests.helpers.eval_models import ForcedNext, tiny_pythia
 
 
 def token_logprobs(model: nn.Module, ids: list[int]) -> list[tuple[float, int]]:

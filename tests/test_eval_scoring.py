@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eval_fixtures import ForcedNext, tiny_pythia
 from torch import nn
 
 from mmpreproj.data import pythia_tokenizer
 from mmpreproj.eval import ContinuationScore, score_continuations
+from tests.helpers.eval_models import ForcedNext, tiny_pythia
 
 
 def hand_score(model: nn.Module, ctx: list[int], cont: list[int]) -> tuple[float, bool]:

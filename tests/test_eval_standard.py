@@ -6,8 +6,6 @@ import math
 
 import pytest
 import torch
-from eval_fixtures import ForcedNext, tiny_pythia
-from net_guard import refuse_network
 
 from mmpreproj.data import pythia_tokenizer, wikitext_articles, wikitext_detokenize
 from mmpreproj.eval import (
@@ -19,6 +17,8 @@ from mmpreproj.eval import (
     run_lm_eval,
     score_continuations,
 )
+from tests.helpers.eval_models import ForcedNext, tiny_pythia
+from tests.helpers.net_guard import refuse_network
 
 lm_eval = pytest.importorskip("lm_eval")
 

@@ -1,4 +1,5 @@
-"""Every figure function writes a real, non-blank PNG of a sensible size."""
+"""Every figure function writes a PNG of a sensible size that shows its data: each series' colour is drawn
+across the axes (axes, title and legend with no data drawn fail)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from mmpreproj.analysis import (
     plot_skip_growth,
 )
 from mmpreproj.analysis.plot import smooth
+from tests.helpers.png_content import assert_draws
 
 
-def _check_png(path) -> None:
-    import matplotlib.image
+def _check_png(path, colours: list[str]) -> None:
+    """Decoded, of a sensible size, and each of `colours` (one per series, in drawing order) drawn across it."""
+    img = assert_draws(path, colours)
+    assert img.shape[0] >= 300 and img.shape[1] >= 500, (path, img.shape)
 
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, path
-    img = matplotlib.image.imread(str(path))
-    assert img.shape[0] >= 300 and img.shape[1] >= 500 and img[..., :3].std() > 0.05  # drawn on, not blank
+
+def _on_white(colour: str, alpha: float) -> str:
+    """The colour a line of `colour` drawn with `alpha` shows on the white background."""
+    import matplotlib.colors
+
+    return matplotlib.colors.to_hex([alpha * c + (1 - alpha) for c in matplotlib.colors.to_rgb(colour)])
 
 
 def test_smooth_by_hand():
@@ -35,22 +41,22 @@ def test_loss_curve_in_the_run_folder(tmp_path):
     (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
     path = plot_loss_curve(tmp_path, heldout=(100, 5.2))
     assert path == tmp_path / "loss_curve.png"
-    _check_png(path)
+    _check_png(path, ["C0"])  # the smoothed curve (the raw one is drawn at alpha 0.3)
 
 
 def test_summary_figures(tmp_path):
     steps = list(range(1, 51))
     curves = {"skip": [(steps, [5 - s / 25 for s in steps]), (steps, [5.1 - s / 25 for s in steps])],
               "lora": [(steps, [5 - s / 20 for s in steps])]}
-    _check_png(plot_loss_curves(curves, tmp_path / "curves.png"))
+    _check_png(plot_loss_curves(curves, tmp_path / "curves.png"), [_on_white(c, 0.85) for c in ("C0", "C1")])
     panels = {"PPL": {"baseline": (894.0, 0.0), "skip": (260.0, 4.0), "lora": (217.0, 3.0)},
               "HellaSwag acc": {"baseline": (0.21, 0.0), "skip": (0.228, 0.004), "lora": (0.214, 0.006)}}
-    _check_png(plot_results(panels, tmp_path / "results.png", refs={"PPL": {"lora": 230.0}}))
+    _check_png(plot_results(panels, tmp_path / "results.png", refs={"PPL": {"lora": 230.0}}), ["C0", "C1", "C2"])
     growth = {"preproj_skip (mini)": [380.0, 383.0, 396.0, 351.0],
               "paper 160m": [v / 0.0768 for v in PAPER_SKIP_NORMS["pythia-160m"]]}
-    _check_png(plot_skip_growth(growth, tmp_path / "growth.png"))
+    _check_png(plot_skip_growth(growth, tmp_path / "growth.png"), ["C0", "C1"])
     _check_png(plot_lr_sweep({"lora": [(1e-5, 800.0), (1e-3, 217.0)], "skip": [(1e-5, 850.0), (1e-3, 260.0)]},
-                             tmp_path / "sweep.png", baseline=894.0, marks={"paper": 1e-5}))
+                             tmp_path / "sweep.png", baseline=894.0, marks={"paper": 1e-5}), ["C0", "C1"])
 
 
 def test_results_figure_needs_panels(tmp_path):

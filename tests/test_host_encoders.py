@@ -12,13 +12,13 @@ from functools import partial
 import pytest
 import torch
 import transformers as tf
-from host_contract import IDENTITY, HostCase, HostContract, build_once
-from test_host_structure import VOCAB, logits, tokens
-from test_host_transformers import check_checkpointing
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.hosts import find_host
+from tests.helpers.checkpointing import check_checkpointing
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once
+from tests.helpers.zoo import VOCAB, logits, tokens
 
 
 def _t5(width=64, depth=2, seed=0):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from host_contract import HostCase, HostContract
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mmpreproj import RoPE1D, RoPE2D, grid_positions
 from mmpreproj.modules import Block
+from tests.helpers.host_contract import HostCase, HostContract
 
 HEADS = 4
 

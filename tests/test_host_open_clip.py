@@ -16,19 +16,12 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
-from host_contract import (
-    IDENTITY,
-    HostCase,
-    HostContract,
-    assert_same_snapshot,
-    build_once,
-    injected_params,
-    snapshot,
-)
 from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once, injected_params
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
 open_clip = pytest.importorskip("open_clip")
 from open_clip.coca_model import CoCa  # noqa: E402

@@ -17,16 +17,15 @@ from functools import partial
 import pytest
 import torch
 import transformers as tf
-from host_contract import IDENTITY, HostCase, HostContract, build_once
-from test_host_transformers import check_checkpointing
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.hosts import HOSTS, find_host
 from mmpreproj.hosts.spec import HostSpec
 from mmpreproj.hosts.structure import match_structure
-
-VOCAB = 97
+from tests.helpers.checkpointing import check_checkpointing
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once
+from tests.helpers.zoo import VOCAB, logits, tokens
 
 
 def _decoder(cfg_cls, model_cls, width=64, depth=2, seed=0, kv_heads=2, **extra):
@@ -81,14 +80,6 @@ DECODERS = {
         expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_dt_rank=8, **kw)),
 }
 BUILDERS = {name: build_once(build) for name, (_, build) in DECODERS.items()}
-
-
-def tokens(batch=2, length=7, seed=1):
-    return (torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed)),)
-
-
-def logits(model, inputs):
-    return model(*inputs).logits
 
 
 CASES = [HostCase(name, row, BUILDERS[name], tokens, logits) for name, (row, _) in DECODERS.items()]

@@ -13,12 +13,12 @@ from functools import partial
 import pytest
 import torch
 import transformers as tf
-from host_contract import IDENTITY, HostCase, HostContract, build_once
-from test_host_transformers import check_checkpointing
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.hosts import HOSTS
+from tests.helpers.checkpointing import check_checkpointing
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once
 
 VOCAB = 97
 IMAGE = VOCAB + 2  # the image placeholder token

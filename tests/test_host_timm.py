@@ -16,16 +16,6 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from host_contract import (
-    IDENTITY,
-    HostCase,
-    HostContract,
-    assert_same_snapshot,
-    build_once,
-    injected_params,
-    run,
-    snapshot,
-)
 from timm.layers import set_reentrant_ckpt, use_reentrant_ckpt
 from timm.models.beit import Beit
 from timm.models.deit import VisionTransformerDistilled
@@ -43,6 +33,8 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once, injected_params, run
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
 TINY = dict(img_size=32, patch_size=8, num_heads=4, num_classes=10)
 

@@ -11,7 +11,6 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from host_contract import IDENTITY, HostCase, HostContract, assert_same_snapshot, build_once, run, snapshot
 from timm.models import maxxvit
 from timm.models._features import FeatureListNet
 from timm.models.maxxvit import MaxxVit, MaxxVitCfg, MaxxVitConvCfg, MaxxVitTransformerCfg
@@ -20,6 +19,8 @@ from timm.models.swin_transformer import SwinTransformer, window_partition, wind
 import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
 from mmpreproj.hosts import find_host
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once, run
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
 
 def swin(width=64, depth=2, seed=0, window_size=4, **kw):

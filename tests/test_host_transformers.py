@@ -15,98 +15,25 @@ from functools import partial
 import pytest
 import torch
 import transformers as tf
-from host_contract import IDENTITY, HostCase, HostContract, assert_same_snapshot, injected_params, snapshot
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-
-VOCAB = 97
-
-
-def _llama_like(cfg_cls, model_cls, width=64, depth=2, seed=0, **extra):
-    torch.manual_seed(seed)
-    cfg = cfg_cls(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
-    return model_cls(cfg).eval()
-
-
-def _gpt2(width=64, depth=2, seed=0):
-    torch.manual_seed(seed)
-    return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=width, n_layer=depth, n_head=4,
-                                            n_positions=64)).eval()
-
-
-def _gptj(width=64, depth=2, seed=0):
-    torch.manual_seed(seed)
-    return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=VOCAB, n_embd=width, n_layer=depth, n_head=4,
-                                            rotary_dim=8, n_positions=64)).eval()
-
-
-def _opt(width=64, depth=2, seed=0, before=True):
-    torch.manual_seed(seed)
-    return tf.OPTForCausalLM(tf.OPTConfig(vocab_size=VOCAB, hidden_size=width, ffn_dim=2 * width, num_hidden_layers=depth,
-                                          num_attention_heads=4, word_embed_proj_dim=width, max_position_embeddings=64,
-                                          do_layer_norm_before=before)).eval()
-
-
-def _neox(width=64, depth=2, seed=0, parallel=True):
-    torch.manual_seed(seed)
-    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=width, num_hidden_layers=depth,
-                                                  num_attention_heads=4, intermediate_size=2 * width, rotary_pct=0.25,
-                                                  max_position_embeddings=64, use_parallel_residual=parallel,
-                                                  tie_word_embeddings=False)).eval()
-
-
-BUILDERS = {
-    "gpt_neox_parallel": _neox,  # Pythia's layout
-    "gpt_neox": partial(_neox, parallel=False),
-    "llama": partial(_llama_like, tf.LlamaConfig, tf.LlamaForCausalLM),
-    "mistral": partial(_llama_like, tf.MistralConfig, tf.MistralForCausalLM),
-    "qwen2": partial(_llama_like, tf.Qwen2Config, tf.Qwen2ForCausalLM),
-    "qwen3": partial(_llama_like, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
-    "qwen3_moe": partial(_llama_like, tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, head_dim=16, num_experts=4,
-                         num_experts_per_tok=2, moe_intermediate_size=32),
-    "gemma": partial(_llama_like, tf.GemmaConfig, tf.GemmaForCausalLM, head_dim=16),
-    "gemma2": partial(_llama_like, tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
-    "gemma3_text": partial(_llama_like, tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),
-    "phi3": partial(_llama_like, tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=0),
-    "granite": partial(_llama_like, tf.GraniteConfig, tf.GraniteForCausalLM),
-    "stablelm": partial(_llama_like, tf.StableLmConfig, tf.StableLmForCausalLM),
-    "stablelm_parallel": partial(_llama_like, tf.StableLmConfig, tf.StableLmForCausalLM, use_parallel_residual=True),
-    "cohere": partial(_llama_like, tf.CohereConfig, tf.CohereForCausalLM),
-    "gpt2": _gpt2,
-    "gptj": _gptj,
-    "opt": _opt,
-}
-
-
-def tokens(batch=2, length=7, seed=1):
-    return (torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed)),)
-
-
-def logits(model, inputs):
-    return model(*inputs).logits
-
+from tests.helpers.checkpointing import check_checkpointing
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
+from tests.helpers.zoo import (
+    BUILDERS,
+    VOCAB,
+    llama_like,
+    logits,
+    opt,
+    qwen2_vl,
+    tokens,
+    vl_forward,
+    vl_inputs,
+)
 
 CASES = [HostCase(name, name.removesuffix("_parallel"), b, tokens, logits) for name, b in BUILDERS.items()]
-
-
-def check_checkpointing(case: HostCase, reentrant: bool) -> None:
-    """transformers' own gradient checkpointing with the base frozen: same injected gradients as without."""
-
-    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
-        model = case.build()
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-        mmpreproj.inject(model).train()
-        out = case.forward(model, case.inputs())
-        sum(o.square().mean() for o in (out if isinstance(out, tuple) else (out,))).backward()
-        return {n: p.grad for n, p in injected_params(model).items()}
-
-    plain, ckpt = grads(False), grads(True)
-    for n, g in ckpt.items():
-        assert g is not None and g.abs().sum() > 0, f"no gradient for {n} under checkpointing"
-        torch.testing.assert_close(g, plain[n], atol=1e-6, rtol=1e-4)
 
 
 @pytest.fixture(params=CASES, ids=[c.id for c in CASES])
@@ -226,8 +153,8 @@ def test_parallel_residual_mlp_keeps_seeing_the_unprojected_normed_input(name):
 @pytest.mark.parametrize(
     "build, reason",
     [
-        (partial(_opt, before=False), "do_layer_norm_before=False"),
-        (partial(_llama_like, tf.Olmo2Config, tf.Olmo2ForCausalLM), "post-norm"),
+        (partial(opt, before=False), "do_layer_norm_before=False"),
+        (partial(llama_like, tf.Olmo2Config, tf.Olmo2ForCausalLM), "post-norm"),
     ],
     ids=["opt_post_norm", "olmo2"],
 )
@@ -286,34 +213,6 @@ def test_forcing_a_row_that_does_not_fit_is_a_clear_error():
 # --- vision and vision-language rows (hosts/transformers_vision.py) ------------------------------------
 
 
-def _qwen2_vl(width=64, depth=2, seed=0, cls_name="Qwen2VL"):
-    torch.manual_seed(seed)
-    cfg = getattr(tf, f"{cls_name}Config")(
-        text_config=dict(vocab_size=VOCAB + 3, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                         num_attention_heads=4, num_key_value_heads=2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=depth, embed_dim=width, hidden_size=width, num_heads=4, mlp_ratio=2, patch_size=4,
-                           temporal_patch_size=2, spatial_merge_size=2, in_channels=3, out_hidden_size=width,
-                           intermediate_size=2 * width, window_size=8, fullatt_block_indexes=[depth - 1]),
-        image_token_id=VOCAB + 2, video_token_id=VOCAB + 1, vision_start_token_id=VOCAB, bos_token_id=1,
-        eos_token_id=2, pad_token_id=0,
-    )
-    return getattr(tf, f"{cls_name}ForConditionalGeneration")(cfg).eval()
-
-
-def vl_inputs():
-    g = torch.Generator().manual_seed(2)
-    pixels = torch.randn(16, 3 * 2 * 4 * 4, generator=g)  # one 16x16 image: a 4x4 grid of 4px patches, 2 frames
-    ids = torch.cat([torch.tensor([VOCAB]), torch.full((4,), VOCAB + 2), torch.randint(3, VOCAB, (5,), generator=g)])
-    return ids[None], pixels, torch.tensor([[1, 4, 4]])
-
-
-def vl_forward(model, inputs):
-    ids, pixels, grid = inputs
-    types = (ids == VOCAB + 2).long()  # 1 marks image tokens, as the processor returns it
-    return model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=types).logits
-
-
 def _clip(width=64, depth=2, seed=0, family="CLIP"):
     torch.manual_seed(seed)
     common = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth, num_attention_heads=4)
@@ -348,8 +247,8 @@ def vision_forward(model, inputs):
 
 
 VISION_CASES = [
-    HostCase("qwen2_vl", "qwen2_vl", _qwen2_vl, vl_inputs, vl_forward),
-    HostCase("qwen2_5_vl", "qwen2_5_vl", partial(_qwen2_vl, cls_name="Qwen2_5_VL"), vl_inputs, vl_forward),
+    HostCase("qwen2_vl", "qwen2_vl", qwen2_vl, vl_inputs, vl_forward),
+    HostCase("qwen2_5_vl", "qwen2_5_vl", partial(qwen2_vl, cls_name="Qwen2_5_VL"), vl_inputs, vl_forward),
     HostCase("clip", "clip", _clip, dual_inputs, dual_forward),
     HostCase("siglip", "siglip", partial(_clip, family="Siglip"), dual_inputs, dual_forward),
     HostCase("vit", "vit", _vit, image_inputs, vision_forward),
@@ -367,7 +266,7 @@ class TestVisionContract(HostContract):
 
 
 def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
-    model = mmpreproj.inject(_qwen2_vl(), PreProjConfig(parts=["language"], modules_to_save=["projector"]))
+    model = mmpreproj.inject(qwen2_vl(), PreProjConfig(parts=["language"], modules_to_save=["projector"]))
     state = model.mmpreproj_state
     assert [p["name"] for p in state.parts] == ["vision", "language"]
     assert {w.part for w in mmpreproj.injected_modules(model)} == {"language"}
@@ -376,7 +275,7 @@ def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
     report = mmpreproj.trainable_report(model)
     assert report.trainable == report.injected + sum(p.numel() for p in merger.parameters())
     assert report.parts == {"language": report.injected}
-    both = mmpreproj.trainable_report(mmpreproj.inject(_qwen2_vl()))
+    both = mmpreproj.trainable_report(mmpreproj.inject(qwen2_vl()))
     assert both.parts == {"vision": 2 * (2 * 64 * 80 + 64 * 64), "language": 2 * (2 * 64 * 80 + 64 * 64)}
     assert "(vision 28,672, language 28,672)" in str(both)
     with torch.no_grad():
@@ -384,12 +283,12 @@ def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
             p.add_(0.01)
     out = vl_forward(model, vl_inputs())
     mmpreproj.save_adapter(model, tmp_path)
-    fresh = mmpreproj.load_adapter(_qwen2_vl(), tmp_path)
+    fresh = mmpreproj.load_adapter(qwen2_vl(), tmp_path)
     torch.testing.assert_close(vl_forward(fresh, vl_inputs()), out, atol=0, rtol=0)
     mmpreproj.unload(fresh)
-    torch.testing.assert_close(vl_forward(fresh, vl_inputs()), vl_forward(_qwen2_vl(), vl_inputs()), atol=0, rtol=0)
+    torch.testing.assert_close(vl_forward(fresh, vl_inputs()), vl_forward(qwen2_vl(), vl_inputs()), atol=0, rtol=0)
     with pytest.raises(ValueError, match="parts"):
-        mmpreproj.inject(_qwen2_vl(), PreProjConfig(parts=["audio"]))
+        mmpreproj.inject(qwen2_vl(), PreProjConfig(parts=["audio"]))
     # the CLIP vision tower alone has no "text" part: an adapter for both towers is refused
     clip = mmpreproj.inject(_clip())
     mmpreproj.save_adapter(clip, tmp_path / "clip")
@@ -414,7 +313,7 @@ def test_trace_seams_finds_the_description_that_the_row_has(name):
 
 
 def test_trace_seams_on_a_vlm_finds_both_towers():
-    found = mmpreproj.tuner.trace_seams(_qwen2_vl(), *vl_inputs()[:1], pixel_values=vl_inputs()[1],
+    found = mmpreproj.tuner.trace_seams(qwen2_vl(), *vl_inputs()[:1], pixel_values=vl_inputs()[1],
                                         image_grid_thw=vl_inputs()[2],
                                         mm_token_type_ids=(vl_inputs()[0] == VOCAB + 2).long())
     got = {p["blocks"]: (p["attention"], p["norm"], p["call"]["output_index"]) for p in found["parts"]}

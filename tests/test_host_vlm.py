@@ -19,12 +19,13 @@ from functools import partial
 import pytest
 import torch
 import transformers as tf
-from host_contract import IDENTITY, HostCase, HostContract, assert_same_snapshot, injected_params, snapshot
-from test_host_transformers import check_checkpointing
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.hosts.spec import get_path
+from tests.helpers.checkpointing import check_checkpointing
+from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, injected_params
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
 VOCAB = 97
 IMAGE = VOCAB + 2  # the image placeholder token

@@ -18,9 +18,8 @@ import torch
 pytest.importorskip("accelerate")
 pytest.importorskip("datasets")
 
-from conftest import assert_adamw_runs_agree  # noqa: E402
-
 from mmpreproj.tuner.files import read_adapter  # noqa: E402
+from tests.helpers.adamw import assert_adamw_runs_agree  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "recipes" / "integrations" / "accelerate_launch.sh"

@@ -7,14 +7,16 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_neox
+
+from tests.helpers.zoo import tiny_neox
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import mmpreproj  # noqa: E402
 from mmpreproj.integrations.transformers import PreProjTrainer, preproj_trainer  # noqa: E402
+from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 
 STEPS = 6
 
@@ -23,17 +25,6 @@ STEPS = 6
 def lm_data():
     ids = torch.randint(0, 128, (32, 16), generator=torch.Generator().manual_seed(0)).tolist()
     return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-
-
-class StopAfterSave(TrainerCallback):
-    """Ends training right after the checkpoint of step `at` is written: a kill at the worst moment."""
-
-    def __init__(self, at: int):
-        self.at = at
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step >= self.at:
-            control.should_training_stop = True
 
 
 def _args(out, **kw) -> TrainingArguments:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_neox
+
+from tests.helpers.zoo import tiny_neox
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-from test_integrations_transformers import StopAfterSave  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
@@ -21,6 +21,7 @@ import mmpreproj  # noqa: E402
 from mmpreproj.integrations.transformers import load_trained  # noqa: E402
 from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
+from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 
 MINI = Path(__file__).resolve().parents[1] / "assets" / "mini-pythia"
 CHAT_TEMPLATE = (

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from png_content import assert_draws
+
+from tests.helpers.png_content import assert_draws
 
 timm = pytest.importorskip("timm")
 

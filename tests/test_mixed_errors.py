@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mixed_fixtures import IMAGE_ID, MARKERS, VIDEO_ID, VSTART, tiny_mixed
 from torch import nn
 
 from recipes.mixed.tinyvlm import MarkerIds, MixedSample, Visual, build_sequence, collate
+from tests.helpers.mixed_models import IMAGE_ID, MARKERS, VIDEO_ID, VSTART, tiny_mixed
 
 EMBED = nn.Embedding(40, 8)
 

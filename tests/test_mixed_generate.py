@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mixed_fixtures import mixed_samples, tiny_mixed
 
 from recipes.mixed.tinyvlm import MixedSample, generate
+from tests.helpers.mixed_models import mixed_samples, tiny_mixed
 
 LAYOUTS = ["chunked", "interleaved"]  # the decoder's M-RoPE frequency layout
 

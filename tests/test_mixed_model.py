@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mixed_fixtures import mixed_samples, tiny_mixed
 
 import mmpreproj
 from mmpreproj.analysis import routing_ratios
 from mmpreproj.rope import InterleavedMultimodalRoPE, MultimodalRoPE
 from recipes.mixed.tinyvlm import IMAGE, TEXT, MixedSample, NativeDecoder, VisionProjector
+from tests.helpers.mixed_models import mixed_samples, tiny_mixed
 
 
 def test_one_preprojection_per_decoder_block_shared_by_all_modalities():

@@ -5,12 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from mixed_fixtures import IMAGE_ID, MARKERS, MERGE, PATCH, VEND, VIDEO_ID, VSTART, mixed_samples, tiny_mixed
 from torch import nn
 from transformers import Qwen2VLConfig
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen
 
 from recipes.mixed.tinyvlm import IMAGE, PAD, TEXT, VIDEO, Visual, build_sequence
+from tests.helpers.mixed_models import (
+    IMAGE_ID,
+    MARKERS,
+    MERGE,
+    PATCH,
+    VEND,
+    VIDEO_ID,
+    VSTART,
+    mixed_samples,
+    tiny_mixed,
+)
 
 pytestmark = pytest.mark.skipif(
     int(transformers.__version__.split(".")[0]) < 5,

@@ -1,4 +1,4 @@
-"""Several adapters on one base (`mmpreproj.named_adapters`): with adapter A active the model computes what a
+"""Several adapters on one base (`mmpreproj.tuner.named`): with adapter A active the model computes what a
 model holding only A computes, bit for bit; switching, disabling, saving a named one, deleting, unloading;
 refused additions leave the model unchanged; `mmpreproj eval` scores two adapters in one process."""
 
@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_neox
-from test_host_transformers import BUILDERS
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.cli import main
 from tests.helpers.adapter_json import load_desc
+from tests.helpers.zoo import BUILDERS, tiny_neox
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(6))
 BUILD = {"gpt_neox": tiny_neox, "llama": BUILDERS["llama"]}

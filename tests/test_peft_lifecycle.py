@@ -18,10 +18,11 @@ datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 peft = pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
+from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -64,17 +65,6 @@ def _peft(base_dir: Path, seed: int = 1):
 
 def _adapter(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
-
-
-class StopAfterSave(TrainerCallback):
-    """Ends training right after the checkpoint of step `at` is written: a kill at the worst moment."""
-
-    def __init__(self, at: int):
-        self.at = at
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step >= self.at:
-            control.should_training_stop = True
 
 
 def _args(out: Path, **kw) -> TrainingArguments:
@@ -257,7 +247,8 @@ def hub(monkeypatch):
     Returns {"repos": [...], "uploaded": {path_in_repo: bytes}}."""
     from huggingface_hub import HfApi, ModelCard, RepoUrl
     from huggingface_hub.errors import EntryNotFoundError
-    from net_guard import refuse_network
+
+    from tests.helpers.net_guard import refuse_network
 
     refuse_network(monkeypatch)
     seen: dict = {"repos": [], "uploaded": {}}

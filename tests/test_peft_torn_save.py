@@ -14,12 +14,12 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_neox
 from peft import PeftModel, get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner.digest import check_weights_digest, weights_digest
+from tests.helpers.zoo import tiny_neox
 
 
 def _trained(seed: int) -> PeftModel:

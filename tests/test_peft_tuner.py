@@ -12,7 +12,6 @@ from pathlib import Path
 import peft
 import pytest
 import torch
-from conftest import tiny_neox
 from peft import PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -20,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner import MERGE_REFUSED, PREPROJ, PreProjModel, register_preproj
+from tests.helpers.zoo import tiny_neox
 
 TOKENS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_adapters"

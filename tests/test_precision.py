@@ -10,11 +10,11 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import ContentSkip, PreProjection
+from tests.helpers.zoo import tiny_neox
 
 HALF = [torch.bfloat16, torch.float16]
 

@@ -11,7 +11,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import conftest
 import pytest
 import torch
 from torch import nn
@@ -26,6 +25,7 @@ from mmpreproj.integrations.quantized import (
     model_bytes,
     quantize_frozen_base,
 )
+from tests.helpers import zoo
 
 pytest.importorskip("torchao")
 bnb = pytest.importorskip("bitsandbytes")
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_neox(seed: int = 0) -> nn.Module:
-    return conftest.tiny_neox(seed=seed, hidden_size=64, intermediate_size=128, max_position_embeddings=64)
+    return zoo.tiny_neox(seed=seed, hidden_size=64, intermediate_size=128, max_position_embeddings=64)
 
 
 def tiny_llama(seed: int = 0) -> nn.Module:

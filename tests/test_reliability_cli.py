@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_neox
 
 import mmpreproj
 from mmpreproj.cli import main
 from mmpreproj.train import load_run_adapter
+from tests.helpers.zoo import tiny_neox
 
 
 def _fails(capsys, argv: list[str], expect: str) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_neox
 from torch import nn
 
 import mmpreproj
@@ -29,6 +28,7 @@ from mmpreproj.train.runlog import StepLog, write_json
 from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
 from mmpreproj.util.io import atomic_write, new_file_mode, umask
+from tests.helpers.zoo import tiny_neox
 
 UMASKS = [0o022, 0o077, 0o027]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_neox
-from host_contract import assert_same_snapshot, snapshot
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from tests.helpers.adapter_json import dump_desc, load_desc
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
+from tests.helpers.zoo import tiny_neox
 
 TOKENS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
 NEOX_PART = {

@@ -9,9 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_neox
 from safetensors.torch import load_file, save_file
-from test_core_adapter_io import _assert_unchanged, _snapshot
 from torch import nn
 
 import mmpreproj
@@ -19,6 +17,8 @@ from mmpreproj import PreProjConfig
 from mmpreproj.modules import PreProjAttention
 from mmpreproj.tuner.files import read_adapter
 from tests.helpers.adapter_json import dump_desc, load_desc
+from tests.helpers.snapshots import assert_unchanged, snapshot
+from tests.helpers.zoo import tiny_neox
 
 
 def _injected(**cfg):
@@ -102,10 +102,10 @@ def test_unload_with_a_broken_state_refuses_before_touching_anything():
     model, _ = _injected()
     pm = nn.ModuleDict({"lm": model})
     vars(model)["mmpreproj_state"] = "not a state"
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(TypeError, match="nothing was changed"):
         mmpreproj.unload(pm)
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
     assert mmpreproj.injected_modules(model)
 
 
@@ -169,10 +169,10 @@ def test_torch_compile_wrapped_model(tmp_path):
 
 def test_inner_width_zero_is_refused():
     model = tiny_neox()  # hidden size 32: int(0.001 * 32) = 0
-    snap = _snapshot(model)
+    snap = snapshot(model)
     with pytest.raises(ValueError, match=r"expansion=0.001 gives an inner width of int\(0.001 \* 32\) = 0"):
         mmpreproj.inject(model, PreProjConfig(expansion=0.001))
-    _assert_unchanged(model, snap)
+    assert_unchanged(model, snap)
     assert "save_pretrained" not in vars(model)
     mmpreproj.inject(model, PreProjConfig(expansion=1 / 32))  # width 1 is allowed
 
@@ -208,10 +208,10 @@ def test_non_finite_adapter_weights_are_refused_by_name(tmp_path, bad):
     tensors[key][3, 4] = bad
     save_file(tensors, str(weights))
     fresh = tiny_neox()
-    snap = _snapshot(fresh)
+    snap = snapshot(fresh)
     with pytest.raises(ValueError, match=rf"tensor {re.escape(key)} holds 1 non-finite value"):
         mmpreproj.load_adapter(fresh, tmp_path / "a")
-    _assert_unchanged(fresh, snap)
+    assert_unchanged(fresh, snap)
 
 
 def test_overwritten_tensor_bytes_are_refused(tmp_path):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_neox
 from safetensors.torch import load_file, save_file
 
 import mmpreproj
 from mmpreproj.cli import main
+from tests.helpers.zoo import tiny_neox
 
 
 @pytest.fixture
@@ -289,11 +289,10 @@ def _disk_full(*args, **kwargs):
 
 
 def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_old_one(tmp_path, monkeypatch):
-    from test_train_trainer import DATA, _cfg
-
     from mmpreproj.train import train
     from mmpreproj.train.adapters import save_run_adapter
     from mmpreproj.train.errors import CheckpointWriteError
+    from tests.helpers.training import DATA, run_config
 
     old = mmpreproj.inject(tiny_neox())
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
@@ -304,7 +303,7 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
         save_run_adapter(mmpreproj.inject(tiny_neox(seed=1)), "preproj_skip", tmp_path / "adapter")
     assert {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()} == files
     with pytest.raises(CheckpointWriteError, match=r"cannot write the adapter to .*run/adapter: OSError: No space"):
-        train(_cfg(tmp_path / "run", steps=1), tiny_neox(), examples=DATA)
+        train(run_config(tmp_path / "run", steps=1), tiny_neox(), examples=DATA)
 
 
 @pytest.fixture

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_helpers import byte_tokenizer, trainable
-from conftest import tiny_neox
-from test_train_trainer import DATA, _cfg
 
 from mmpreproj.train import NonFiniteLossError, TrainConfig, load_checkpoint, train
 from mmpreproj.train.checkpoint import save_checkpoint
 from mmpreproj.train.errors import CheckpointWriteError, DataUnavailableError
 from mmpreproj.train.runlock import RUN_LOCK_NAME, RunInUseError
+from tests.helpers.training import DATA, byte_tokenizer, run_config, trainable
+from tests.helpers.zoo import tiny_neox
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +38,7 @@ def finished_run(tmp_path_factory) -> Path:
     text.write_text("".join(f" line {i} " + "word " * (12 + i) + "\n" for i in range(12)))
     out = root / "run"
     train(
-        _cfg(out, data=str(text), data_config=None, max_len=48, steps=2, save_every=1),
+        run_config(out, data=str(text), data_config=None, max_len=48, steps=2, save_every=1),
         tiny_neox(vocab_size=257),
         byte_tokenizer(),
     )
@@ -64,7 +63,7 @@ def test_a_learning_rate_that_is_not_finite_and_positive_is_refused_before_any_w
     with pytest.raises(
         ValueError, match=r"TrainConfig.lr=(inf|nan|0.0|-0.001)( \(float\))?; must be a finite number"
     ):
-        _cfg(tmp_path / "run", lr=lr)
+        run_config(tmp_path / "run", lr=lr)
     assert not (tmp_path / "run").exists()
 
 
@@ -85,7 +84,7 @@ class _PoisonAt3(torch.optim.AdamW):
 
 
 def test_last_good_checkpoint_holds_finite_weights_and_resumes_bit_identical(tmp_path, monkeypatch):
-    cfg = _cfg(tmp_path / "b", steps=5, grad_accum=1, save_every=1)
+    cfg = run_config(tmp_path / "b", steps=5, grad_accum=1, save_every=1)
     straight = train(cfg.replace(out=str(tmp_path / "a")), tiny_neox(), examples=DATA)
     monkeypatch.setattr(torch.optim, "AdamW", _PoisonAt3)
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 4") as err:
@@ -102,7 +101,7 @@ def test_last_good_checkpoint_holds_finite_weights_and_resumes_bit_identical(tmp
 
 
 def test_diverging_lr_never_writes_a_checkpoint_that_cannot_resume(tmp_path):
-    cfg = _cfg(tmp_path, lr=1e6, warmup_steps=0, steps=4, grad_accum=1, save_every=1)
+    cfg = run_config(tmp_path, lr=1e6, warmup_steps=0, steps=4, grad_accum=1, save_every=1)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 2.*\(no checkpoint was written yet\)"):
         train(cfg, tiny_neox(), examples=DATA)
     assert not (tmp_path / "checkpoint.pt").exists()  # step 1's weights diverged: their own loss was nan
@@ -112,7 +111,7 @@ def test_the_final_checkpoint_is_probed_too(tmp_path, monkeypatch):
     monkeypatch.setattr(_PoisonAt3, "calls", 0)
     monkeypatch.setattr(torch.optim, "AdamW", _PoisonAt3)
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 4"):  # the probe of step 3's weights
-        train(_cfg(tmp_path, steps=3, grad_accum=1, save_every=3), tiny_neox(), examples=DATA)
+        train(run_config(tmp_path, steps=3, grad_accum=1, save_every=3), tiny_neox(), examples=DATA)
     assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "adapter").exists()
 
 
@@ -135,7 +134,7 @@ def test_resume_when_the_data_file_is_gone_changes_nothing(tmp_path):
     text = tmp_path / "train.txt"
     text.write_text("".join(f" line {i} " + "word " * 12 + "\n" for i in range(8)))
     run = tmp_path / "run"
-    cfg = _cfg(run, data=str(text), data_config=None, max_len=32, steps=1, save_every=1)
+    cfg = run_config(run, data=str(text), data_config=None, max_len=32, steps=1, save_every=1)
     train(cfg, tiny_neox(vocab_size=257), byte_tokenizer())
     text.unlink()
     before = _files(run)
@@ -146,10 +145,10 @@ def test_resume_when_the_data_file_is_gone_changes_nothing(tmp_path):
 
 def test_resume_of_a_run_without_checkpoint_refuses_and_deletes_nothing(tmp_path):
     out = tmp_path / "run"
-    train(_cfg(out, steps=1), tiny_neox(), examples=DATA)  # save_every=0: no checkpoint
+    train(run_config(out, steps=1), tiny_neox(), examples=DATA)  # save_every=0: no checkpoint
     before = _files(out)
     with pytest.raises(FileExistsError, match="holds a run .* but no checkpoint.pt .*nothing was changed"):
-        train(_cfg(out, steps=1, resume=True), tiny_neox(), examples=DATA)
+        train(run_config(out, steps=1, resume=True), tiny_neox(), examples=DATA)
     assert _files(out) == before
 
 
@@ -181,7 +180,7 @@ def test_non_utf8_data_file_is_named_and_nothing_is_written(tmp_path):
         DataUnavailableError, match=r"data file .*latin1.txt is not UTF-8 text \(byte b'\\xe9'"
     ):
         train(
-            _cfg(tmp_path / "run", data=str(data), data_config=None, max_len=32),
+            run_config(tmp_path / "run", data=str(data), data_config=None, max_len=32),
             tiny_neox(vocab_size=257),
             byte_tokenizer(),
         )
@@ -191,7 +190,7 @@ def test_non_utf8_data_file_is_named_and_nothing_is_written(tmp_path):
 def test_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotADirectoryError, match="run folder .*f is a file"):
-        train(_cfg(tmp_path / "f"), tiny_neox(), examples=DATA)
+        train(run_config(tmp_path / "f"), tiny_neox(), examples=DATA)
 
 
 # --- one process per run folder ------------------------------------------------------------------------
@@ -216,12 +215,12 @@ def test_a_second_process_is_refused_and_a_killed_holders_lock_is_taken_over(tmp
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUseError, match=f"in use by process {holder.pid} .*{RUN_LOCK_NAME}"):
-            train(_cfg(out, steps=1), tiny_neox(), examples=DATA)
+            train(run_config(out, steps=1), tiny_neox(), examples=DATA)
         assert sorted(p.name for p in out.iterdir()) == [RUN_LOCK_NAME]  # nothing written
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert train(_cfg(out, steps=1), tiny_neox(), examples=DATA).steps == 1  # stale lock: its process is gone
+    assert train(run_config(out, steps=1), tiny_neox(), examples=DATA).steps == 1  # stale lock: its process is gone
     assert not (out / RUN_LOCK_NAME).exists()  # released at the end
 
 

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 import torch
 import transformers as tf
-from conftest import tiny_neox
 from safetensors.torch import load_file
-from test_host_transformers import BUILDERS, _gpt2, _qwen2_vl, vl_forward, vl_inputs
 
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner.files import PRETRAINED_ADAPTER_DIR
 from tests.helpers.adapter_json import load_desc
+from tests.helpers.zoo import BUILDERS, gpt2, qwen2_vl, tiny_neox, vl_forward, vl_inputs
 
 TOKENS = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))
 
@@ -40,10 +39,10 @@ class Case:
 CASES = [
     Case("gpt_neox", tiny_neox, {}),
     Case("llama", BUILDERS["llama"], {}),
-    Case("gpt2_tied", _gpt2, {}),
+    Case("gpt2_tied", gpt2, {}),
     Case(
         "qwen2_vl",
-        _qwen2_vl,
+        qwen2_vl,
         {"parts": ["language"], "modules_to_save": ["projector"]},
         vl_forward,
         vl_inputs,

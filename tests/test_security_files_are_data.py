@@ -24,8 +24,8 @@ from transformers import GPTNeoXForCausalLM
 import mmpreproj
 from mmpreproj.hosts import HOSTS
 from mmpreproj.hosts.paths import INPUT_EMBEDDINGS, HostError, PathError, check_path, get_path
-from tests.conftest import tiny_neox
 from tests.helpers.adapter_json import dump_desc, load_desc
+from tests.helpers.zoo import tiny_neox
 
 
 class TrapNeox(GPTNeoXForCausalLM):

@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_neox
 from torch import nn
 
 import mmpreproj
@@ -17,6 +16,7 @@ from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreP
 from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME
 from mmpreproj.tuner.state import adapter_key, parse_adapter_key
 from tests.helpers.adapter_json import load_desc
+from tests.helpers.zoo import tiny_neox
 
 # --- writes through a wrapper: only the listed host switches reach the base layer ------------------------------
 

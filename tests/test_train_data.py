@@ -6,7 +6,6 @@ import gzip
 
 import pytest
 import torch
-from _train_helpers import EOS, byte_tokenizer
 
 from mmpreproj.train import (
     DataUnavailableError,
@@ -18,6 +17,7 @@ from mmpreproj.train import (
 )
 from mmpreproj.train.data import IGNORE_INDEX, LMExamples, select_lines
 from mmpreproj.train.order import ShardedOrder
+from tests.helpers.training import EOS, byte_tokenizer
 
 
 def test_select_keeps_first_n_lines_longer_than_min_chars_unstripped():

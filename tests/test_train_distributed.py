@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from _train_ddp_worker import CONFIG, DATA
-from conftest import assert_adamw_runs_agree, tiny_neox
 
 import mmpreproj
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.trainer import seed_everything
-
-WORKER = Path(__file__).with_name("_train_ddp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers.adamw import assert_adamw_runs_agree
+from tests.helpers.distributed import CONFIG, DATA, WORKER, free_port
+from tests.helpers.zoo import tiny_neox
 
 
 def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
@@ -31,7 +22,7 @@ def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     side.mkdir()
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()), str(WORKER), str(out), str(side),
+        "--master_port", str(free_port()), str(WORKER), str(out), str(side),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 import torch
-from _train_ddp_worker import DATA, FSDP_CONFIG
-from conftest import assert_adamw_runs_agree, tiny_neox
-from test_train_distributed import WORKER, _free_port
 
 import mmpreproj
 from mmpreproj.cli import build_parser
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.trainer import seed_everything
 from mmpreproj.tuner.files import read_adapter
+from tests.helpers.adamw import assert_adamw_runs_agree
+from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, free_port
+from tests.helpers.zoo import tiny_neox
 
 
 def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
@@ -25,7 +25,7 @@ def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
     side.mkdir()
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()), str(WORKER), str(out), str(side), "fsdp",
+        "--master_port", str(free_port()), str(WORKER), str(out), str(side), "fsdp",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # generous timeout: three processes import torch on a shared CPU; it only guards against a hang

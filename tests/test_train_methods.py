@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_neox
 from transformers import GPTNeoXConfig
 
 import mmpreproj
 from mmpreproj.train import METHODS, apply_method, count_trainable, expected_trainable, method_param_table
 from mmpreproj.train.methods import paper_lora_rank, preproj_params
+from tests.helpers.zoo import tiny_neox
 
 PYTHIA = {
     "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),

@@ -10,11 +10,11 @@ import random
 import numpy as np
 import pytest
 import torch
-from _train_helpers import trainable
-from conftest import tiny_neox
 
 from mmpreproj.train import LMExamples, NonFiniteLossError, TrainConfig, load_checkpoint, train
 from mmpreproj.train.rng import seed_everything, seeded_rng
+from tests.helpers.training import trainable
+from tests.helpers.zoo import tiny_neox
 
 DATA = LMExamples.random(24, 12, 128, seed=0)
 DROPOUT = dict(hidden_dropout=0.2, attention_dropout=0.2)  # the run draws random numbers at every step

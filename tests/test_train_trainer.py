@@ -7,12 +7,9 @@ import warnings
 
 import pytest
 import torch
-from _train_helpers import byte_tokenizer, frozen, trainable
-from conftest import assert_adamw_runs_agree, tiny_neox
 
 from mmpreproj.train import (
     METHODS,
-    LMExamples,
     ModelUnavailableError,
     NonFiniteLossError,
     TrainConfig,
@@ -24,16 +21,9 @@ from mmpreproj.train import (
 )
 from mmpreproj.train.order import ShardedOrder
 from mmpreproj.train.trainer import seed_everything
-
-DATA = LMExamples.random(24, 12, 128, seed=0)
-
-
-def _cfg(path, **kw) -> TrainConfig:
-    base = dict(
-        method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
-        precision="fp32", gradient_checkpointing=False, save_every=0, progress=False, out=str(path), device="cpu",
-    )
-    return TrainConfig(**{**base, **kw})
+from tests.helpers.adamw import assert_adamw_runs_agree
+from tests.helpers.training import DATA, byte_tokenizer, frozen, run_config, trainable
+from tests.helpers.zoo import tiny_neox
 
 
 def _initial(method: str, seed: int = 42, **model_kw):
@@ -51,7 +41,7 @@ def _read_log(out) -> list[dict]:
 @pytest.mark.parametrize("method", METHODS)
 def test_training_changes_only_the_methods_weights_and_saves_them(tmp_path, method):
     start = _initial(method)
-    result = train(_cfg(tmp_path / "run", method=method), tiny_neox(), examples=DATA)
+    result = train(run_config(tmp_path / "run", method=method), tiny_neox(), examples=DATA)
     after = trainable(result.model)
     assert after.keys() == trainable(start).keys() and after
     unchanged = [n for n, p in trainable(start).items() if torch.equal(p, after[n])]
@@ -111,7 +101,7 @@ def test_hf_gradient_checkpointing_enable_with_only_the_core_hook(reentrant):
 
 def test_run_folder_logs_and_metrics(tmp_path):
     out = tmp_path / "run"
-    result = train(_cfg(out, steps=4, warmup_steps=2, save_every=2), tiny_neox(), examples=DATA)
+    result = train(run_config(out, steps=4, warmup_steps=2, save_every=2), tiny_neox(), examples=DATA)
     assert sorted(p.name for p in out.iterdir()) == [
         "adapter", "checkpoint.pt", "log.jsonl", "metrics.json", "train_config.json",
     ]
@@ -124,22 +114,22 @@ def test_run_folder_logs_and_metrics(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["steps"] == 4 and metrics["final_loss"] == records[-1]["loss"]
     assert metrics["trainable_params"] == 2 * (2 * 32 * 40 + 32 * 32)
-    assert TrainConfig.from_json(out / "train_config.json") == _cfg(out, steps=4, warmup_steps=2, save_every=2)
+    assert TrainConfig.from_json(out / "train_config.json") == run_config(out, steps=4, warmup_steps=2, save_every=2)
     assert result.final_loss == records[-1]["loss"] and load_checkpoint(out / "checkpoint.pt")["step"] == 4
 
 
 def test_refuses_to_overwrite_and_to_resume_a_different_config(tmp_path):
-    train(_cfg(tmp_path, save_every=3), tiny_neox(), examples=DATA)
+    train(run_config(tmp_path, save_every=3), tiny_neox(), examples=DATA)
     with pytest.raises(FileExistsError, match="already holds a run; pass resume=True"):
-        train(_cfg(tmp_path), tiny_neox(), examples=DATA)
+        train(run_config(tmp_path), tiny_neox(), examples=DATA)
     with pytest.raises(ValueError, match="the config changed \\(lr: 0.001 -> 0.002\\)"):
-        train(_cfg(tmp_path, lr=2e-3, resume=True), tiny_neox(), examples=DATA)
-    assert train(_cfg(tmp_path, overwrite=True, steps=1), tiny_neox(), examples=DATA).steps == 1
+        train(run_config(tmp_path, lr=2e-3, resume=True), tiny_neox(), examples=DATA)
+    assert train(run_config(tmp_path, overwrite=True, steps=1), tiny_neox(), examples=DATA).steps == 1
 
 
 def test_grad_accumulation_equals_one_big_batch(tmp_path):
-    accumulated = train(_cfg(tmp_path / "a", batch_size=2, grad_accum=2), tiny_neox(), examples=DATA)
-    big = train(_cfg(tmp_path / "b", batch_size=4, grad_accum=1), tiny_neox(), examples=DATA)
+    accumulated = train(run_config(tmp_path / "a", batch_size=2, grad_accum=2), tiny_neox(), examples=DATA)
+    big = train(run_config(tmp_path / "b", batch_size=4, grad_accum=1), tiny_neox(), examples=DATA)
     # 3 AdamW steps: bounds from lr and the 4 lines x 11 next-token terms summed into each step's gradient
     assert_adamw_runs_agree(trainable(accumulated.model), trainable(big.model), steps=3, lr=1e-3, terms=4 * 11)
 
@@ -147,11 +137,11 @@ def test_grad_accumulation_equals_one_big_batch(tmp_path):
 def test_resume_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     dropout = dict(hidden_dropout=0.1, attention_dropout=0.1)  # consumes RNG: a resume must restore it
     kw = dict(steps=6, warmup_steps=2, save_every=3)
-    straight = train(_cfg(tmp_path / "a", **kw), tiny_neox(**dropout), examples=DATA)
-    first = train(_cfg(tmp_path / "b", stop_at=3, **kw), tiny_neox(**dropout), examples=DATA)
+    straight = train(run_config(tmp_path / "a", **kw), tiny_neox(**dropout), examples=DATA)
+    first = train(run_config(tmp_path / "b", stop_at=3, **kw), tiny_neox(**dropout), examples=DATA)
     assert (first.status, first.steps) == ("stopped", 3)
     halfway = trainable(first.model)
-    resumed = train(_cfg(tmp_path / "b", resume=True, **kw), tiny_neox(**dropout), examples=DATA)
+    resumed = train(run_config(tmp_path / "b", resume=True, **kw), tiny_neox(**dropout), examples=DATA)
     assert (resumed.status, resumed.steps, resumed.metrics["resumed_from"]) == ("completed", 6, 3)
     want, got = trainable(straight.model), trainable(resumed.model)
     assert all(torch.equal(want[n], got[n]) for n in want)
@@ -167,7 +157,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         return output * float("nan") if len(calls) == 5 else output
 
     model.get_output_embeddings().register_forward_hook(poison)
-    cfg = _cfg(tmp_path, steps=6, grad_accum=1, save_every=2)
+    cfg = run_config(tmp_path, steps=6, grad_accum=1, save_every=2)
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 5; training stopped") as err:
         train(cfg, model, examples=DATA)
     assert err.value.step == 5 and err.value.checkpoint == str(tmp_path / "checkpoint.pt")
@@ -182,7 +172,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def _step_at_1e5(tmp_path, **kw) -> tuple[dict, dict]:
-    cfg = _cfg(tmp_path, method="preproj", steps=1, lr=1e-5, precision="bf16", grad_accum=1, **kw)
+    cfg = run_config(tmp_path, method="preproj", steps=1, lr=1e-5, precision="bf16", grad_accum=1, **kw)
     before = trainable(_initial("preproj", hidden_size=64))
     return before, trainable(train(cfg, tiny_neox(hidden_size=64), examples=DATA).model)
 
@@ -208,7 +198,7 @@ def test_loads_model_tokenizer_and_text_from_local_paths(tmp_path):
     tok.save_pretrained(tmp_path / "model")
     text = tmp_path / "train.txt"
     text.write_text("".join(f" line {i} " + "word " * (12 + i) + "\n" for i in range(12)))
-    cfg = _cfg(tmp_path / "run", model=str(tmp_path / "model"), data=str(text), data_config=None, max_len=48, steps=2)
+    cfg = run_config(tmp_path / "run", model=str(tmp_path / "model"), data=str(text), data_config=None, max_len=48, steps=2)
     result = train(cfg)
     assert result.steps == 2 and result.metrics["tokens"] > 0
     with pytest.raises(ModelUnavailableError, match="cannot load model 'EleutherAI/not-there' .*--model PATH"):
@@ -217,7 +207,7 @@ def test_loads_model_tokenizer_and_text_from_local_paths(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_bf16_base_with_autocast_and_checkpointing_trains_fp32_weights(tmp_path):
-    cfg = _cfg(tmp_path, method="preproj_lora", precision="bf16", gradient_checkpointing=True, steps=2)
+    cfg = run_config(tmp_path, method="preproj_lora", precision="bf16", gradient_checkpointing=True, steps=2)
     result = train(cfg, tiny_neox().to(torch.bfloat16), examples=DATA)
     assert torch.isfinite(torch.tensor(result.final_loss))
     assert result.metrics["trainable_dtypes"] == ["torch.float32"]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from png_content import assert_draws
 
 from mmpreproj.models import ViT
 from recipes.kit import accuracy, fit_classifier
 from recipes.kit.backbones import BackboneUnavailable, load_backbone
+from tests.helpers.png_content import assert_draws
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

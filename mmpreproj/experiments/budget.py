@@ -6,7 +6,7 @@ For every budget (a fraction of the base's parameters) and method, `train.sizes.
 LoRA rank, skip rank or pre-projection width. The LR search starts at `start_lrs` (2x apart), and while the
 best PPL sits at an edge of what was tried it adds the next LR by 2x on that side (at most `max_extend`
 times), so the best LR found has tried neighbours at most 2x away on both sides. The other seeds then train
-at the best LR (only for `seed_methods`, all by default). Every point is an arm (`mmpreproj.arms`):
+at the best LR (only for `seed_methods`, all by default). Every point is an arm (`mmpreproj.experiments.arms`):
 `out/b<budget>/<method>/lr-<lr>-seed-<seed>/`, read back on a restart. Writes budget.json, report.md,
 pareto.png and lr-b<budget>.png under `out` after every (budget, method), so a cut-short study reports what
 it reached. `read_only=True` trains nothing: it reads back the finished points (the ones the search would

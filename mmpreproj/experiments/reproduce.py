@@ -8,7 +8,7 @@ spread and paired intervals, figures and a `report.md`.
 Steps: load the base once and evaluate it; for each seed and method train a fresh copy of the base (the seed
 drives the adapter init and the data order), evaluate it with per-item scores, read its skip norms and
 routing ratios. Each arm is recorded in `out/<method>/seed-<s>/eval.json` beside its run folder, so a stopped
-reproduction restarts where it was: finished arms are read back, not recomputed (`mmpreproj.arms`).
+reproduction restarts where it was: finished arms are read back, not recomputed (`mmpreproj.experiments.arms`).
 Writes under `out`: results.json, table.md, report.md, loss_curves.png, results.png, skip_norms.png,
 skip_growth.png, and loss_curve.png in every run folder.
 """

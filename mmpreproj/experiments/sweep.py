@@ -3,7 +3,7 @@
     points = lr_sweep("mini", "runs/lr-sweep", methods=("preproj_skip", "lora"), lrs=(1e-5, 1e-4, 1e-3, 1e-2))
 
 The paper trains at 1e-5 and reports that 1e-3 "causes catastrophic degradation" (Pythia-160M, 500 steps);
-the mini preset trains at 1e-3. Every point is an arm (`mmpreproj.arms`): `out/<method>/lr-<lr>/` holds the
+the mini preset trains at 1e-3. Every point is an arm (`mmpreproj.experiments.arms`): `out/<method>/lr-<lr>/` holds the
 run folder, `eval.json` and `loss_curve.png`, and a restarted sweep reads finished points back. Writes
 sweep.json, sweep.md, lr_sweep.png and report.md under `out`.
 """

@@ -18,6 +18,7 @@ import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
 from mmpreproj.hosts import find_host
 from mmpreproj.hosts.spec import resolve_sites
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
 IDENTITY = PreProjConfig(init="identity", skip_init_std=0)
 
@@ -76,26 +77,6 @@ def build_once(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         return copy.deepcopy(model)
 
     return build_copy
-
-
-def snapshot(model: nn.Module) -> dict:
-    """Everything a failed call must leave as it was."""
-    return {
-        "modules": [(n, id(m)) for n, m in model.named_modules()],
-        "state": {k: v.clone() for k, v in model.state_dict().items()},
-        "requires_grad": [p.requires_grad for p in model.parameters()],
-        "injected": mmpreproj.is_injected(model),
-        "mmpreproj_state": id(getattr(model, "mmpreproj_state", None)),
-    }
-
-
-def assert_same_snapshot(a: dict, b: dict) -> None:
-    assert a["modules"] == b["modules"]
-    assert a["requires_grad"] == b["requires_grad"]
-    assert (a["injected"], a["mmpreproj_state"]) == (b["injected"], b["mmpreproj_state"])
-    assert a["state"].keys() == b["state"].keys()
-    for k in a["state"]:
-        assert torch.equal(a["state"][k], b["state"][k]), k
 
 
 def injected_params(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -1,8 +1,10 @@
-"""Helpers for the tests/test_train_*.py files: a byte-level tokenizer built in code, tiny configs."""
+"""Trainer test fixtures: a byte-level tokenizer built in code, a tiny data set and run config, parameter copies."""
 
 from __future__ import annotations
 
 import torch
+
+from mmpreproj.train import LMExamples, TrainConfig
 
 EOS = "<|endoftext|>"
 
@@ -20,6 +22,18 @@ def byte_tokenizer():
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([EOS])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+
+
+DATA = LMExamples.random(24, 12, 128, seed=0)  # 24 random sequences of 12 tokens for `tiny_neox` (vocab 128)
+
+
+def run_config(path, **kw) -> TrainConfig:
+    """A 3-step fp32 CPU run of `preproj_skip` on the tiny model into `path`; `kw` overrides any field."""
+    base = dict(
+        method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
+        precision="fp32", gradient_checkpointing=False, save_every=0, progress=False, out=str(path), device="cpu",
+    )
+    return TrainConfig(**{**base, **kw})
 
 
 def trainable(model) -> dict[str, torch.Tensor]:

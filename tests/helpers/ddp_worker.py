@@ -1,5 +1,5 @@
-"""Run by tests/test_train_distributed.py and tests/test_train_fsdp.py under `torch.distributed.run
---nproc_per_node 2` (not a test itself).
+"""Run by tests/test_train_distributed.py and tests/test_train_fsdp.py (`tests.helpers.distributed.WORKER`)
+under `torch.distributed.run --nproc_per_node 2` (not a test itself, never imported).
 
 argv: OUT SIDE [PARALLEL]. Trains a tiny injected GPT-NeoX for 3 steps with gloo data parallelism ("ddp",
 the default) or FSDP2 ("fsdp"), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
@@ -10,22 +10,16 @@ as `accelerate launch` would, so that the sharded weights can still be gathered 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the repository root in place of this script's folder (whose module names, e.g. `distributed`, would shadow)
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from conftest import tiny_neox  # noqa: E402
 
 import mmpreproj  # noqa: E402
-from mmpreproj.train import LMExamples, TrainConfig, train  # noqa: E402
-
-DATA = LMExamples.random(40, 12, 128, seed=0)
-CONFIG = dict(
-    method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
-    precision="fp32", gradient_checkpointing=False, save_every=3, progress=False, device="cpu",
-)
-# FSDP: no checkpoints (refused), non-reentrant activation checkpointing on a frozen base
-FSDP_CONFIG = {**CONFIG, "parallel": "fsdp", "save_every": 0, "gradient_checkpointing": True}
+from mmpreproj.train import TrainConfig, train  # noqa: E402
+from tests.helpers.distributed import CONFIG, DATA, FSDP_CONFIG  # noqa: E402
+from tests.helpers.zoo import tiny_neox  # noqa: E402
 
 if __name__ == "__main__":
     out, side = sys.argv[1], sys.argv[2]
