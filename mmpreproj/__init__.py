@@ -16,7 +16,6 @@ from .adapter import (
     inject,
     injected_modules,
     is_injected,
-    load_adapter,
     save_adapter,
     set_adapter_state_dict,
     unload,
@@ -29,6 +28,7 @@ from .report import TrainableReport, trainable_report
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
 from .tuner import PreProjModel
 from .tuner.config import PreProjConfig
+from .tuner.load import load_adapter
 from .version import __version__
 
 __all__ = [

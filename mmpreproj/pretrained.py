@@ -338,7 +338,8 @@ def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **dow
 def from_pretrained(
     path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
 ) -> nn.Module:
-    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter loaded.
+    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter put on by the one
+    loader, `mmpreproj.load_adapter` (`tuner/load.py`).
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
     `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError
@@ -347,11 +348,12 @@ def from_pretrained(
     When the Hub cannot be reached (or `HF_HUB_OFFLINE=1`), a hub id must be cached, else one-line
     FileNotFoundError. A weights file that cannot be read (truncated) is named.
     """
-    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder, load_adapter
+    from .adapter import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_folder
     from .train.models import (  # the Hub probe (local / reachable / cached)
         corrupt_weights_error,
         pretrained_source,
     )
+    from .tuner.load import load_adapter  # the one loader of a trained folder
 
     if model_cls is None:
         from transformers import AutoModelForCausalLM

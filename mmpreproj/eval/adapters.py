@@ -39,14 +39,14 @@ def evaluate_adapters(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """{adapter (as given): `evaluate(...)` of the base with that adapter} for each adapter in turn.
 
-    `load(model, adapter)` puts one on (default `mmpreproj.train.load_run_adapter`: a run folder or an
-    adapter folder, ours or peft's); between adapters it is taken off with `take_off_adapters`. The base
+    `load(model, adapter)` puts one on (default `mmpreproj.load_adapter`: any trained folder, ours or
+    peft's); between adapters it is taken off with `take_off_adapters`. The base
     must come in without adapters and leaves without them, also when an evaluation fails.
     """
     import mmpreproj
 
     if load is None:
-        from ..train import load_run_adapter as load
+        load = mmpreproj.load_adapter
     names = [str(a) for a in adapters]
     if len(set(names)) != len(names):
         raise ValueError(f"adapters: {names} names one adapter twice")
