@@ -17,7 +17,7 @@ from .tuner.config import PreProjConfig
 from .tuner.estimate import Estimate, estimate
 from .tuner.files import save_adapter
 from .tuner.inject import adapter_disabled, inject, unload
-from .tuner.loading import load_adapter
+from .tuner.load import load_adapter
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
 from .tuner.pretrained_load import from_pretrained
 from .tuner.report import TrainableReport, trainable_report

@@ -387,8 +387,9 @@ def _adapters(values: list[str] | None) -> list[str]:
 
 def _eval(args: argparse.Namespace) -> str:
     from .eval import adapters_table, evaluate, evaluate_adapters
-    from .train import load_model_and_tokenizer, load_run_adapter
+    from .train import load_model_and_tokenizer
     from .train.config import TrainConfig
+    from .tuner.load import load_adapter
     from .util.io import atomic_write
 
     adapters = _adapters(args.adapter)
@@ -407,7 +408,7 @@ def _eval(args: argparse.Namespace) -> str:
         print(adapters_table(by_adapter))
         return f"{len(adapters)} adapters of {args.model} scored on {', '.join(tasks)}"
     if adapters:
-        model = load_run_adapter(model, adapters[0])
+        model = load_adapter(model, adapters[0])
     res = evaluate(model, tok, **opts)
     text = json.dumps(res, indent=2)
     if args.json:
@@ -420,8 +421,9 @@ def _eval(args: argparse.Namespace) -> str:
 def _analyze(args: argparse.Namespace) -> str:
     from .analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
     from .experiments.reproduce import _ratio_batches, _ratio_texts
-    from .train import load_model_and_tokenizer, load_run_adapter, run_adapter_dir
+    from .train import load_model_and_tokenizer, run_adapter_dir
     from .train.config import TrainConfig
+    from .tuner.load import load_adapter
 
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -434,7 +436,7 @@ def _analyze(args: argparse.Namespace) -> str:
         if args.texts:
             cfg = TrainConfig.from_json(Path(run) / "train_config.json").replace(device="auto")
             model, tok = load_model_and_tokenizer(cfg)
-            model = load_run_adapter(model, run)
+            model = load_adapter(model, run)
             texts = _ratio_texts(args.data_source, "test", args.texts)
             device = next(model.parameters()).device
             entry["routing_ratios"] = routing_ratios(model, _ratio_batches(tok, texts, cfg.max_len, device))

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import mmpreproj
 from mmpreproj.cli import build_parser, main
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.png_content import assert_draws
@@ -58,10 +59,8 @@ def test_bad_input_is_one_line_and_nonzero(capsys, tmp_path):
 def _reference_model(tiny_model_dir, run=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mmpreproj.train import load_run_adapter
-
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    return (load_run_adapter(model, run) if run is not None else model), AutoTokenizer.from_pretrained(tiny_model_dir)
+    return (mmpreproj.load_adapter(model, run) if run is not None else model), AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""TRL `SFTTrainer` (`PreProjSFTTrainer`) on a chat dataset built in code, with the shipped mini tokenizer:
-an injected model, and an injected model under a peft LoRA (the `preproj_lora` shape)."""
+"""TRL's own `SFTTrainer` (no subclass) on a chat dataset built in code, with the shipped mini tokenizer:
+`peft_config=PreProjConfig()`, and an injected model under a peft LoRA (the `preproj_lora` shape)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.helpers.zoo import tiny_neox
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("trl")
-pytest.importorskip("peft")
+peft = pytest.importorskip("peft")
 from transformers import AutoTokenizer  # noqa: E402
-from trl import SFTConfig  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 import mmpreproj  # noqa: E402
-from mmpreproj.integrations.transformers import load_trained  # noqa: E402
-from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
 from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 
@@ -49,10 +48,10 @@ def chat():
 
 def _model(tokenizer, method: str | None = None):
     model = tiny_neox(vocab_size=len(tokenizer))
-    return mmpreproj.inject(model) if method is None else apply_method(model, method, lora_r=4)
+    return model if method is None else apply_method(model, method, lora_r=4)
 
 
-def _sft(out, model, tokenizer, chat, *, stop=None, resume=None, **kw):
+def _sft(out, model, tokenizer, chat, *, stop=None, resume=None, peft_config=None, **kw):
     args = SFTConfig(
         output_dir=str(out),
         max_steps=4,
@@ -67,41 +66,41 @@ def _sft(out, model, tokenizer, chat, *, stop=None, resume=None, **kw):
         **kw,
     )  # SFTConfig's own defaults stay: bf16 autocast and activation checkpointing on
     callbacks = [StopAfterSave(stop)] if stop else []
-    trainer = PreProjSFTTrainer(
-        model=model, args=args, train_dataset=chat, processing_class=tokenizer, callbacks=callbacks
-    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=chat, processing_class=tokenizer,
+                         callbacks=callbacks, peft_config=peft_config)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
+
+
+def _adapter(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
 
 
 def _trained(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def test_sft_trains_the_injected_weights_checkpoints_the_adapter_and_resumes_bit_exact(
-    tmp_path, tokenizer, chat
-):
-    model = _model(tokenizer)
-    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    trainer = _sft(tmp_path / "whole", model, tokenizer, chat)
+def test_sft_with_peft_config_trains_the_adapter_checkpoints_it_and_resumes_bit_exact(tmp_path, tokenizer, chat):
+    torch.manual_seed(1)
+    trainer = _sft(tmp_path / "whole", _model(tokenizer), tokenizer, chat, peft_config=mmpreproj.PreProjConfig())
+    model = trainer.model
     assert trainer.args.bf16 and trainer.args.gradient_checkpointing  # TRL's defaults, exercised here
+    assert isinstance(model, peft.PeftModel) and model.peft_config["default"].peft_type == "PREPROJ"
     injected = {id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters() if p.requires_grad}
     assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == injected
-    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
-    ref = mmpreproj.adapter_state_dict(model)
+    ref = _adapter(model)
     assert {v.dtype for v in ref.values()} == {torch.float32}
 
-    _sft(tmp_path / "cut", _model(tokenizer), tokenizer, chat, stop=2)
+    torch.manual_seed(1)
+    _sft(tmp_path / "cut", _model(tokenizer), tokenizer, chat, stop=2, peft_config=mmpreproj.PreProjConfig())
     names = {p.name for p in (tmp_path / "cut" / "checkpoint-2").iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= names
     assert "model.safetensors" not in names
-    resumed = _model(tokenizer)
-    with torch.no_grad():
-        for w in mmpreproj.injected_modules(resumed):
-            w.skip.proj.weight.normal_()
-    _sft(tmp_path / "cut", resumed, tokenizer, chat, resume=True)
-    got = mmpreproj.adapter_state_dict(resumed)
-    assert all(torch.equal(got[k], ref[k]) for k in ref)  # bit-exact, as with the plain Trainer
+    torch.manual_seed(7)  # another init: the resume must load the checkpoint's adapter
+    resumed = _sft(tmp_path / "cut", _model(tokenizer), tokenizer, chat, resume=True,
+                   peft_config=mmpreproj.PreProjConfig())
+    got = _adapter(resumed.model)
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)  # bit-exact
 
 
 def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, tokenizer, chat):
@@ -116,7 +115,7 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
 
     ckpt = tmp_path / "whole" / "checkpoint-4"
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"  # peft's, at the top
-    assert (ckpt / "preproj" / "adapter_model.safetensors").is_file()  # ours beside it
+    assert any(".preproj.up." in k for k in load_file(str(ckpt / "adapter_model.safetensors")))  # ours in it
     assert not (ckpt / "model.safetensors").exists()
 
     # stop after step 2, resume into a fresh preproj_lora model: both parts come back, training ends the same
@@ -126,13 +125,14 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
     again = _trained(resumed)
     assert again.keys() == trained.keys() and all(torch.equal(again[k], trained[k]) for k in trained)
 
-    trainable = load_trained(tiny_neox(vocab_size=len(tokenizer)), ckpt, is_trainable=True)
+    mmpreproj.save_adapter(model, ckpt / "preproj")  # our injection beside peft's file: a fresh base rebuilds both
+    trainable = mmpreproj.load_adapter(tiny_neox(vocab_size=len(tokenizer)), ckpt, is_trainable=True)
     assert {n for n, p in trainable.named_parameters() if p.requires_grad} == trained.keys()  # both parts
 
     # reload from a fresh base: the same outputs
     x = torch.randint(1, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
     model.eval()
-    reloaded = load_trained(tiny_neox(vocab_size=len(tokenizer)), ckpt).eval()
+    reloaded = mmpreproj.load_adapter(tiny_neox(vocab_size=len(tokenizer)), ckpt).eval()
     with torch.no_grad():
         want = model(x).logits
         assert torch.equal(reloaded(x).logits, want)
@@ -147,12 +147,3 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
         merged = model.merge_and_unload()
         assert mmpreproj.is_injected(merged)
         torch.testing.assert_close(merged(x).logits, want, rtol=1e-5, atol=1e-5)
-
-
-def test_sft_with_a_model_id_and_no_injection_is_refused_not_a_full_fine_tune(tmp_path, tokenizer, chat):
-    """`PreProjSFTTrainer(model="<id or folder>")` loads the model itself; with no injection it would train all
-    of it, so it is refused with the call to make (before: all 7.35M weights of the mini model trained)."""
-    folder = tmp_path / "base"
-    tiny_neox(vocab_size=len(tokenizer)).save_pretrained(folder)
-    with pytest.raises(ValueError, match="no mmpreproj modules injected"):
-        _sft(tmp_path / "out", str(folder), tokenizer, chat)

@@ -241,9 +241,7 @@ def test_legacy_save_pretrained_folder_loads_bit_exact():
 
 @pytest.mark.parametrize("folder", ["preproj_lora_run", "preproj_lora_checkpoint"])
 def test_legacy_preproj_lora_folders_of_both_layouts_load_bit_exact(folder):
-    from mmpreproj.train import load_run_adapter
-
-    model = load_run_adapter(_legacy_base(), FIXTURES / folder)
+    model = mmpreproj.load_adapter(_legacy_base(), FIXTURES / folder)
     _assert_legacy_logits(_out(model, LEGACY_IDS), folder)
 
 

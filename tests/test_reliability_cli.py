@@ -9,7 +9,6 @@ import pytest
 
 import mmpreproj
 from mmpreproj.cli import main
-from mmpreproj.train import load_run_adapter
 from tests.helpers.zoo import tiny_neox
 
 
@@ -93,15 +92,15 @@ def test_train_config_naming_the_wrong_method_is_refused_by_name(tmp_path, metho
     with pytest.raises(
         ValueError,
         match=f"train_config.json names method '{method}', but the adapter in .* holds "
-        "'preproj_skip' weights; nothing was loaded",
+        r"'preproj_skip' weights \(allowed: \['preproj_skip'\]\); nothing was loaded",
     ):
-        load_run_adapter(model, run)
+        mmpreproj.load_adapter(model, run)
     assert not mmpreproj.is_injected(model)
 
 
 def test_train_config_naming_an_unknown_method(tmp_path):
-    with pytest.raises(ValueError, match=r"names method 'dora'; allowed values: \['preproj'"):
-        load_run_adapter(tiny_neox(), _run_folder(tmp_path, "dora"))
+    with pytest.raises(ValueError, match=r"names method 'dora', but .* holds 'preproj_skip' weights \(allowed: "):
+        mmpreproj.load_adapter(tiny_neox(), _run_folder(tmp_path, "dora"))
     assert isinstance(
-        load_run_adapter(tiny_neox(), _run_folder(tmp_path / "ok", "preproj_skip")), type(tiny_neox())
+        mmpreproj.load_adapter(tiny_neox(), _run_folder(tmp_path / "ok", "preproj_skip")), type(tiny_neox())
     )

@@ -125,16 +125,13 @@ def test_every_file_of_a_training_run_gets_the_umask_mode(tmp_path, user_umask):
 @pytest.mark.parametrize("user_umask", [0o022], indirect=True, ids=["umask022"])
 def test_peft_weights_beside_ours_get_the_umask_mode(tmp_path, user_umask):
     pytest.importorskip("peft")
-    from mmpreproj.integrations.transformers import save_checkpoint as trainer_checkpoint
     from mmpreproj.train import apply_method
     from mmpreproj.train.adapters import save_run_adapter
 
     model = apply_method(tiny_neox(), "preproj_lora")
-    trainer_checkpoint(model, tmp_path / "checkpoint-1")  # what PreProjTrainer._save writes
-    save_run_adapter(model, "preproj_lora", tmp_path / "run" / "adapter")
-    for folder in (tmp_path / "checkpoint-1", tmp_path / "run"):
-        assert any(name.endswith(ADAPTER_WEIGHTS_NAME) for name in _modes(folder))
-        _assert_umask_modes(folder, user_umask)
+    save_run_adapter(model, "preproj_lora", tmp_path / "run" / "adapter")  # peft's LoRA in adapter/lora/
+    assert any(name.endswith(f"lora/{ADAPTER_WEIGHTS_NAME}") for name in _modes(tmp_path / "run"))
+    _assert_umask_modes(tmp_path / "run", user_umask)
 
 
 # ---- 2. locks -------------------------------------------------------------------------------------------

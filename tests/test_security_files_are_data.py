@@ -3,9 +3,9 @@
 Every path an adapter file carries (its `host_description`: blocks and their alternatives, attention, norm,
 width, embeddings and its `|` alternatives; its `config.modules_to_save`) is poisoned with one attack of each
 class: a call, a dunder / private name, a method or property reached through attributes, an alternative whose
-first branch would have side effects. Each goes through every loader: `load_adapter` (plain and as a named
-adapter), `from_pretrained`, `load_run_adapter`, `integrations.transformers.load_trained` and
-`mmpreproj eval --adapter`. After each: no `SystemExit`, the trap model's side effects never ran, the model is
+first branch would have side effects. Each goes through every loader: the one loader `load_adapter` (an
+adapter folder, a run folder, a Trainer checkpoint of `preproj_lora`, and as a named adapter), `from_pretrained`
+and `mmpreproj eval --adapter`. After each: no `SystemExit`, the trap model's side effects never ran, the model is
 exactly as it was (or, where a harmless path is accepted, exactly the base again after `unload`), and the
 working folder and the adapter folder hold the same files with the same bytes.
 """
@@ -173,13 +173,20 @@ def test_poisoned_path_refused_by_name_before_the_model_is_touched(clean_adapter
 @pytest.mark.parametrize("attack", ["call_method_of_model", "dunder_globals", "property",
                                     "alternative_first_side_effect"])
 def test_poisoned_named_adapter_and_run_folder_loaders(clean_adapter, tmp_path, monkeypatch, field, attack):
-    from mmpreproj.integrations.transformers import load_trained
-    from mmpreproj.train import load_run_adapter
-
     _poison(clean_adapter, field, ATTACKS[attack])
-    for load in (lambda m: load_run_adapter(m, clean_adapter),
-                 lambda m: load_trained(m, clean_adapter)):
-        _load_and_check(load, trap_model(), tmp_path, monkeypatch, clean_adapter)
+    run = tmp_path / "run"  # a train() run folder holding the poisoned adapter in adapter/
+    (run / "adapter").mkdir(parents=True)
+    for f in clean_adapter.iterdir():
+        (run / "adapter" / f.name).write_bytes(f.read_bytes())
+    _load_and_check(lambda m: mmpreproj.load_adapter(m, run), trap_model(), tmp_path, monkeypatch, run / "adapter")
+    peft = pytest.importorskip("peft")
+    ckpt = tmp_path / "checkpoint-2"  # a Trainer checkpoint of preproj_lora: peft's LoRA at the top, ours below
+    lora = peft.LoraConfig(r=2, target_modules=["query_key_value"])
+    peft.get_peft_model(tiny_neox(), lora).save_pretrained(str(ckpt))
+    (ckpt / "preproj").mkdir()
+    for f in clean_adapter.iterdir():
+        (ckpt / "preproj" / f.name).write_bytes(f.read_bytes())
+    _load_and_check(lambda m: mmpreproj.load_adapter(m, ckpt), trap_model(), tmp_path, monkeypatch, ckpt)
     injected = trap_model()
     mmpreproj.inject(injected, mmpreproj.PreProjConfig(), host=_described(injected))
     _load_and_check(lambda m: mmpreproj.load_adapter(m, clean_adapter, adapter_name="b"), injected, tmp_path,

@@ -149,8 +149,6 @@ _V01_CONFIG_FIELDS = ("preproj", "skip", "expansion", "activation", "init", "ski
 
 
 def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path, tokens):
-    from mmpreproj.train.adapters import load_run_adapter
-
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
     mmpreproj.save_adapter(model, tmp_path)
     from mmpreproj.tuner.files import read_adapter
@@ -167,23 +165,25 @@ def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path
     safetensors.save_file(tensors, str(tmp_path / "adapter_model.safetensors"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "unknown key" or deprecation warning for an old file
-        fresh = load_run_adapter(tiny_neox(), tmp_path)
+        fresh = mmpreproj.load_adapter(tiny_neox(), tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(fresh(tokens).logits, model(tokens).logits)
     desc["method"] = "lora"  # a tag that is not ours
     cfg_file.write_text(json.dumps(desc))
     with pytest.raises(ValueError, match="method='lora' is not an mmpreproj adapter method"):
-        load_run_adapter(tiny_neox(), tmp_path)
+        mmpreproj.load_adapter(tiny_neox(), tmp_path)
 
 
-def test_load_adapter_names_a_peft_folder_instead_of_calling_it_corrupt(tmp_path):
+def test_load_adapter_reads_a_peft_lora_folder_as_peft_and_names_weights_that_do_not_match(tmp_path):
     (tmp_path / ADAPTER_CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": 4}))
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
-    with pytest.raises(ValueError, match="peft_type='LORA', not a pre-projection adapter .*load other peft methods "
-                       "with peft"):
-        mmpreproj.load_adapter(tiny_neox(), tmp_path)
+    model = tiny_neox()
+    with pytest.raises(ValueError, match=r"peft adapter at .* does not match its config: missing \[.*lora_A.*\], "
+                       r"unexpected \['x'\] \(nothing was loaded\)"):
+        mmpreproj.load_adapter(model, tmp_path)
+    assert not any("lora_" in n for n, _ in model.named_modules())  # peft's layers were taken off again
 
 
 # --- one adapter key format ---------------------------------------------------------------------------------

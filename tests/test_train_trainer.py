@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+import mmpreproj
 from mmpreproj.train import (
     METHODS,
     ModelUnavailableError,
@@ -16,7 +17,6 @@ from mmpreproj.train import (
     apply_method,
     enable_checkpointing,
     load_checkpoint,
-    load_run_adapter,
     train,
 )
 from mmpreproj.train.order import ShardedOrder
@@ -50,7 +50,7 @@ def test_training_changes_only_the_methods_weights_and_saves_them(tmp_path, meth
     assert all(torch.equal(p, base_after[n]) for n, p in frozen(start).items()), "a frozen weight changed"
     # the saved adapter puts the trained weights back onto a fresh base: same logits, unlike the base
     ids = DATA.input_ids[:2]
-    loaded = load_run_adapter(tiny_neox(), tmp_path / "run").eval()
+    loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path / "run").eval()
     with torch.no_grad():
         want = result.model.eval()(input_ids=ids).logits
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=1e-6)

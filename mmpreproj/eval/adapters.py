@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from ..train import load_run_adapter
 from ..tuner.inject import unload
+from ..tuner.load import load_adapter
 from ..tuner.state import is_injected
 from .evaluate import evaluate
 
@@ -40,12 +40,12 @@ def evaluate_adapters(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """{adapter (as given): `evaluate(...)` of the base with that adapter} for each adapter in turn.
 
-    `load(model, adapter)` puts one on (default `mmpreproj.train.load_run_adapter`: a run folder or an
-    adapter folder, ours or peft's); between adapters it is taken off with `take_off_adapters`. The base
+    `load(model, adapter)` puts one on (default `mmpreproj.load_adapter`: any trained folder, ours or
+    peft's); between adapters it is taken off with `take_off_adapters`. The base
     must come in without adapters and leaves without them, also when an evaluation fails.
     """
     if load is None:
-        load = load_run_adapter
+        load = load_adapter
     names = [str(a) for a in adapters]
     if len(set(names)) != len(names):
         raise ValueError(f"adapters: {names} names one adapter twice")

@@ -10,7 +10,7 @@ schedule, checkpoint (resumable state), rng (the run's own seeded RNG stream), d
 FSDP2), runlog (run folder), adapters (save/load trained weights), trainer (train).
 """
 
-from .adapters import load_run_adapter, run_adapter_dir, save_run_adapter
+from .adapters import run_adapter_dir, save_run_adapter
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint
 from .config import METHODS, TrainConfig
 from .data import LMExamples, build_examples, pack_lines, pad_lines, select_lines
@@ -48,7 +48,6 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "load_model_and_tokenizer",
-    "load_run_adapter",
     "method_param_table",
     "pack_lines",
     "pad_lines",

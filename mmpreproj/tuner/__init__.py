@@ -5,15 +5,15 @@ converter), `register` (peft learns PREPROJ at `import mmpreproj`). The layer is
 `mmpreproj.modules.PreProjAttention` (its slots: `preproj`, `skip`). The injection, bottom to top (each file
 imports only those before it): `state` (what inject leaves on a model, the key format), `in_flight`,
 `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
-(`save_pretrained` of an injected model), `inject` (inject / unload), `named` (several adapters), `loading`
-(`load_adapter`), `trace` (`trace_seams`), `pretrained_load` (`from_pretrained`); beside them `unwrap`,
+(`save_pretrained` of an injected model), `inject` (inject / unload), `named` (several adapters), `load_injection`
+(our folder into a model), `load` (`load_adapter`: any trained folder, one place that tells them apart), `trace` (`trace_seams`), `pretrained_load` (`from_pretrained`); beside them `unwrap`,
 `model_card`, `estimate`, `report`.
 """
 
 from .config import PreProjConfig
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
 from .inject import adapter_disabled, inject, unload
-from .loading import load_adapter
+from .load import load_adapter
 from .model import MERGE_REFUSED, PreProjModel
 from .peft_type import PREPROJ
 from .register import register_preproj

@@ -22,7 +22,7 @@ from .files import (
     PRETRAINED_ADAPTER_DIR,
     adapter_folder,
 )
-from .loading import load_adapter
+from .load import load_adapter  # the one loader of a trained folder
 from .pretrained import check_saved_pair, config_save_token
 
 __all__ = ["from_pretrained"]
@@ -56,7 +56,8 @@ def _hub_adapter(repo: str, subfolders: tuple[str, ...], local_only: bool, **dow
 def from_pretrained(
     path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
 ) -> nn.Module:
-    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter loaded.
+    """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter put on by the one
+    loader, `mmpreproj.load_adapter` (`tuner/load.py`).
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
     `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError

@@ -2,13 +2,15 @@
 
 The method, top to bottom:
   1. load the frozen base (`assets/mini-pythia`, fp32) and its tokenizer;
-  2. inject the modules: the one line that differs from a peft LoRA script (`get_peft_model`), plus the
-     `PreProjTrainer` import; `--method preproj_lora` puts a peft LoRA on top of the injection instead;
+  2. add the modules: `peft.get_peft_model(base, PreProjConfig())`, the one line that differs from a peft
+     LoRA script; `--method preproj_lora` puts a peft LoRA on top of an injection instead;
   3. cut WikiText lines (`assets/data`) into fixed blocks of `max_len` tokens;
-  4. train with `PreProjTrainer`: checkpoints under OUT/checkpoint-N hold the adapter, not the base, and
-     `--resume` continues from the last one (weights, optimizer, scheduler, RNG, data order);
-  5. save the final adapter to OUT/final, rebuild the model from a fresh base and that folder, check
-     that it gives the trained model's outputs.
+  4. train with transformers' own `Trainer`: checkpoints under OUT/checkpoint-N hold the adapter (peft's
+     path), not the base, and `--resume` continues from the last one (weights, optimizer, scheduler, RNG,
+     data order);
+  5. save the final adapter to OUT/final (for preproj_lora also our injection, OUT/final/preproj), rebuild
+     the model from a fresh base and that folder (`mmpreproj.load_adapter`), check that it gives the
+     trained model's outputs.
 
     python recipes/integrations/hf_trainer.py --out runs/hf-trainer   # 60 steps: 93 CPU-s (measured, 2 cores)
     accelerate launch --multi_gpu --num_processes 2 recipes/integrations/hf_trainer.py --out runs/hf-ddp
@@ -23,13 +25,13 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+from peft import get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
 
 import mmpreproj  # noqa: E402
 from mmpreproj.data import wikitext_lines  # noqa: E402
-from mmpreproj.integrations.transformers import PreProjTrainer, load_trained  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
 from mmpreproj.train.data import pack_lines, select_lines  # noqa: E402
 from recipes.kit.recipe import parse_config  # noqa: E402
@@ -58,7 +60,7 @@ class RecipeConfig:
 def build_model(config: RecipeConfig):
     base = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
     if config.method == "preproj_skip":
-        return mmpreproj.inject(base)  # pre-projection + content skip, base frozen
+        return get_peft_model(base, mmpreproj.PreProjConfig())  # pre-projection + content skip, base frozen
     return apply_method(base, config.method, lora_r=config.lora_r)
 
 
@@ -78,18 +80,20 @@ def run(config: RecipeConfig) -> dict:
         save_steps=config.save_steps, logging_steps=max(1, config.steps // 10), seed=config.seed,
         report_to=[], use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
     )  # fmt: skip
-    trainer = PreProjTrainer(
+    trainer = Trainer(
         model=model, args=args, train_dataset=build_data(config, tokenizer), processing_class=tokenizer
     )
     result = trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = Path(config.out) / "final"
-    trainer.save_model(str(final))  # the adapter (and peft's, for preproj_lora), the tokenizer
+    trainer.save_model(str(final))  # the adapter (peft's LoRA file, for preproj_lora), the tokenizer
+    if config.method == "preproj_lora" and trainer.is_world_process_zero():
+        mmpreproj.save_adapter(model, final / "preproj")  # the injection a fresh base needs, beside peft's file
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss, "final": str(final)}
     if trainer.is_world_process_zero():
         model.eval()
         x = torch.tensor([tokenizer("It was a dark and stormy night")["input_ids"]], device=model.device)
         fresh = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).to(model.device)
-        reloaded = load_trained(fresh, final).eval()
+        reloaded = mmpreproj.load_adapter(fresh, final).eval()
         with torch.no_grad():
             summary["reload_max_diff"] = float((reloaded(x).logits - model(x).logits).abs().max())
         (Path(config.out) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

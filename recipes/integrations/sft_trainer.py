@@ -5,10 +5,12 @@ The method, top to bottom:
      template (the mini model was trained without one);
   2. build a chat dataset in code from the shipped HellaSwag subset (`assets/data`): the user turn is
      the activity and context, the assistant turn the correct ending;
-  3. inject the modules (or `--method preproj_lora`: a peft LoRA on top of the injection);
-  4. train with `PreProjSFTTrainer`, with TRL's defaults (bf16 autocast, activation checkpointing) and
+  3. the method is TRL's `peft_config=PreProjConfig()` (or `--method preproj_lora`: a peft LoRA on top of
+     an injection, passed in as the model);
+  4. train with TRL's own `SFTTrainer`, with TRL's defaults (bf16 autocast, activation checkpointing) and
      the loss on the assistant's tokens only; checkpoints hold the adapter, `--resume` continues;
-  5. save the final adapter to OUT/final, rebuild the model from a fresh base, check the outputs.
+  5. save the final adapter to OUT/final (for preproj_lora also our injection, OUT/final/preproj), rebuild
+     the model from a fresh base (`mmpreproj.load_adapter`), check the outputs.
 
     python recipes/integrations/sft_trainer.py --out runs/sft   # 60 steps: 141 CPU-s (measured, 2 cores)
 """
@@ -23,14 +25,12 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig
+from trl import SFTConfig, SFTTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
 
 import mmpreproj  # noqa: E402
 from mmpreproj.data import hellaswag_examples  # noqa: E402
-from mmpreproj.integrations.transformers import load_trained  # noqa: E402
-from mmpreproj.integrations.trl import PreProjSFTTrainer  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
 from recipes.kit.recipe import parse_config  # noqa: E402
 
@@ -78,21 +78,25 @@ def run(config: RecipeConfig) -> dict:
     tokenizer.chat_template = CHAT_TEMPLATE
     base = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
     if config.method == "preproj_skip":
-        model = mmpreproj.inject(base)
+        model, peft_config = base, mmpreproj.PreProjConfig()  # TRL wraps it: get_peft_model(base, peft_config)
     else:
-        model = apply_method(base, config.method, lora_r=config.lora_r)
+        model, peft_config = apply_method(base, config.method, lora_r=config.lora_r), None
     args = SFTConfig(
         output_dir=config.out, max_steps=config.steps, per_device_train_batch_size=config.batch_size,
         learning_rate=config.lr, lr_scheduler_type="cosine", save_steps=config.save_steps,
         logging_steps=max(1, config.steps // 10), seed=config.seed, max_length=config.max_len,
         assistant_only_loss=True, report_to=[], use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
     )  # fmt: skip
-    trainer = PreProjSFTTrainer(
-        model=model, args=args, train_dataset=build_chats(config), processing_class=tokenizer
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=build_chats(config), processing_class=tokenizer,
+        peft_config=peft_config,
     )
+    model = trainer.model  # the PeftModel TRL built
     result = trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = Path(config.out) / "final"
     trainer.save_model(str(final))
+    if config.method == "preproj_lora" and trainer.is_world_process_zero():
+        mmpreproj.save_adapter(model, final / "preproj")  # the injection a fresh base needs, beside peft's file
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss, "final": str(final)}
     if trainer.is_world_process_zero():
         prompt = tokenizer.apply_chat_template(
@@ -101,7 +105,7 @@ def run(config: RecipeConfig) -> dict:
         )  # fmt: skip
         x = torch.tensor([prompt["input_ids"]], device=model.device)
         fresh = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).to(model.device)
-        reloaded = load_trained(fresh, final).eval()
+        reloaded = mmpreproj.load_adapter(fresh, final).eval()
         model.eval()
         with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             # the trained model's forward still runs under the Trainer's autocast: compare like with like

@@ -1,5 +1,6 @@
-"""`load_adapter`: read an adapter folder, check it against the model, inject its modules and copy its weights;
-on a model already injected, add it beside the loaded ones (`named.add_named_adapter`)."""
+"""`load_injection`: read one of our adapter folders, check it against the model, inject its modules and copy its
+weights; on a model already injected, add it beside the loaded ones (`named.add_named_adapter`). The public loader
+of any trained folder, `mmpreproj.load_adapter` (`tuner/load.py`), hands our part to this."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from .state import check_adapter_name, is_injected, parse_adapter_key
 from .state_dict import check_tensors_match, saved_module_tensors, trainable_adapter_params, wrapper_tensors
 from .unwrap import refuse_meta_parameters
 
-__all__ = ["load_adapter"]
+__all__ = ["load_injection"]
 
 
-def load_adapter(
+def load_injection(
     model: nn.Module,
     path: str | Path,
     *,

@@ -1,0 +1,205 @@
+"""One loader for a trained folder: `load_adapter(model, path)` returns the model to use, whatever wrote it.
+
+    model = mmpreproj.load_adapter(base, "runs/a")                      # frozen, for inference (as peft)
+    model = mmpreproj.load_adapter(base, "runs/a", is_trainable=True)   # to go on training
+
+What a folder holds is read from its files in one place (`detect`), never from who wrote it:
+
+| kind          | ours (PREPROJ or mmpreproj <= 0.3)  | peft LoRA       | written by                              |
+|---------------|-------------------------------------|-----------------|-----------------------------------------|
+| adapter       | `DIR`                               | -               | save_adapter, PeftModel.save_pretrained, a Trainer checkpoint, train() |
+| lora          | -                                   | `DIR`           | peft / train() `lora`, `lora_matched`   |
+| preproj_lora  | `DIR`                               | `DIR/lora/`     | train() `preproj_lora`                  |
+| preproj_lora  | `DIR/preproj/`                      | `DIR`           | Trainer `save_model` + `save_adapter(model, DIR/preproj)`; the removed `PreProjTrainer`'s checkpoints |
+
+`DIR` is the folder given or its `adapter/` subfolder (a train() run folder, a `save_pretrained` folder: its
+base and adapter must come from one save, `pretrained.check_saved_pair`). A run folder's `train_config.json`,
+when there, must name a method the folder holds. Returns a `PeftModel` when the folder holds LoRA weights.
+A refused load (missing, corrupt or mismatched files) leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import peft
+from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+from peft.mapping import PEFT_TYPE_TO_PREFIX_MAPPING
+from safetensors.torch import load_file
+from torch import nn
+
+from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
+from .inject import unload
+from .keys import SLOTS, as_description, is_other_peft_method
+from .load_injection import load_injection as _load_ours
+from .state import is_injected
+from .state_dict import trainable_adapter_params
+
+__all__ = ["Folder", "detect", "load_adapter"]
+
+LORA_SUBDIR = "lora"  # train()'s preproj_lora: peft's LoRA below ours
+PREPROJ_SUBDIR = "preproj"  # a Trainer checkpoint of preproj_lora: ours below peft's LoRA
+RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
+_LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone
+_OUR_METHODS = ("preproj", "skip", "preproj_skip")  # the `method` tags of our adapter (PreProjConfig.method)
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What a trained folder holds: our adapter's folder, peft's LoRA folder (either may be None), and the
+    folder to hand our loader (the `save_pretrained` folder itself, so its pair is checked)."""
+
+    ours: Path | None
+    lora: Path | None
+    load_ours_from: Path | None
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The train() methods a run folder of this kind may name (ours-only: read from our config)."""
+        if self.ours is not None and self.lora is not None:
+            return ("preproj_lora",)
+        if self.lora is not None:
+            return _LORA_METHODS
+        method = _our_method(self.ours) if self.ours is not None else None
+        return (method,) if method is not None else ()
+
+
+def detect(path: str | Path) -> Folder:
+    """The kind of trained folder `path` is (the table in the module docstring); FileNotFoundError naming the
+    folder and what it may hold when it holds no adapter."""
+    given = Path(path)
+    top = given
+    if not (given / ADAPTER_CONFIG_NAME).is_file() and (given / PRETRAINED_ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
+        top = given / PRETRAINED_ADAPTER_DIR
+    if not (top / ADAPTER_CONFIG_NAME).is_file():
+        raise FileNotFoundError(
+            f"adapter file missing: {given / ADAPTER_CONFIG_NAME} (nor in its {PRETRAINED_ADAPTER_DIR}/); pass an "
+            "adapter folder, a save_pretrained or train() run folder, or a Trainer checkpoint"
+        )
+    if _is_lora(top / ADAPTER_CONFIG_NAME):
+        below = top / PREPROJ_SUBDIR
+        return Folder(below, top, below) if (below / ADAPTER_CONFIG_NAME).is_file() else Folder(None, top, None)
+    lora = top / LORA_SUBDIR
+    return Folder(top, lora if (lora / ADAPTER_CONFIG_NAME).is_file() else None, given)
+
+
+def load_adapter(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    is_trainable: bool = False,
+    adapter_name: str | None = None,
+    freeze_base: bool | None = None,
+) -> nn.Module:
+    """Put the trained weights in `path` (any folder `detect` knows) onto `model`; returns the model to use.
+
+    Frozen for inference unless `is_trainable=True` (then our weights, their `modules_to_save` and the LoRA
+    weights train). `adapter_name` names the adapter (on an injected model, ours is added beside the loaded
+    ones, `named_adapters`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
+    """
+    folder = detect(path)
+    holds = folder.methods  # refuses a `method` tag that is not ours
+    _check_run_method(Path(path), holds)
+    if folder.lora is not None and (is_injected(model) or isinstance(model, peft.PeftModel)):
+        raise ValueError(
+            f"load_adapter: {path} holds peft LoRA weights ({folder.lora}), which load onto a base without "
+            "adapters; pass the base model (nothing was loaded)"
+        )
+    if folder.load_ours_from is not None:
+        model = _load_ours(model, folder.load_ours_from, is_trainable=is_trainable, adapter_name=adapter_name,
+                           freeze_base=freeze_base)
+    if folder.lora is None:
+        return model
+    try:
+        lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default")
+    except BaseException:
+        if folder.ours is not None:
+            unload(model)
+        raise
+    if is_trainable and folder.ours is not None:  # peft froze every non-LoRA weight, ours included
+        for p in trainable_adapter_params(model):
+            p.requires_grad_(True)
+    return lora
+
+
+def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) -> peft.PeftModel:
+    """peft's LoRA (or other method) in `folder` on `model`, as `peft.PeftModel.from_pretrained` does it, but
+    refused before the weights load unless every weight peft expects is in the file and every weight in the
+    file is one it expects; on any failure peft's layers are taken off and `requires_grad` put back."""
+    try:
+        saved = set(load_file(str(folder / ADAPTER_WEIGHTS_NAME)))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}") from None
+    except Exception as e:
+        raise ValueError(f"corrupt adapter weights {folder / ADAPTER_WEIGHTS_NAME}: {e}") from None
+    config = peft.PeftConfig.from_pretrained(str(folder))
+    config.inference_mode = not is_trainable
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    lora = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, peft.PeftModel)(model, config, name)
+    try:
+        expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers (+ ours)
+        prefix = PEFT_TYPE_TO_PREFIX_MAPPING[config.peft_type]
+        missing, unexpected = sorted(k for k in expected - saved if prefix in k)[:3], sorted(saved - expected)[:3]
+        if missing or unexpected:  # `missing` counts LoRA's own: older files hold LoRA alone, ours in preproj/
+            ours = any(f".{slot}." in k for k in saved - expected for slot in (*SLOTS, "base_layer"))
+            hint = (f"; it was saved from a model with mmpreproj modules injected: save that adapter beside it, "
+                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r})") if ours else ""
+            raise ValueError(f"peft adapter at {folder} does not match its config: missing {missing}, unexpected "
+                             f"{unexpected}{hint} (nothing was loaded)")
+        lora.load_adapter(str(folder), name, is_trainable=is_trainable)
+    except BaseException:
+        lora.unload()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        raise
+    return lora
+
+
+def _is_lora(cfg_file: Path) -> bool:
+    """Whether `adapter_config.json` is another peft method's (LoRA, ...); an unreadable one is left to our
+    loader, which names what is wrong with it."""
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(cfg, dict) and is_other_peft_method(cfg)
+
+
+def _our_method(folder: Path) -> str | None:
+    """The `method` tag of our adapter in `folder` (files written before the tag: from the config's flags);
+    None when the config cannot be read (our loader then names what is wrong with it). ValueError for a tag
+    that is not one of ours."""
+    cfg_file = folder / ADAPTER_CONFIG_NAME
+    try:
+        desc = as_description(json.loads(cfg_file.read_text(encoding="utf-8")), f"adapter config {cfg_file}")
+        cfg = desc["config"]
+        flags = (cfg.get("preproj") is True, cfg.get("skip") is True)
+        method = desc.get("method")
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        return None
+    if method is None:  # an adapter saved before the tag
+        return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}.get(flags)
+    if method not in _OUR_METHODS:
+        raise ValueError(f"corrupt adapter config {cfg_file}: method={method!r} is not an mmpreproj adapter method "
+                         f"(allowed: {list(_OUR_METHODS)}); nothing was loaded")
+    return method
+
+
+def _check_run_method(given: Path, holds: tuple[str, ...]) -> None:
+    """A run folder's `train_config.json` must name a method the folder holds (refused before any load)."""
+    cfg_file = given / RUN_CONFIG_NAME
+    if not cfg_file.is_file():
+        return
+    try:
+        run = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{cfg_file} is not valid JSON ({e})") from None
+    method = run.get("method") if isinstance(run, dict) else None
+    if method is None or not holds:  # an unreadable adapter config: our loader names what is wrong with it
+        return
+    if method not in holds:
+        raise ValueError(f"{cfg_file} names method {method!r}, but the adapter in {given} holds "
+                         f"{' / '.join(holds)!r} weights (allowed: {list(holds)}); nothing was loaded")
+
