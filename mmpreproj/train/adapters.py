@@ -64,7 +64,7 @@ def save_run_adapter(
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        if spec.preproj or spec.skip:  # both files replaced together or not at all (`adapter_files`)
+        if spec.preproj or spec.skip:  # both files replaced together or not at all (`util/file_sets.py`)
             _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
     except OSError as err:
         raise CheckpointWriteError(

@@ -97,7 +97,7 @@ def load_adapter(
 
     Frozen for inference unless `is_trainable=True` (then our weights, their `modules_to_save` and the LoRA
     weights train). `adapter_name` names the adapter (on an injected model, ours is added beside the loaded
-    ones, `named_adapters`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
+    ones, `tuner/named.py`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
     """
     folder = detect(path)
     holds = folder.methods  # refuses a `method` tag that is not ours
