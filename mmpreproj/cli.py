@@ -108,7 +108,8 @@ def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> Non
                        help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)")
         p.add_argument("--json", default=None, help="write the results here")
         p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--ppl-split", choices=("validation", "test"), default="validation")
+        p.add_argument("--ppl-split", choices=("validation", "test", "heldout"), default="validation",
+                       help="WikiText rows for line PPL; heldout = validation rows 3240 on (default: %(default)s)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="paper", help="(default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="examples per task (default: the protocol's own)")
     p.add_argument("--data-source", choices=DATA_SOURCES, default="local",

@@ -8,11 +8,15 @@ import re
 from .assets import asset_path, open_text
 from .hub import DataUnavailableError, load_hub_split
 
-__all__ = ["WIKITEXT_FILES", "wikitext_articles", "wikitext_detokenize", "wikitext_lines"]
+__all__ = ["HELDOUT_FROM", "WIKITEXT_FILES", "wikitext_articles", "wikitext_detokenize", "wikitext_lines"]
 
 # The shipped files are WikiText-2's raw valid/test, which are also WikiText-103's (assets/data/README.md).
 WIKITEXT_FILES = {"validation": "wiki.valid.raw.gz", "test": "wiki.test.raw.gz"}
-_SPLITS = {"validation": "validation", "valid": "validation", "test": "test", "train": "train"}
+_SPLITS = {"validation": "validation", "valid": "validation", "test": "test", "train": "train", "heldout": "heldout"}
+# "heldout": the validation rows from this one on (520 rows, 228 of them longer than 50 characters). A preset
+# that trains on validation lines and chooses its learning rates on held-out rows takes at most the first 1,500
+# lines longer than 50 characters, which end at row 3,239 (`tests/test_gguf_source.py` checks the smollm2 one).
+HELDOUT_FROM = 3240
 # An article starts at a level-1 heading line: " = Title = " (a section is " = = Section = = ").
 _ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
 
@@ -29,10 +33,13 @@ def wikitext_lines(
     """Raw WikiText-103 rows, one per line of `wiki.<split>.raw`, in file order.
 
     Rows match the Hub's `wikitext`/`wikitext-103-raw-v1`: a row keeps its trailing "\\n" and a blank line is
-    "" (the validation split has 3,760 rows, test 4,358). `source="local"` reads the shipped file (or `path`);
+    "" (the validation split has 3,760 rows, test 4,358). `split="heldout"` is the validation rows from
+    `HELDOUT_FROM` on, for choosing learning rates on rows neither trained on nor tested. `source="local"` reads the shipped file (or `path`);
     `source="hub"` downloads with `datasets` (the only way to get `train`).
     """
     split = _split_name(split)
+    if split == "heldout":
+        return wikitext_lines("validation", source, path)[HELDOUT_FROM:]
     if source == "hub":
         return list(load_hub_split("wikitext", "wikitext-103-raw-v1", split)["text"])
     if source != "local":

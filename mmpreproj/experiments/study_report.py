@@ -1,0 +1,199 @@
+"""The report of a `study` (experiments/study.py): read back every finished step, write study.json, report.md
+and the figures (LR search, skip norms per layer against the paper's Figure 2, routing ratios per layer).
+
+Nothing is trained here, so it can run while workers are still going: unfinished groups are listed as such.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_skip_growth, plot_skip_norms
+from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from .report_md import METRIC_LABELS, format_comparisons, noise_sentences
+from .study import Step, Study, best_lr, read_baseline
+
+__all__ = ["METRICS", "PAPER_CLAIMS", "gather", "write_report"]
+
+METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
+# The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.
+PAPER_CLAIMS = {
+    "lambada.acc": "+40.6% (0.128 -> 0.180)", "ppl.ppl": "-39% (78.4 -> 47.9)",
+    "hellaswag.acc": "+3.7% (0.326 -> 0.338)",
+}
+PAPER_160M = {"baseline": (0.128, 0.326, 78.4), "preproj": (0.154, 0.318, 73.0), "lora": (0.126, 0.326, 63.8),
+              "preproj_lora": (0.162, 0.324, 60.8), "preproj_skip": (0.180, 0.338, 47.9)}
+
+
+def gather(s: Study) -> dict[str, Any]:
+    """{"baseline": row, "groups": [{group facts, "tried", "best_lr", "seeds": {seed: merged row}}]}, and the
+    per-item scores keyed (label, seed) for the paired intervals."""
+    base = read_baseline(s)
+    groups, items = [], {}
+    if base is not None:
+        items[("baseline", None)] = base["items"]
+    for g in s.groups:
+        tried, settled = s.selected(g)
+        curve = {}
+        for lr in sorted(tried):
+            sel = s.read(Step("select", g, lr, s.seeds[0]))
+            curve[lr] = {"heldout": sel["row"].get("select.ppl")} if sel else None
+        best = best_lr(tried) if settled else None
+        seeds: dict[int, dict[str, Any]] = {}
+        if best is not None:
+            for seed in s.seeds[: g.seeds]:
+                sel, full = s.read(Step("select", g, best, seed)), s.read(Step("full", g, best, seed))
+                if sel is None or full is None:
+                    continue
+                seeds[seed] = {**sel["row"], **full["row"]}
+                items[(g.label, seed)] = {**sel["items"], **full["items"]}
+        groups.append({"label": g.label, "method": g.method, "sizes": dict(g.sizes), "budget": g.budget,
+                       "want_seeds": g.seeds, "settled": settled, "best_lr": best,
+                       "edge": best is not None and best in (min(tried), max(tried)),
+                       "curve": {f"{lr:g}": v for lr, v in curve.items()}, "seeds": seeds})
+    return {"baseline": base["row"] if base else None, "groups": groups, "items": items}
+
+
+def _values(data: dict[str, Any], label: str, metric: str) -> dict[int, float]:
+    if label == "baseline":
+        v = (data["baseline"] or {}).get(metric)
+        seeds = {s for g in data["groups"] for s in g["seeds"]}
+        return {s: v for s in seeds} if v is not None else {}
+    g = next(g for g in data["groups"] if g["label"] == label)
+    return {s: r[metric] for s, r in g["seeds"].items() if r.get(metric) is not None}
+
+
+def comparisons(data: dict[str, Any]) -> list[Comparison]:
+    """Each finished group against the baseline, the paper-size groups against LoRA and LoRA matched, and
+    each budget group against LoRA at the same budget; paired by seed, bootstrapped over items."""
+    labels = [g["label"] for g in data["groups"] if g["seeds"]]
+    pairs = []
+    for g in (g for g in data["groups"] if g["seeds"]):
+        refs = ["baseline"]
+        if g["budget"] is None and g["method"] not in ("lora", "lora_matched"):
+            refs += [r for r in ("lora", "lora_matched") if r in labels]
+        elif g["budget"] is None and g["method"] == "lora_matched" and "lora" in labels:
+            refs.append("lora")
+        elif g["budget"] is not None and g["method"] != "lora":
+            refs += [r for r in (g["label"].rsplit("/", 1)[0] + "/lora",) if r in labels]
+        pairs += [(g["label"], r) for r in refs]
+    out = []
+    for metric in METRICS:
+        task, key, _ = ITEM_METRICS[metric]
+        for label, ref in pairs:
+            a, b = _values(data, label, metric), _values(data, ref, metric)
+            if not a or not b or not set(a) & set(b):
+                continue
+            seeds = sorted(set(a) & set(b))
+
+            out.append(compare({k: a[k] for k in seeds}, {k: b[k] for k in seeds}, method=label, reference=ref,
+                               metric=metric, items=_items(data, label, seeds, task, key),
+                               ref_items=_items(data, ref, seeds, task, key)))
+    return out
+
+
+def _items(data: dict[str, Any], label: str, seeds: list[int], task: str, key: str) -> dict[int, list] | None:
+    """{seed: per-item scores of `task`/`key`} of a group (the baseline's under every seed), or None if any lacks."""
+    got = {sd: data["items"].get((label, None if label == "baseline" else sd), {}).get(task, {}).get(key) for sd in seeds}
+    return None if any(v is None for v in got.values()) else got
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    if not values:
+        return "n/a"
+    mean, std, n = mean_std(values)
+    return format(mean, fmt) + (f" ± {format(std, fmt)}" if n > 1 else "")
+
+
+def summary_table(data: dict[str, Any], base_params: int) -> str:
+    """Baseline and each group at its best LR: params, LR, seeds, the four metrics (mean ± std over seeds)."""
+    fmts = {"lambada.acc": ".3f", "lambada.ppl": ".2f", "hellaswag.acc": ".3f", "ppl.ppl": ".2f"}
+    lines = ["| method | trainable | LR (held-out pick) | seeds | LAMBADA acc | LAMBADA target PPL | HellaSwag acc "
+             "| line PPL (test) |", "|---|---|---|---|---|---|---|---|"]
+    b = data["baseline"] or {}
+    lines.append("| baseline (untrained) | - | - | - | " + " | ".join(
+        format(b[m], fmts[m]) if b.get(m) is not None else "n/a" for m in METRICS) + " |")
+    for g in data["groups"]:
+        rows = list(g["seeds"].values())
+        params = rows[0].get("params") if rows else None
+        size = f"{params / 1e6:.2f}M ({100 * params / base_params:.2f}%)" if params else "-"
+        if not g["settled"]:
+            lr = f"searching ({len([v for v in g['curve'].values() if v])} tried)"
+        elif g["best_lr"] is None:
+            lr = "every LR diverged"
+        else:
+            lr = f"{g['best_lr']:g}" + (" (edge)" if g["edge"] else "")
+        cells = [_cell([r[m] for r in rows if r.get(m) is not None], fmts[m]) for m in METRICS]
+        lines.append(f"| {g['label']} | {size} | {lr} | {len(rows)}/{g['want_seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def lr_table(data: dict[str, Any]) -> str:
+    lines = ["| group | LR | held-out line PPL |", "|---|---|---|"]
+    for g in data["groups"]:
+        for lr, v in g["curve"].items():
+            if v is not None:
+                star = " **(picked)**" if g["best_lr"] is not None and float(lr) == g["best_lr"] else ""
+                held = "diverged" if v["heldout"] is None else f"{v['heldout']:.2f}"
+                lines.append(f"| {g['label']} | {lr}{star} | {held} |")
+    return "\n".join(lines)
+
+
+def _per_layer(data: dict[str, Any], key: str) -> dict[str, list[float]]:
+    """{group: mean over its seeds of the per-layer list `key`} for groups that have it."""
+    out = {}
+    for g in data["groups"]:
+        vals = [r[key] for r in g["seeds"].values() if r.get(key)]
+        if vals:
+            out[g["label"]] = [sum(col) / len(col) for col in zip(*vals)]
+    return out
+
+
+def write_report(s: Study) -> Path:
+    """Write study.json, report.md and the figures under `s.out`; returns the report's path."""
+    data = gather(s)
+    comps = comparisons(data)
+    base_params, hidden = s.base_params, s.hidden
+    doc = {"preset": s.preset, "baseline": data["baseline"], "groups": data["groups"],
+           "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps]}
+    (s.out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    figs = []
+    curves = {g["label"]: [(float(lr), v["heldout"]) for lr, v in g["curve"].items() if v and v["heldout"]]
+              for g in data["groups"]}
+    curves = {k: v for k, v in curves.items() if v}
+    if curves:
+        plot_lr_sweep(curves, s.out / "lr_search.png", baseline=(data["baseline"] or {}).get("select.ppl"),
+                      title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})")
+        figs.append(("lr_search.png", "Held-out line PPL against the peak LR, seed 0 of each group."))
+    norms = {k: v for k, v in _per_layer(data, "skip_norms").items() if "/" not in k}  # full d x d skips
+    if norms:
+        init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
+        plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
+        growth = {f"{k} (SmolLM2-135M)": [v / init for v in vals] for k, vals in norms.items()}
+        growth.update({f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
+                       for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))})
+        plot_skip_growth(growth, s.out / "skip_growth.png")
+        figs += [("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
+                 ("skip_growth.png", f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
+                  "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024).")]
+    ratios = _per_layer(data, "routing_ratios")
+    if ratios:
+        plot_skip_norms(ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer",
+                        ylabel="routing ratio")
+        figs.append(("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds)."))
+    lines = [f"# Table 2 on {s.preset}", "", "Written by `mmpreproj.experiments.study_report` from the finished steps "
+             "under `arms/`; rerun with `python recipes/smollm2/table2.py --report`.", "",
+             "## Table", "", summary_table(data, base_params), "",
+             "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)", "", lr_table(data), ""]
+    if comps:
+        lines += ["## Differences and noise", "", *[f"- {t}" for t in noise_sentences(comps)], "",
+                  format_comparisons(comps), ""]
+    for name, caption in figs:
+        lines += [f"![{name}]({name})", "", caption, ""]
+    lines += ["Paper's claims at Pythia-160M for comparison: " + "; ".join(
+        f"{METRIC_LABELS.get(m, m)} {v}" for m, v in PAPER_CLAIMS.items()) + ".", ""]
+    path = s.out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

