@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..util.io import set_new_file_modes, umask
 from .assets import resolve_path
 
 __all__ = ["CACHE_ENV", "GGUF_MODELS", "GgufModel", "gguf_cache_root", "gguf_file", "is_gguf_name", "plain_folder"]
@@ -110,6 +111,8 @@ def plain_folder(name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
         _convert(src, tmp, name)
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp made it 0700: give it the mode a plain mkdir would
+        set_new_file_modes(tmp, tuple(p.name for p in tmp.iterdir()))
         try:
             os.replace(tmp, target)
         except OSError:  # another process finished the same conversion first: keep its folder
