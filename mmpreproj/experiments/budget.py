@@ -29,6 +29,7 @@ from ..analysis.plot import plot_pareto
 from ..analysis.stats import compare, mean_std
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import host_shape, lora_per_rank
+from ..train.presets import ppl_split_for
 from ..train.sizes import BUDGET_METHODS, sizes_for_budget
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
@@ -118,7 +119,7 @@ def budget_study(
     out = Path(out)
     overrides = dict(train_overrides or {})
     base_cfg = get_preset(preset, **overrides)
-    settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))
+    settings = dict(SWEEP_EVAL, ppl_split=ppl_split_for(preset), **(eval_settings or {}))
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)

@@ -30,6 +30,7 @@ from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from ..data import wikitext_lines
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import METHODS, PAPER_METHODS, check_methods
+from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from ..tuner.config import PreProjConfig
 from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
@@ -171,7 +172,8 @@ def reproduce(
     """
     methods = check_methods(methods)
     out = Path(out)
-    settings = dict(DEMO_EVAL if preset == "mini" else PAPER_EVAL, **(eval_settings or {}))
+    paper_eval = dict(PAPER_EVAL, ppl_split=ppl_split_for(preset))
+    settings = dict(DEMO_EVAL if preset == "mini" else paper_eval, **(eval_settings or {}))
     settings["tasks"] = list(settings["tasks"])
     base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)

@@ -127,7 +127,11 @@ class Study:
 
     def __init__(self, preset: str, out: str | Path, runs: str | Path, groups: Sequence[Group], *,
                  max_extend: int = 2, overrides: dict[str, Any] | None = None, base_params: int = 0,
-                 hidden: int = 0) -> None:
+                 hidden: int = 0, limit: int | None = None) -> None:
+        # `limit` replaces every evaluation count (a dry run); the settings are part of every step's key
+        self.select_eval = SELECT_EVAL if limit is None else {**SELECT_EVAL, "limit": limit}
+        self.full_eval = FULL_EVAL if limit is None else {
+            **FULL_EVAL, "limits": dict.fromkeys(FULL_EVAL["limits"], limit), "routing_rows": min(limit, 32)}
         self.base_params, self.hidden = base_params, hidden  # the base's parameter count and width, for the report
         self.preset, self.out, self.runs, self.groups = preset, Path(out), Path(runs), list(groups)
         self.max_extend, self.overrides = max_extend, dict(overrides or {})
@@ -140,10 +144,10 @@ class Study:
                                           "out": str(self.runs / step.arm), "progress": False})
 
     def select_key(self, step: Step) -> dict[str, Any]:
-        return arm_key(self.cfg(step), {**SELECT_EVAL, "model": self.base_cfg.model})
+        return arm_key(self.cfg(step), {**self.select_eval, "model": self.base_cfg.model})
 
     def full_key(self, step: Step) -> dict[str, Any]:
-        return {"select": self.select_key(step), "eval": FULL_EVAL}
+        return {"select": self.select_key(step), "eval": self.full_eval}
 
     def read(self, step: Step, kind: str | None = None) -> dict[str, Any] | None:
         kind = kind or step.kind
@@ -259,7 +263,8 @@ def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str
             write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items})
             return
         items: dict[str, Any] = {}
-        res = evaluate(model, tokenizer, ["ppl"], ppl_split="heldout", progress=False, per_item=True)["ppl"]
+        res = evaluate(model, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False,
+                       per_item=True)["ppl"]
         row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
         items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
         arm_dir.mkdir(parents=True, exist_ok=True)
@@ -279,20 +284,20 @@ def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str
         model, _ = train_arm(cfg, base, tokenizer, fresh=True)
     model.eval()
     t0 = time.time()
-    row, items = _full_eval(model, tokenizer)
+    row, items = _full_eval(model, tokenizer, s.full_eval)
     if skip_norms(model):
-        batches = _routing_batches(tokenizer, s.base_cfg.max_len, FULL_EVAL["routing_rows"])
+        batches = _routing_batches(tokenizer, s.base_cfg.max_len, s.full_eval["routing_rows"])
         row["routing_ratios"] = list(routing_ratios(model, batches).values())
     row["eval_seconds"] = time.time() - t0
     write_json(arm_dir / FULL_FILE, {"key": s.full_key(step), "row": row, "items": items})
 
 
-def _full_eval(model: nn.Module, tokenizer) -> tuple[dict[str, Any], dict[str, Any]]:
+def _full_eval(model: nn.Module, tokenizer, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The full evaluation: line PPL on test rows, LAMBADA, HellaSwag (flat metrics, per-item scores)."""
     row: dict[str, Any] = {}
     items: dict[str, Any] = {}
-    for task in FULL_EVAL["tasks"]:
-        res = evaluate(model, tokenizer, [task], limit=FULL_EVAL["limits"].get(task), ppl_split="test",
+    for task in settings["tasks"]:
+        res = evaluate(model, tokenizer, [task], limit=settings["limits"].get(task), ppl_split=settings["ppl_split"],
                        progress=False, per_item=True)[task]
         row.update({f"{task}.{k}": v for k, v in res.items() if not isinstance(v, list)})
         items[task] = {k: v for k, v in res.items() if isinstance(v, list)}
@@ -307,10 +312,11 @@ def baseline(s: Study, base: nn.Module, tokenizer) -> None:
     row: dict[str, Any] = {"method": "baseline", "params": 0}
     items: dict[str, Any] = {}
     t0 = time.time()
-    res = evaluate(base, tokenizer, ["ppl"], ppl_split="heldout", progress=False, per_item=True)["ppl"]
+    res = evaluate(base, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False,
+                       per_item=True)["ppl"]
     row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
     items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
-    full, full_items = _full_eval(base, tokenizer)
+    full, full_items = _full_eval(base, tokenizer, s.full_eval)
     row.update(full)
     items.update(full_items)
     row["eval_seconds"] = time.time() - t0
@@ -318,7 +324,7 @@ def baseline(s: Study, base: nn.Module, tokenizer) -> None:
 
 
 def baseline_key(s: Study) -> dict[str, Any]:
-    return {"model": s.base_cfg.model, "select": SELECT_EVAL, "full": FULL_EVAL}
+    return {"model": s.base_cfg.model, "select": s.select_eval, "full": s.full_eval}
 
 
 def read_baseline(s: Study) -> dict[str, Any] | None:
@@ -327,20 +333,20 @@ def read_baseline(s: Study) -> dict[str, Any] | None:
 
 def open_study(preset: str, out: str | Path, runs: str | Path, base: nn.Module, *,
                groups: Sequence[Group] | None = None, max_extend: int = 2,
-               overrides: dict[str, Any] | None = None) -> Study:
+               overrides: dict[str, Any] | None = None, limit: int | None = None) -> Study:
     """The `Study` over `base` (the default groups: `table2_groups(base)`)."""
     return Study(preset, out, runs, groups or table2_groups(base), max_extend=max_extend, overrides=overrides,
-                 base_params=sum(p.numel() for p in base.parameters()), hidden=host_shape(base)[0])
+                 base_params=sum(p.numel() for p in base.parameters()), hidden=host_shape(base)[0], limit=limit)
 
 
 def study(preset: str, out: str | Path, runs: str | Path, *, groups: Sequence[Group] | None = None,
           max_extend: int = 2, overrides: dict[str, Any] | None = None, poll_seconds: float = 30.0,
-          on_finish: Callable[[Step | None], None] | None = None) -> Study:
+          on_finish: Callable[[Step | None], None] | None = None, limit: int | None = None) -> Study:
     """Work through the plan until nothing is left, waiting while other workers hold the last steps.
     `on_finish(step)` is called after each finished step (None for the baseline), e.g. to commit its files."""
     base_cfg = get_preset(preset, **dict(overrides or {}))
     base, tokenizer = load_model_and_tokenizer(base_cfg)
-    s = open_study(preset, out, runs, base, groups=groups, max_extend=max_extend, overrides=overrides)
+    s = open_study(preset, out, runs, base, groups=groups, max_extend=max_extend, overrides=overrides, limit=limit)
     s.out.mkdir(parents=True, exist_ok=True)
     with _claim(s.runs / ".claims" / "baseline") as mine:
         if mine and read_baseline(s) is None:

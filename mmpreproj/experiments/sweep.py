@@ -21,6 +21,7 @@ from typing import Any
 from ..analysis import plot_lr_sweep
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import check_methods
+from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
@@ -85,7 +86,7 @@ def lr_sweep(
     methods = check_methods(methods)
     lrs = check_lrs(lrs)
     out = Path(out)
-    settings = dict(SWEEP_EVAL if preset == "mini" else dict(SWEEP_EVAL, ppl_split="validation"), **(eval_settings or {}))
+    settings = dict(SWEEP_EVAL, ppl_split=ppl_split_for(preset), **(eval_settings or {}))
     overrides = dict(train_overrides or {})
     if seed is not None:
         overrides["seed"] = seed

@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import TrainConfig
 
-__all__ = ["PRESETS", "get_preset"]
+__all__ = ["PRESETS", "TRAINS_ON_VALIDATION", "get_preset", "ppl_split_for"]
 
 _PAPER: dict[str, Any] = dict(
     data="wikitext",
@@ -108,6 +108,15 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
         ),
     }
 )
+
+
+# Presets that train on WikiText validation lines: their line PPL is measured on test rows instead.
+TRAINS_ON_VALIDATION = frozenset({"mini", "smollm2-135m-cpu"})
+
+
+def ppl_split_for(preset: str) -> str:
+    """The WikiText split a preset's line PPL is measured on: "test" when it trains on validation lines."""
+    return "test" if preset in TRAINS_ON_VALIDATION else "validation"
 
 
 def get_preset(name: str, **overrides: Any) -> TrainConfig:

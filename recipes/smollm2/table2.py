@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--groups", default=None, help="comma-separated group labels to run (default: all of "
                     "table2_groups: preproj_skip, lora, lora_matched, b0.01/preproj_skip, b0.01/lora, preproj, skip, "
                     "preproj_lora)")
+    ap.add_argument("--model", default=None, help="override the preset's model (a dry run on a small one)")
+    ap.add_argument("--limit", type=int, default=None, help="examples per evaluation (a dry run; default: the study's)")
     ap.add_argument("--commit", action="store_true", help="git-commit each finished step's files")
     ap.add_argument("--report", action="store_true", help="train nothing: write the report from what is finished")
     args = ap.parse_args()
@@ -78,7 +80,9 @@ def main() -> None:
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
     runs = Path(args.runs) if Path(args.runs).is_absolute() else ROOT / args.runs
     overrides = {"steps": args.steps, "warmup_steps": min(args.steps, 1)} if args.steps else {}
-    base = load_model(get_preset(args.preset).model)
+    if args.model:
+        overrides["model"] = args.model
+    base = load_model(get_preset(args.preset, **overrides).model)
     groups = table2_groups(base)
     if args.groups:
         wanted = args.groups.split(",")
@@ -87,7 +91,8 @@ def main() -> None:
             ap.error(f"--groups: unknown {unknown}; allowed values: {[g.label for g in groups]}")
         groups = [g for g in groups if g.label in wanted]
     if args.report:
-        print(write_report(open_study(args.preset, out, runs, base, groups=groups, overrides=overrides)))
+        print(write_report(open_study(args.preset, out, runs, base, groups=groups, overrides=overrides,
+                                      limit=args.limit)))
         return
 
     def on_finish(step) -> None:
@@ -97,7 +102,7 @@ def main() -> None:
             commit([where], f"smollm2 study: {what}")
 
     del base
-    s = study(args.preset, out, runs, groups=groups, overrides=overrides, on_finish=on_finish)
+    s = study(args.preset, out, runs, groups=groups, overrides=overrides, on_finish=on_finish, limit=args.limit)
     print(write_report(s))
 
 

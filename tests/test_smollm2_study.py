@@ -1,0 +1,107 @@
+"""The SmolLM2 study machinery on a tiny GGUF Llama written in the test: the LR search, the seeds at the best LR,
+restart without retraining, step claims between workers, the report, and the GPU script's CPU dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from mmpreproj.experiments import study as study_mod
+from mmpreproj.experiments.study import LR_LADDER, Group, _claim, _next_lr, study
+from mmpreproj.experiments.study_report import write_report
+from recipes.smollm2 import gpu_table2
+from tests.helpers.gguf_tiny import write_tiny_llama_gguf
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMPREPROJ_CACHE", str(tmp_path / "cache"))
+    return write_tiny_llama_gguf(tmp_path / "models" / "tiny.gguf")
+
+
+def test_next_lr_walks_the_ladder_past_an_edge():
+    assert _next_lr({1e-3: 10.0, 3e-3: 12.0}) == 3e-4  # best at the low edge: one rung lower
+    assert _next_lr({1e-3: 12.0, 3e-3: 10.0}) == 1e-2  # best at the high edge: one rung higher
+    assert _next_lr({3e-4: 11.0, 1e-3: 10.0, 3e-3: 12.0}) is None  # inside: settled
+    assert _next_lr({1e-3: None, 3e-3: None}) == 3e-4  # every LR diverged: go lower
+    assert _next_lr({LR_LADDER[0]: 1.0, LR_LADDER[1]: 2.0}) is None  # the ladder ends
+
+
+def test_claim_is_exclusive_and_a_dead_workers_claim_is_taken(tmp_path):
+    with _claim(tmp_path / "a") as first:
+        assert first
+        with _claim(tmp_path / "a") as second:
+            assert not second  # held by a live process (this one)
+    assert not (tmp_path / "a" / ".claim").exists()  # released
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / ".claim").write_text(f"{socket.gethostname()} 999999999")  # no such pid
+    with _claim(tmp_path / "b") as mine:
+        assert mine
+
+
+def test_study_search_seeds_restart_and_report(tiny_gguf, tmp_path):
+    overrides = {"model": str(tiny_gguf), "steps": 2, "warmup_steps": 1, "batch_size": 2, "max_len": 32}
+    groups = [Group("preproj_skip", "preproj_skip", (1e-3, 3e-3), seeds=2), Group("lora", "lora", (1e-3,))]
+    done: list = []
+    kwargs = dict(groups=groups, max_extend=1, overrides=overrides, limit=4, poll_seconds=0.1)
+    s = study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", on_finish=done.append, **kwargs)
+    arms = tmp_path / "out" / "arms"
+    ours = sorted(p.name for p in (arms / "preproj_skip").iterdir())
+    # two start LRs and one rung past the edge the better one sat on; seeds 42 and 43 at the pick
+    assert len([a for a in ours if a.endswith("seed-42")]) == 3
+    picked = [a for a in ours if a.endswith("seed-43")]
+    assert len(picked) == 1 and (arms / "preproj_skip" / picked[0] / "full.json").is_file()
+    assert (arms / "preproj_skip" / picked[0].replace("43", "42") / "full.json").is_file()
+    loras = sorted(p.name for p in (arms / "lora").iterdir())
+    assert len(loras) == 2  # one start LR is an edge on both sides: one rung (max_extend=1)
+    select = json.loads((arms / "preproj_skip" / ours[0] / "select.json").read_text())
+    assert select["row"]["select.ppl"] > 0 and select["row"]["skip_norms"]
+    assert (arms / "preproj_skip" / ours[0] / "loss_curve.png").is_file()
+    assert done[0] is None and len(done) == 1 + 3 + 2 + 1 + 2 + 1  # baseline, selects, fulls
+    # a restart trains nothing and writes the same report
+    again: list = []
+    study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", on_finish=again.append, **kwargs)
+    assert again == []
+    report = write_report(s).read_text()
+    assert "| preproj_skip |" in report and "| 2/2 |" in report and "(picked)" in report
+    data = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert {c["reference"] for c in data["comparisons"]} >= {"baseline", "lora"}
+    assert (tmp_path / "out" / "skip_norms.png").is_file() and (tmp_path / "out" / "routing.png").is_file()
+
+
+def test_study_full_step_retrains_when_the_adapter_is_gone(tiny_gguf, tmp_path, monkeypatch):
+    """The full evaluation of an arm trained on another machine (no adapter under runs/) trains it again."""
+    overrides = {"model": str(tiny_gguf), "steps": 2, "warmup_steps": 1, "batch_size": 2, "max_len": 32}
+    groups = [Group("skip", "skip", (1e-3,))]
+    kwargs = dict(groups=groups, max_extend=0, overrides=overrides, limit=4, poll_seconds=0.1)
+    real = study_mod.run_step
+
+    def select_only(s, step, base, tok, trained):
+        if step.kind == "full":
+            raise KeyboardInterrupt  # the session ends between the two steps
+        real(s, step, base, tok, trained)
+
+    monkeypatch.setattr(study_mod, "run_step", select_only)
+    with pytest.raises(KeyboardInterrupt):
+        study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", **kwargs)
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")  # another machine: no adapter, no claims
+    monkeypatch.setattr(study_mod, "run_step", real)
+    study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", **kwargs)
+    arm = tmp_path / "out" / "arms" / "skip" / "lr-0.001-seed-42"
+    assert json.loads((arm / "full.json").read_text())["row"]["lambada.total"] == 4
+
+
+def test_gpu_script_dry_run(tiny_gguf, tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    report = gpu_table2.main(["--dry-run", "--model", str(tiny_gguf), "--out", str(tmp_path / "gpu")])
+    table = (tmp_path / "gpu" / "table.md").read_text()
+    for method in ("baseline", "preproj", "skip", "preproj_skip", "lora", "preproj_lora"):
+        assert f"| {method} |" in table
+    assert "smollm2-135m" in report.read_text()
