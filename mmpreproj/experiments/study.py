@@ -263,9 +263,11 @@ def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str
             write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items})
             return
         items: dict[str, Any] = {}
+        t0 = time.time()
         res = evaluate(model, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False,
                        per_item=True)["ppl"]
         row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
+        row["select_seconds"] = time.time() - t0
         items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
         arm_dir.mkdir(parents=True, exist_ok=True)
         for f in ("log.jsonl", "metrics.json"):

@@ -7,6 +7,7 @@ Nothing is trained here, so it can run while workers are still going: unfinished
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .report_md import METRIC_LABELS, format_comparisons, noise_sentences
 from .study import Step, Study, best_lr, read_baseline
 
-__all__ = ["METRICS", "PAPER_CLAIMS", "gather", "write_report"]
+__all__ = ["METRICS", "PAPER_CLAIMS", "compute_seconds", "gather", "setting_lines", "write_report"]
 
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
 # The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.
@@ -151,8 +152,44 @@ def _per_layer(data: dict[str, Any], key: str) -> dict[str, list[float]]:
     return out
 
 
-def write_report(s: Study) -> Path:
-    """Write study.json, report.md and the figures under `s.out`; returns the report's path."""
+def compute_seconds(s: Study) -> dict[str, float]:
+    """Wall seconds the finished steps took, summed from their files: training, evaluation, the baseline."""
+    out = {"train": 0.0, "eval": 0.0, "baseline": 0.0}
+    for f in sorted((s.out / "arms").glob("**/*.json")):
+        try:
+            row = json.loads(f.read_text()).get("row", {})
+        except (OSError, ValueError):
+            continue
+        if not isinstance(row, dict):
+            continue
+        out["train"] += row.get("train_wall_seconds") or 0.0
+        out["eval"] += row.get("eval_seconds") or row.get("select_seconds") or 0.0
+    base = read_baseline(s)
+    out["baseline"] = (base or {}).get("row", {}).get("eval_seconds") or 0.0
+    return out
+
+
+def setting_lines(s: Study) -> list[str]:
+    """What was trained and measured, from the preset (and the evaluation settings in the steps' keys)."""
+    c = s.base_cfg
+    full = s.full_eval
+    return [f"Model: `{c.model}`, {s.base_params / 1e6:.1f}M parameters, width {s.hidden}. Training (preset "
+            f"`{s.preset}`): {c.steps} steps of {c.batch_size} x {c.grad_accum} lines x {c.max_len} tokens, warmup "
+            f"{c.warmup_steps}, {c.schedule}, AdamW (weight decay {c.weight_decay}), clip {c.max_grad_norm}, "
+            f"{c.precision}, base frozen; data: the first {c.num_lines} lines longer than {c.min_chars} characters "
+            f"of `{Path(c.data).name}`.",
+            f"Learning rates: each group's own, the lowest held-out line PPL (WikiText validation rows 3,240 on, "
+            f"never trained on nor tested) among a ladder search from its start LRs, {s.max_extend} rung(s) past an "
+            "edge at most. Seeds train at the picked LR; the untrained baseline has no seed.",
+            "Evaluation (the paper's evaluators): line PPL on the first "
+            f"{full['limits']['ppl']} WikiText test rows (rows under 50 characters or 10 tokens skipped), LAMBADA "
+            f"accuracy and target PPL on the first {full['limits']['lambada']}, HellaSwag on the first "
+            f"{full['limits']['hellaswag']}; the routing ratio on {full['routing_rows']} test rows."]
+
+
+def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
+    """Write study.json, report.md and the figures under `s.out`; returns the report's path. `notes`: lines
+    said under the setting (how the run differs from the paper's)."""
     data = gather(s)
     comps = comparisons(data)
     base_params, hidden = s.base_params, s.hidden
@@ -183,8 +220,14 @@ def write_report(s: Study) -> Path:
         plot_skip_norms(ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer",
                         ylabel="routing ratio")
         figs.append(("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds)."))
+    spent = compute_seconds(s)
+    hours = sum(spent.values()) / 3600
     lines = [f"# Table 2 on {s.preset}", "", "Written by `mmpreproj.experiments.study_report` from the finished steps "
              "under `arms/`; rerun with `python recipes/smollm2/table2.py --report`.", "",
+             "## Setting", "", *setting_lines(s), "", *[f"- {n}" for n in notes], "",
+             f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
+             f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
+             f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps.", "",
              "## Table", "", summary_table(data, base_params), "",
              "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)", "", lr_table(data), ""]
     if comps:
