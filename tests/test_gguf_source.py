@@ -148,3 +148,25 @@ def test_cpu_preset_trains_on_rows_before_the_heldout_rows():
     assert heldout == rows[HELDOUT_FROM:] and not set(train) & {r for r in heldout if r}
     assert sum(len(r.strip()) > cfg.min_chars for r in heldout) >= 200
     assert get_preset("smollm2-135m").model == cfg.model == "smollm2-135m"
+
+
+def test_from_pretrained_and_cli_eval_take_a_gguf_model(tiny_gguf, tmp_path):
+    import mmpreproj
+
+    base = mmpreproj.from_pretrained(str(tiny_gguf), adapter=False)
+    folder = plain_folder(str(tiny_gguf))
+    ref = AutoModelForCausalLM.from_pretrained(str(folder))
+    assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), ref.state_dict().values()))
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "mmpreproj", "train", "--preset", "mini", "--model", str(tiny_gguf), "--steps", "1",
+             "--warmup-steps", "0", "--batch-size", "2", "--max-len", "16", "--out", str(run), "--no-progress"]
+    assert subprocess.run(train, env=env, capture_output=True, text=True).returncode == 0
+    trained = mmpreproj.from_pretrained(str(tiny_gguf), adapter=str(run))
+    assert any("preproj" in n for n, _ in trained.named_modules())
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "mmpreproj", "eval", "--model", str(tiny_gguf), "--adapter", str(run), "--tasks",
+           "ppl", "--limit", "20", "--ppl-split", "heldout", "--json", str(out), "--no-progress"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"ppl"' in out.read_text()
