@@ -28,8 +28,8 @@ from transformers import AutoModelForCausalLM
 
 from .. import tuner as _adapter
 from ..hosts import find_host
-from ..hosts.lora import lora_params_per_rank, lora_sites, peft_target_modules
-from ..hosts.spec import HostError
+from ..hosts.lora import lora_params_per_rank, peft_target_modules
+from ..hosts.shape import host_shape
 from ..tuner.config import PreProjConfig
 
 __all__ = [
@@ -148,28 +148,6 @@ def resolve_lora(
             rule = _RANK_RULES.get(spec.lora_rank)  # type: ignore[arg-type]
             r = rule(hidden_size, num_layers) if rule else int(spec.lora_rank)
     return r, 2 * r if alpha is None else alpha
-
-
-def host_shape(model: nn.Module) -> tuple[int, int]:
-    """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`.
-    A model no row knows (by type or structure) is the registry's error, which says how to describe it."""
-    spec = find_host(model)
-    try:
-        sites = lora_sites(model, spec)
-    except HostError:
-        sites = []
-    if sites:
-        widths = {s.part: s.width for s in sites}
-        if len(set(widths.values())) > 1:
-            raise ValueError(
-                f"the LoRA rank rules need one width, but the parts of {type(model).__name__} differ ({widths}); "
-                "pass lora_r"
-            )
-        return sites[0].width, len(sites)
-    cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(cfg, "hidden_size") or not hasattr(cfg, "num_hidden_layers"):
-        raise ValueError(f"{type(model).__name__} has no config.hidden_size / num_hidden_layers (LoRA rank rule)")
-    return int(cfg.hidden_size), int(cfg.num_hidden_layers)
 
 
 def lora_per_rank(model: nn.Module) -> int | None:

@@ -2,18 +2,17 @@
 
     sizes_for_budget("preproj_skip", 73_500, dim=256, layers=4)   # {"expansion": 0.0703125, "skip_rank": 18}
 
-Per block (d = width, L blocks), with u = B / (2 d L) "units" of 2*d*L weights each:
-- lora: r * per_rank (GPT-NeoX query_key_value + dense: 6 d per block), r = round(B / per_rank);
-- skip: the rank-r skip's 2 r d, r = round(u); refused at r >= d (the full d x d skip is cheaper);
-- preproj: the pre-projection's 2 d w at inner width w = round(u) (expansion w / d, a bottleneck below 1);
-- preproj_skip: the units split evenly, w = round(u / 2), r = round(u) - w.
+Per block (d = width, L blocks): lora gets r * per_rank (GPT-NeoX query_key_value + dense: 6 d per block),
+r = round(B / per_rank); the injected modules are sized by `tuner/budget.py` (the formula
+`PreProjConfig.for_budget` uses too): with u = B / (2 d L) "units", skip rank u, pre-projection width u, or
+both split evenly.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ..tuner.budget import preproj_sizes
 from .methods import METHOD_SPECS
 
 __all__ = ["BUDGET_METHODS", "SIZE_FIELDS", "budget_params", "sizes_for_budget", "sizes_for_method"]
@@ -31,14 +30,6 @@ def sizes_for_method(method: str, overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in overrides.items() if k not in has or has[k]}
 
 
-def _expansion(width: int, dim: int) -> float:
-    """An expansion e with int(e * dim) == width (width / dim, nudged up where float rounding would cut it)."""
-    e = width / dim
-    while int(e * dim) < width:
-        e = math.nextafter(e, math.inf)
-    return e
-
-
 def sizes_for_budget(method: str, budget: int, *, dim: int, layers: int, lora_per_rank: int | None = None
                      ) -> dict[str, Any] | None:
     """TrainConfig size overrides putting `method` at about `budget` trainable weights; None where it cannot
@@ -47,16 +38,10 @@ def sizes_for_budget(method: str, budget: int, *, dim: int, layers: int, lora_pe
         raise ValueError(f"method={method!r}; allowed values: {list(BUDGET_METHODS)}")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget={budget!r}; must be an int >= 1 (trainable weights)")
-    units = max(1, round(budget / (2 * dim * layers)))
     if method == "lora":
         return {"lora_r": max(1, round(budget / (lora_per_rank or 6 * dim * layers)))}
-    if method == "skip":
-        return None if units >= dim else {"skip_rank": units}
-    if method == "preproj":
-        return {"expansion": _expansion(units, dim)}
-    width = max(1, round(units / 2))
-    rank = max(1, units - width)
-    return None if rank >= dim else {"expansion": _expansion(width, dim), "skip_rank": rank}
+    spec = METHOD_SPECS[method]
+    return preproj_sizes(budget, dim=dim, layers=layers, preproj=spec.preproj, skip=spec.skip)
 
 
 def budget_params(sizes: dict[str, Any], method: str, *, dim: int, layers: int, lora_per_rank: int | None = None

@@ -15,13 +15,16 @@ from typing import Any
 from peft import PeftConfig
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch import nn
 
 from ..hosts.paths import PathError, check_path
+from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
+from .budget import preproj_sizes
 from .digest import DIGEST_KEY, check_weights_digest
 from .peft_type import PREPROJ
 
@@ -147,6 +150,27 @@ class PreProjConfig(JsonConfig, PeftConfig):
             _removed_fuse_qkv_skip(d["fuse_qkv_skip"], warn=False)
             d = {k: v for k, v in d.items() if k != "fuse_qkv_skip"}
         return super().from_dict(d)
+
+    @classmethod
+    def for_budget(cls, model: nn.Module, fraction: float, **kwargs: Any) -> PreProjConfig:
+        """The pre-projection + a rank-r skip sized to train about `fraction` of `model`'s parameters (the
+        budget study's sizing, `tuner/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
+        trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%). `kwargs` are other
+        fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
+        taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))
+        if taken:
+            raise ValueError(f"PreProjConfig.for_budget chooses expansion and skip_rank (pre-projection + skip); "
+                             f"drop {', '.join(taken)} or build PreProjConfig(...) directly")
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise ValueError(f"PreProjConfig.for_budget: fraction={fraction!r}; must be in (0, 1] (a share of the "
+                             "model's parameters, e.g. 0.01)")
+        dim, layers = host_shape(model)
+        total = sum(p.numel() for p in model.parameters())
+        sizes = preproj_sizes(round(fraction * total), dim=dim, layers=layers)
+        if sizes is None:
+            raise ValueError(f"PreProjConfig.for_budget: fraction={fraction} puts the skip's rank at the width "
+                             f"{dim}; use a smaller fraction, or PreProjConfig() for the full-size modules")
+        return cls(**sizes, **kwargs)
 
     def inner_width(self, dim: int) -> int:
         """The pre-projection's inner width at model width `dim`; refuses a width of 0."""
