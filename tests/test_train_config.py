@@ -74,7 +74,7 @@ def test_mini_preset_is_an_offline_cpu_run():
     assert c.model == "assets/mini-pythia" and c.data.endswith("wiki.valid.raw.gz") and c.data_config is None
     with pytest.raises(ValueError, match="unknown preset 'tiny'; allowed values"):
         get_preset("tiny")
-    assert set(PRESETS) == {"pythia-160m", "pythia-410m", "mini"}
+    assert set(PRESETS) == {"pythia-160m", "pythia-410m", "mini", "smollm2-135m", "smollm2-135m-cpu"}
 
 
 def test_lr_schedule_matches_transformers_cosine_with_warmup():
