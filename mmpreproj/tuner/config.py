@@ -133,8 +133,10 @@ class PreProjConfig(JsonConfig, PeftConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
                         **kwargs: Any) -> PreProjConfig:
-        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the check that the weights beside
-        the config come from the same save (`tuner/digest.py`: a save cut short is refused, naming the file)."""
+        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the checks of the weights beside it
+        (what peft's loaders and `AutoPeftModel*` read before they inject anything): every tensor the config
+        describes, of the shape its sizes give, floating point and finite, nothing else (`file_check.py`), and
+        from the same save as the config (`tuner/digest.py`: a save cut short is refused, naming the file)."""
         config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
         weights = Path(pretrained_model_name_or_path, subfolder or "", "adapter_model.safetensors")
         if isinstance(config, PreProjConfig) and weights.is_file():  # a hub id: peft downloads the weights later
@@ -142,8 +144,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 tensors = load_file(str(weights))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
-            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)
             check_file_tensors(config, tensors, weights)  # names, shapes, dtypes, values: before peft injects
+            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
         return config
 
     def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:

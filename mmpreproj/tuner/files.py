@@ -154,11 +154,13 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
-        check_weights_digest(desc.get(DIGEST_KEY), tensors, path / ADAPTER_WEIGHTS_NAME)  # a PeftModel save cut short
-    refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
-    if peft_layout:
-        tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
-        refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+        file_tensors = tensors
+        refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
+        if peft_layout:
+            tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
+            refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+        # last, so a specific fault above is named first: a save cut short, or tensors renamed or edited
+        check_weights_digest(desc.get(DIGEST_KEY), file_tensors, path / ADAPTER_WEIGHTS_NAME)
     return desc, tensors
 
 
