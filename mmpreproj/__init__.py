@@ -21,6 +21,7 @@ from .tuner.load import load_adapter
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
 from .tuner.pretrained_load import from_pretrained
 from .tuner.report import TrainableReport, trainable_report
+from .tuner.resume import last_whole_checkpoint
 from .tuner.state import injected_modules, is_injected
 from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict
 from .version import __version__
@@ -51,6 +52,7 @@ __all__ = [
     "inject",
     "injected_modules",
     "is_injected",
+    "last_whole_checkpoint",
     "load_adapter",
     "multimodal_positions",
     "rope",

@@ -89,10 +89,13 @@ def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
         if not out["parts"]:
             raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
+    from .tuner.config import MAX_EXPANSION  # the config's bound, said in the flag's words
+
     for flag, name in (("--expansion", "expansion"), ("--skip-rank", "skip_rank")):
         value = out.get(name)
-        if value is not None and not (value > 0 and value == value and value != float("inf")):
-            raise ValueError(f"{flag} {value}; must be {'an int >= 1' if name == 'skip_rank' else 'a finite number > 0'}")
+        top = MAX_EXPANSION if name == "expansion" else float("inf")
+        if value is not None and not (0 < value <= top and value == value and value != float("inf")):
+            raise ValueError(f"{flag} {value}; must be {'an int >= 1 (and at most the model width d)' if name == 'skip_rank' else f'a finite number in (0, {MAX_EXPANSION}] (the inner width int(expansion*d) is at most {MAX_EXPANSION}*d)'}")
     return out
 
 

@@ -76,11 +76,14 @@ def test_a_save_cut_short_is_refused_by_every_loader(tmp_path, monkeypatch):
     assert list(first.peft_config) == ["default"]
 
 
-def test_the_digest_reads_values_not_names():
-    a = {"x": torch.arange(6.0).reshape(2, 3), "y": torch.ones(4, dtype=torch.bfloat16)}
-    renamed = {"base_model.model.y": a["y"], "base_model.model.x": a["x"]}
-    assert weights_digest(a) == weights_digest(renamed)
+def test_the_digest_reads_names_values_shapes_and_dtypes():
+    a = {"x": torch.arange(6.0).reshape(2, 3), "y": torch.ones(4, dtype=torch.bfloat16), "z": torch.zeros(2, 3)}
+    prefixed = {"base_model.model.y": a["y"], "base_model.model.x": a["x"], "base_model.model.z": a["z"]}
+    assert weights_digest(a) == weights_digest(prefixed)  # peft's prefix and the order do not count
+    assert weights_digest(a).startswith("blake2b-named:")
     for changed in (
+        {**a, "x": a["z"], "z": a["x"]},  # two same-shaped tensors swapped between names
+        {"w": a["x"], "y": a["y"], "z": a["z"]},  # a tensor renamed
         {**a, "y": a["y"].clone().index_fill_(0, torch.tensor([3]), 2.0)},  # one bf16 value
         {**a, "x": a["x"].reshape(3, 2)},  # same values, another shape
         {**a, "x": a["x"].double()},  # same values, another dtype
@@ -89,8 +92,8 @@ def test_the_digest_reads_values_not_names():
         assert weights_digest(changed) != weights_digest(a)
 
 
-@pytest.mark.parametrize("bad", ["blake2b:xyz", "sha256:" + "0" * 32, 7, ["blake2b:" + "0" * 32]])
+@pytest.mark.parametrize("bad", ["blake2b:xyz", "blake2b-named:" + "0" * 31, "sha256:" + "0" * 32, 7, ["blake2b:" + "0" * 32]])
 def test_a_malformed_digest_is_refused_naming_the_field(tmp_path, bad):
-    with pytest.raises(ValueError, match=r"injection.weights_digest=.*expected 'blake2b:' and 32 hex digits"):
+    with pytest.raises(ValueError, match=r"injection.weights_digest=.*expected 'blake2b-named:' \(or 'blake2b:'\) and 32 hex digits"):
         check_weights_digest(bad, {"x": torch.zeros(1)}, tmp_path / "adapter_model.safetensors")
-    check_weights_digest(None, {"x": torch.zeros(1)}, tmp_path / "w")  # not recorded: mmpreproj.save_adapter's files
+    check_weights_digest(None, {"x": torch.zeros(1)}, tmp_path / "w")  # not recorded: a folder written before

@@ -158,6 +158,8 @@ def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path
     desc = load_desc(cfg_file)  # written as mmpreproj 0.1.0 wrote it: the old layout, without the tags
     for k in ("adapter_type", "method", "base_model_name_or_path"):
         del desc[k]
+    for k in ("weights_digest", "tensor_shapes"):  # written since issue 31
+        desc.pop(k, None)
     desc["config"] = {k: v for k, v in desc["config"].items() if k in _V01_CONFIG_FIELDS}
     desc["config"]["fuse_qkv_skip"] = False
     cfg_file.write_text(json.dumps(desc))

@@ -6,7 +6,7 @@ converter), `register` (peft learns PREPROJ at `import mmpreproj`). The layer is
 imports only those before it): `state` (what inject leaves on a model, the key format), `in_flight`,
 `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
 (`save_pretrained` of an injected model), `inject` (inject / unload), `named` (several adapters), `load_injection`
-(our folder into a model), `load` (`load_adapter`: any trained folder, one place that tells them apart), `trace` (`trace_seams`), `pretrained_load` (`from_pretrained`); beside them `unwrap`,
+(our folder into a model), `load` (`load_adapter`: any trained folder, one place that tells them apart), `trace` (`trace_seams`), `pretrained_load` (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`,
 `model_card`, `estimate`, `report`.
 """
 
@@ -17,6 +17,7 @@ from .load import load_adapter
 from .model import MERGE_REFUSED, PreProjModel
 from .peft_type import PREPROJ
 from .register import register_preproj
+from .resume import last_whole_checkpoint
 from .state import injected_modules, is_injected
 from .state_dict import adapter_state_dict, set_adapter_state_dict
 from .trace import trace_seams
@@ -33,6 +34,7 @@ __all__ = [
     "inject",
     "injected_modules",
     "is_injected",
+    "last_whole_checkpoint",
     "load_adapter",
     "read_adapter",
     "register_preproj",

@@ -7,6 +7,7 @@ injection resolved (host row, description, blocks, widths, module paths), so a r
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -26,9 +27,12 @@ from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
 from .budget import preproj_sizes
 from .digest import DIGEST_KEY, check_weights_digest
+from .file_check import check_file_tensors
 from .peft_type import PREPROJ
 
-__all__ = ["FUSE_QKV_SKIP_REMOVED", "PreProjConfig"]
+__all__ = ["FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
+
+MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 FUSE_QKV_SKIP_REMOVED = (
     "PreProjConfig.fuse_qkv_skip was removed after mmpreproj 0.1.0: the one-matmul Q/K/V + skip path gave no reliable "
@@ -102,7 +106,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
         check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
         check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
         check_choice("PreProjConfig", "compute_dtype", self.compute_dtype, list(COMPUTE_DTYPES))
-        check_rule(self.expansion > 0, "PreProjConfig", "expansion", self.expansion, "a finite number > 0")
+        check_rule(0 < self.expansion <= MAX_EXPANSION, "PreProjConfig", "expansion", self.expansion,
+                   f"a finite number in (0, {MAX_EXPANSION}] (the inner width int(expansion*d) is 1..{MAX_EXPANSION}*d)")
         check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
         _check_skip_rank(self.skip_rank, self.skip)
         for name in ("parts", "modules_to_save"):
@@ -131,8 +136,10 @@ class PreProjConfig(JsonConfig, PeftConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
                         **kwargs: Any) -> PreProjConfig:
-        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the check that the weights beside
-        the config come from the same save (`tuner/digest.py`: a save cut short is refused, naming the file)."""
+        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the checks of the weights beside it
+        (what peft's loaders and `AutoPeftModel*` read before they inject anything): every tensor the config
+        describes, of the shape its sizes give, floating point and finite, nothing else (`file_check.py`), and
+        from the same save as the config (`tuner/digest.py`: a save cut short is refused, naming the file)."""
         config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
         weights = Path(pretrained_model_name_or_path, subfolder or "", "adapter_model.safetensors")
         if isinstance(config, PreProjConfig) and weights.is_file():  # a hub id: peft downloads the weights later
@@ -140,8 +147,34 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 tensors = load_file(str(weights))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
-            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)
+            check_file_tensors(config, tensors, weights)  # names, shapes, dtypes, values: before peft injects
+            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
         return config
+
+    def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:
+        """peft's writer of `adapter_config.json`, which never writes through a link: a symlink (or any
+        non-file) placed at `save_directory/adapter_config.json` is removed first, so the file it points to,
+        inside the folder or out of it, is left as it was and a plain file takes the link's place."""
+        target = Path(save_directory, "adapter_config.json")
+        if target.is_symlink():
+            os.unlink(target)
+        elif target.exists() and not target.is_file():
+            raise ValueError(f"PreProjConfig.save_pretrained: {target} exists and is not a file; nothing was written")
+        super().save_pretrained(save_directory, **kwargs)
+
+    def check_sizes(self, dim: int) -> None:
+        """Refuse `expansion` or `skip_rank` out of range for model width `dim`, naming the field and the
+        range, before anything is allocated: the inner width int(expansion*dim) must be 1..MAX_EXPANSION*dim,
+        the skip's rank 1..dim."""
+        if self.preproj:
+            width = self.inner_width(dim)
+            if width > MAX_EXPANSION * dim:
+                raise ValueError(f"PreProjConfig.expansion={self.expansion} gives an inner width of {width} at hidden "
+                                 f"size {dim}; allowed: 1..{MAX_EXPANSION * dim} (expansion in "
+                                 f"[{1 / dim:.4g}, {MAX_EXPANSION}])")
+        if self.skip and self.skip_rank is not None and not 1 <= self.skip_rank <= dim:
+            raise ValueError(f"PreProjConfig.skip_rank={self.skip_rank} at hidden size {dim}; allowed: 1..{dim} "
+                             "(or None, the full d x d skip)")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:

@@ -19,7 +19,7 @@ from ..hosts.spec import HostError
 from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
-from .digest import DIGEST_KEY, check_weights_digest
+from .digest import DIGEST_KEY, check_weights_digest, weights_digest
 from .keys import (
     block_keys_from_peft,
     block_keys_to_peft,
@@ -82,8 +82,9 @@ def save_adapter(
     desc = describe_for_save(owner, name, tensors)
     if base_save_token is not None:
         desc[BASE_SAVE_TOKEN] = base_save_token
-    text = json.dumps(peft_config_from_description(desc), indent=2, sort_keys=True) + "\n"
     tensors = block_keys_to_peft(tensors, desc, where=f"save_adapter {path}")
+    desc[DIGEST_KEY] = weights_digest(tensors)  # as the tuner records it: a torn pair is refused on load
+    text = json.dumps(peft_config_from_description(desc), indent=2, sort_keys=True) + "\n"
     writers = {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
         ADAPTER_CONFIG_NAME: lambda f: Path(f).write_text(text, encoding="utf-8"),
@@ -106,6 +107,8 @@ def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tens
         desc["rope"] = rope
     desc["config"] = config.to_dict()
     tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
+    # every tensor's shape, by block-index key: a loader checks the model's against it before injecting
+    desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
     for k, v in card_fields(owner, name, tensors, state).items():
         desc.setdefault(k, v)  # keys another writer already put in describe() win
     return desc
@@ -151,11 +154,13 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"corrupt adapter weights {path / ADAPTER_WEIGHTS_NAME}: {e}") from None
-        check_weights_digest(desc.get(DIGEST_KEY), tensors, path / ADAPTER_WEIGHTS_NAME)  # a PeftModel save cut short
-    refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
-    if peft_layout:
-        tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
-        refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+        file_tensors = tensors
+        refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
+        if peft_layout:
+            tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
+            refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+        # last, so a specific fault above is named first: a save cut short, or tensors renamed or edited
+        check_weights_digest(desc.get(DIGEST_KEY), file_tensors, path / ADAPTER_WEIGHTS_NAME)
     return desc, tensors
 
 

@@ -114,9 +114,21 @@ def block_keys_to_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any], p
     out = {}
     for key, value in tensors.items():
         index, module, param = parse_adapter_key(key)
+        if index is None:  # a saved module's name may be an attribute path ("gpt_neox.final_layer_norm")
+            module = _saved_name(key, saved, where)
+            param = key[len(f"modules.{module}."):]
         path = saved[module] if index is None else f"{blocks[index]}.{module}"
         out[f"{prefix}{path}.{param}"] = value
     return out
+
+
+def _saved_name(key: str, saved: dict[str, str], where: str) -> str:
+    """The `modules_to_save` name a `modules.{name}.{param}` key belongs to: the longest name that prefixes it
+    (a name may hold dots, so the key alone cannot be split)."""
+    name = max((n for n in saved if key.startswith(f"modules.{n}.")), key=len, default=None)
+    if name is None:
+        raise ValueError(f"{where}: weight {key!r} belongs to no saved module of this adapter ({sorted(saved)})")
+    return name
 
 
 def block_keys_from_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any],

@@ -13,6 +13,7 @@ from ..timm_rope.saved import rope_for_load
 from .config import PreProjConfig
 from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
 from .inject import apply_plan
+from .load_check import check_record
 from .named import add_named_adapter
 from .plan import plan_injection, saved_host
 from .pretrained import check_saved_pair, config_save_token
@@ -73,6 +74,7 @@ def load_injection(
         have = getattr(plan.state, field_name)
         if saved != have:
             raise ValueError(f"adapter at {path} has {field_name}={saved}, this model has {field_name}={have}")
+    check_record(model, plan, desc, f"adapter at {path}", by_path=False)  # no weight moves blocks
     expected = wrapper_tensors([w for _, w in plan.placements])
     expected.update(saved_module_tensors(model, plan.state.modules_to_save))
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")

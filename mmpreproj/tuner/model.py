@@ -24,17 +24,31 @@ from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .inject import inject, unload
 from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
+from .load_check import check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
-from .state_dict import named_adapter_tensors, set_adapter_state_dict, trainable_adapter_params
+from .state_dict import (
+    check_tensors_match,
+    named_adapter_tensors,
+    refuse_non_finite,
+    set_adapter_state_dict,
+    trainable_adapter_params,
+)
 from .unwrap import injected_owner
 
-__all__ = ["MERGE_REFUSED", "PreProjModel"]
+__all__ = ["FREEZE_BASE_REFUSED", "MERGE_REFUSED", "PreProjModel"]
 
 MERGE_REFUSED = (
     "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
     "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
     "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
+)
+
+
+FREEZE_BASE_REFUSED = (
+    "PreProjConfig.freeze_base=False under peft: peft saves only the adapter (and modules_to_save), so the base "
+    "weights that would train are lost at every save; keep freeze_base=True and name the base modules to train "
+    "in modules_to_save, or use mmpreproj.inject + save_pretrained, which saves the whole model"
 )
 
 
@@ -54,9 +68,13 @@ class PreProjModel(BaseTuner):
         if not isinstance(config, PreProjConfig):
             raise TypeError(f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, "
                             "expected a PreProjConfig")
+        if not config.freeze_base and not config.inference_mode:
+            raise ValueError(FREEZE_BASE_REFUSED)
         if is_injected(model):
             add_fresh_adapter(model, adapter_name, config)
         else:
+            if config.injection is not None:  # a config read from a file: its record must fit this model
+                check_record_fits(model, config)
             inject(model, config, adapter_name=adapter_name)
             if config.inference_mode:
                 self.set_requires_grad(adapter_name, requires_grad=False)
@@ -153,7 +171,7 @@ class PreProjModel(BaseTuner):
         tensors = named_adapter_tensors(owner, adapter_name)
         desc = describe_for_save(owner, adapter_name, tensors)
         # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
-        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(tensors)}
+        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(block_keys_to_peft(tensors, desc))}
         return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
 
     @classmethod
@@ -163,11 +181,17 @@ class PreProjModel(BaseTuner):
     @classmethod
     def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PreProjConfig, adapter_name: str,
                                            state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """peft keys -> the model's keys. The active adapter loads through peft's `load_state_dict`; a stored
+        """peft keys -> the model's keys, after checking every key, shape, dtype and value (nothing is copied
+        from a state dict with one wrong). The active adapter loads through peft's `load_state_dict`; a stored
         (inactive) one is written here and nothing is left for peft to load."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
         desc = describe_for_save(owner, adapter_name)
-        tensors = block_keys_from_peft(state_dict, desc, f"set_peft_model_state_dict({adapter_name!r})")
+        where = f"set_peft_model_state_dict({adapter_name!r})"
+        tensors = block_keys_from_peft(state_dict, desc, where)
+        # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
+        check_tensors_match(named_adapter_tensors(owner, adapter_name), tensors, f"{where}: the weights do not "
+                            "match this adapter (another method's or another size's checkpoint?)")
+        refuse_non_finite(tensors, where)
         if adapter_name != state.active_adapter:
             set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
             return {}

@@ -198,7 +198,9 @@ def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def new_adapter_modules(
     dim: int, config: PreProjConfig, device: torch.device
 ) -> tuple[PreProjection | None, ContentSkip | None]:
-    """The (pre-projection, skip) `config` asks for at width `dim` (None where it asks for none), float32."""
+    """The (pre-projection, skip) `config` asks for at width `dim` (None where it asks for none), float32;
+    sizes out of range for `dim` are refused before anything is allocated (`PreProjConfig.check_sizes`)."""
+    config.check_sizes(dim)
     preproj = (
         PreProjection(dim, config.expansion, config.activation, config.init,
                       compute_dtype=config.compute_dtype, device=device)

@@ -1,0 +1,74 @@
+"""What a PREPROJ weights file must hold, checked from the file alone (no model): the tensors its
+`adapter_config.json` says were saved, each of the shape the config's sizes give at the recorded width,
+floating point and finite; nothing else. `PreProjConfig.from_pretrained` runs it before peft injects
+anything, so `PeftModel.from_pretrained` and `AutoPeftModel*` refuse a bad folder with the base untouched.
+
+    check_file_tensors(config, tensors, weights_file)   # ValueError naming the file and the tensor
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..modules.preproj import PreProjection
+from ..modules.skip import ContentSkip
+
+__all__ = ["check_file_tensors", "expected_slot_shapes"]
+
+_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (keys.py sits above this file)
+
+
+def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
+    """{"preproj.up.weight": shape, ...}: the slot weights `config` gives at width `dim`, built on the meta
+    device (nothing allocated); the sizes are checked first (`PreProjConfig.check_sizes`)."""
+    config.check_sizes(dim)
+    meta = torch.device("meta")
+    slots = {}
+    if config.preproj:
+        slots["preproj"] = PreProjection(dim, config.expansion, config.activation, "paper", device=meta)
+    if config.skip:
+        slots["skip"] = ContentSkip(dim, 0.0, rank=config.skip_rank, device=meta)
+    return {f"{slot}.{k}": tuple(v.shape) for slot, m in slots.items() for k, v in m.state_dict().items()}
+
+
+def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_file: str | Path) -> None:
+    """ValueError unless `tensors` (read from `weights_file`, peft keys) are exactly the weights `config`
+    (a `PreProjConfig` with its `injection` record) describes: every injected block's slot weights at its
+    width, floating point and finite, plus the `modules_to_save` modules' finite tensors."""
+    where = f"adapter weights {weights_file}"
+    record = config.injection or {}
+    layers, modules, widths = record.get("layers"), record.get("modules"), record.get("hidden_size")
+    if not (isinstance(layers, list) and isinstance(modules, list) and len(layers) == len(modules)
+            and all(type(i) is int for i in layers) and all(isinstance(m, str) for m in modules)):
+        raise ValueError(f"{where}: its config's 'injection' needs 'layers' and 'modules', aligned lists "
+                         f"(written by the tuner); got layers={layers!r:.60}, modules={modules!r:.60}")
+    if type(widths) is int:
+        widths = [widths] * len(modules)
+    if not (isinstance(widths, list) and len(widths) == len(modules) and all(type(w) is int and w > 0 for w in widths)):
+        raise ValueError(f"{where}: its config's injection.hidden_size={record.get('hidden_size')!r:.60} is neither "
+                         "a width > 0 nor one per injected block")
+    expected: dict[str, tuple[int, ...]] = {}
+    for path, dim in zip(modules, widths):
+        for key, shape in expected_slot_shapes(config, dim).items():
+            expected[f"{path}.{key}"] = shape
+    saved = record.get("modules_to_save") or {}
+    saved_paths = [p for p in saved.values() if isinstance(p, str)] if isinstance(saved, dict) else []
+    for key, value in tensors.items():
+        bare = key.removeprefix(_PEFT_PREFIX)
+        if bare in expected:
+            if not value.is_floating_point():
+                raise ValueError(f"{where}: tensor {key} has dtype {value.dtype}; injected weights are floating point")
+            if tuple(value.shape) != expected[bare]:
+                raise ValueError(f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config "
+                                 f"(expansion={config.expansion}, skip_rank={config.skip_rank}) gives {expected[bare]}")
+        elif not any(bare.startswith(f"{p}.") for p in saved_paths):
+            raise ValueError(f"{where}: tensor {key} belongs to no injected block nor saved module its config names")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise ValueError(f"{where}: tensor {key} holds {bad} non-finite value(s) (nan/inf) of {value.numel()}")
+    missing = sorted(set(expected) - {k.removeprefix(_PEFT_PREFIX) for k in tensors})
+    if missing:
+        raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")

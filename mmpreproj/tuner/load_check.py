@@ -1,0 +1,67 @@
+"""An adapter's `injection` record against the model it is loaded into, before anything is injected: the
+blocks, their paths (in the record's order), the block count, the widths and the `modules_to_save` paths must
+be what the config resolves to on this model. A file whose `injection.modules` were reordered would otherwise
+move weights between blocks; one saved with other `layers` or sizes would half-load.
+
+    check_record(model, plan, record, where, by_path=False)  # mmpreproj.load_adapter (by block index)
+    check_record_fits(model, config)  # peft and transformers loaders (by path), before `inject`
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import PreProjConfig
+from .plan import Plan, config_host, plan_injection
+from .state_dict import saved_module_tensors, wrapper_tensors
+
+__all__ = ["check_record", "check_record_fits"]
+
+
+def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: str, *, by_path: bool) -> None:
+    """ValueError naming the first field of `record` (an `injection` record or a description) that differs from
+    what `plan` resolved on the model; fields an older file lacks are not compared.
+
+    `by_path`: the loader finds each weight by its module path (peft's, transformers'), so the record's paths
+    must be the model's, in order. Otherwise (`mmpreproj.load_adapter`, by block index) the paths may differ
+    (a `features_only` net, another wrapping), but a path the model has must sit at the same block."""
+    have = {"layers": plan.state.layers, "num_blocks": plan.state.num_blocks, "hidden_size": plan.state.hidden_size}
+    if by_path:
+        have.update(modules=plan.state.modules, modules_to_save=plan.state.modules_to_save)
+    for name, value in have.items():
+        saved = record.get(name)
+        if name not in record or (name == "modules_to_save" and not saved and not value):
+            continue
+        if saved != value:
+            raise ValueError(f"{where}: injection.{name}={saved!r:.120} but its config resolves to {value!r:.120} "
+                             f"on this model; nothing was loaded")
+    saved_paths = record.get("modules")
+    if isinstance(saved_paths, list):
+        at = {path: i for i, path in enumerate(plan.state.modules)}
+        moved = [(i, p) for i, p in enumerate(saved_paths) if p in at and at[p] != i]
+        if moved:
+            i, p = moved[0]
+            raise ValueError(f"{where}: injection.modules lists {p!r} at position {i}, but on this model it is "
+                             f"block {plan.state.layers[at[p]]} (position {at[p]}): the same blocks in another order "
+                             "would move weights between blocks; nothing was loaded")
+    shapes = record.get("tensor_shapes")
+    if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
+        expected = wrapper_tensors([w for _, w in plan.placements])
+        expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+        have = {k: list(v.shape) for k, v in expected.items()}
+        if have != shapes:
+            diff = sorted(k for k in set(have) | set(shapes) if have.get(k) != shapes.get(k))
+            raise ValueError(f"{where}: injection.tensor_shapes differs from what its config (expansion, skip_rank, "
+                             f"layers, modules_to_save) gives on this model at {diff[:3]}: saved "
+                             f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
+                             "nothing was loaded")
+
+
+def check_record_fits(model: nn.Module, config: PreProjConfig) -> None:
+    """Plan `config` on `model` (on a forked RNG, nothing applied) and compare it with `config.injection`."""
+    with torch.random.fork_rng(devices=[]):
+        plan = plan_injection(model, config, config_host(model, config))
+    check_record(model, plan, config.injection or {}, "adapter config", by_path=True)
