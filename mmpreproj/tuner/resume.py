@@ -19,9 +19,12 @@ import logging
 import re
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from .config import PreProjConfig
+from .digest import DIGEST_KEY, check_weights_digest
 
 __all__ = ["last_whole_checkpoint"]
 
@@ -29,11 +32,6 @@ logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _SIZES = ("preproj", "skip", "expansion", "skip_rank", "layers", "parts", "modules_to_save")
-
-
-def _refused(reason: str) -> bool:
-    """A reason a whole checkpoint is refused rather than skipped as torn."""
-    return "non-finite" in reason
 
 
 def last_whole_checkpoint(output_dir: str | Path, config: PreProjConfig | None = None) -> str | None:
@@ -76,12 +74,18 @@ def _torn(ckpt: Path, want: PreProjConfig | None) -> str | None:
     if not (ckpt / "adapter_model.safetensors").is_file():
         return "adapter_model.safetensors missing"
     try:
+        tensors = load_file(str(ckpt / "adapter_model.safetensors"))
+        check_weights_digest((raw.get("injection") or {}).get(DIGEST_KEY), tensors, ckpt / "adapter_model.safetensors")
+    except (ValueError, OSError, SafetensorError) as e:  # unreadable, or not the weights the config was saved with
+        return str(e)[:200]
+    bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    if bad:  # whole (the digest matches), but training diverged: resuming would go on from NaN/inf
+        raise ValueError(f"last_whole_checkpoint: {ckpt} is whole but cannot be resumed: tensor {bad[0]} holds "
+                         f"non-finite values ({len(bad)} tensor(s)); resume from an earlier checkpoint by its path")
+    try:
         saved = PreProjConfig.from_pretrained(str(ckpt))
     except (ValueError, OSError, SafetensorError) as e:
-        reason = str(e).split(": ", 1)[-1][:160]
-        if _refused(str(e)):
-            raise ValueError(f"last_whole_checkpoint: {ckpt} is whole but cannot be resumed: {reason}") from None
-        return reason
+        return str(e)[:200]
     if want is not None:
         diff = [f for f in _SIZES if getattr(saved, f) != getattr(want, f)]
         if diff:
