@@ -44,17 +44,17 @@ def _attentions(model: nn.Module, spec: HostSpec) -> list[int] | None:
         return None
 
 
-def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[HostSpec | dict, Any]:
-    """(the host to inject, the example input to run after injecting: the caller's or the one built here, None
-    when none could be built). ValueError with the reason when neither a row nor the trace describes `model`."""
+def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | None, Any]:
+    """(the traced description to inject, or None where the row `find_host` gives decides; the example input
+    to run after injecting: the caller's or the one built here, None when none could be built). ValueError with the reason when neither a row nor the trace describes `model`."""
     for spec in HOSTS.values():
         if spec.matches_model(model):
-            return spec, example_input
+            return None, example_input
     found = match_structure(model, HOSTS.values())
     x = example_input if example_input is not None else build_example_input(model)
     if x is None:
         if found.spec is not None:
-            return found.spec, None
+            return None, None
         raise ValueError(_no_row(model, found) + "; to have it traced, pass example_input= (one forward's input)")
     args, kwargs = split_input(x)
     try:
@@ -65,11 +65,11 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[HostSpec
         raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: {what}: {e}") from None
     except Exception as e:  # the model could not run the input built for it
         if found.spec is not None and example_input is None:
-            return found.spec, None
+            return None, None
         raise ValueError(f"{_no_row(model, found)}; tracing it failed: the forward on the example input raised "
                          f"{type(e).__name__}: {e}. Pass example_input= (one forward's input)") from None
     if found.spec is not None and _attentions(model, found.spec) == _attentions(model, HostSpec.from_dict(traced)):
-        return found.spec, x
+        return None, x
     log.info("mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
              type(model).__name__, ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]))
     return traced, x

@@ -258,8 +258,8 @@ def _multiplied(x: torch.Tensor | None, name: str, norms: dict) -> str | None:
     for out, norm in list(norms.values())[::-1]:
         if out.shape == x.shape and out is not x and out.abs().sum() > 0:
             scale = (x * out).sum() / (out * out).sum()
-            if torch.allclose(x, out * scale, atol=1e-6, rtol=1e-4) and not torch.isclose(scale, torch.ones(())):
-                return norm
+            if torch.allclose(x, out * scale, atol=1e-6, rtol=1e-4):
+                return f"{norm}' output times {float(scale):.3g}"
     return None
 
 
@@ -272,8 +272,8 @@ def _why_left_out(module: nn.Module, call: dict | None, seam: dict | None) -> st
         return (f"its input is the output of {call['outside']!r}, a norm outside its numbered block (post-norm: the "
                 "previous block's or the embeddings' norm)")
     if call.get("multiplied"):
-        return (f"its input is {call['multiplied']!r}'s output times a multiplier (a multiplier between norm and "
-                "attention: the pre-projection cannot sit on the norm's output)")
+        return (f"its input is '{call['multiplied']} (a multiplier between norm and attention: the input is not "
+                "the norm's output itself, so the pre-projection has no seam to sit on)")
     if call.get("x") is None:
         return (f"called without a hidden_states/x/query input (keywords {call.get('keys')}): a resampler or "
                 "cross-attention")

@@ -3,6 +3,8 @@ config's defaults shrunk to 2 layers, width 32-64, a small vocabulary; random we
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import transformers as tf
 
@@ -14,29 +16,32 @@ _SMALL = dict(
     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
     moe_intermediate_size=32, num_experts=4, num_local_experts=4, num_experts_per_tok=2, n_routed_experts=4,
     shared_expert_intermediate_size=32, image_size=32, patch_size=8, num_decoder_layers=2,
-    max_source_positions=16, max_target_positions=16, num_mel_bins=16, layer_types=None,
-    embed_dim=32, depth=2, mlp_ratio=2.0,
+    max_source_positions=16, max_target_positions=16, num_mel_bins=16,
 )
 
 
-def shrink(config: tf.PretrainedConfig, **overrides) -> tf.PretrainedConfig:
-    """`config` with every size field it has set to a tiny value (sub-configs too), then `overrides`."""
-    for key, value in _SMALL.items():
-        if key in config.to_dict() and key != "layer_types":
-            setattr(config, key, value)
-    if hasattr(config, "layer_types") and isinstance(config.layer_types, list):
-        config.layer_types = config.layer_types[: config.num_hidden_layers]
+def _signature(cls: type) -> set[str]:
+    return {n for c in cls.__mro__ if "__init__" in vars(c) for n in inspect.signature(c.__init__).parameters}
+
+
+def small(cls: type, **overrides) -> tf.PretrainedConfig:
+    """`cls(...)` with every size field its constructor takes set to a tiny value (sub-configs too), then
+    `overrides`."""
+    names = _signature(cls)
+    kw = {k: v for k, v in _SMALL.items() if k in names}
+    default = cls()
     for name in ("text_config", "vision_config", "audio_config", "qformer_config", "encoder_config"):
-        sub = getattr(config, name, None)
-        if isinstance(sub, tf.PretrainedConfig):
-            shrink(sub)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
+        sub = getattr(default, name, None)
+        if name in names and isinstance(sub, tf.PretrainedConfig) and name not in overrides:
+            kw[name] = small(type(sub)).to_dict()
+    if "pad_token_id" in names and "pad_token_id" not in overrides:
+        kw["pad_token_id"] = 0
+    kw.update(overrides)
+    return cls(**kw)
 
 
 def build(cls_name: str, model_cls: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """`transformers.<model_cls>` from `transformers.<cls_name>Config()` shrunk (and `overrides`)."""
-    config = shrink(getattr(tf, f"{cls_name}Config")(), **overrides)
+    config = small(getattr(tf, f"{cls_name}Config"), **overrides)
     torch.manual_seed(seed)
     return getattr(tf, model_cls)(config).eval()

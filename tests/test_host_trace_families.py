@@ -1,0 +1,183 @@
+"""Issue 30: the one call on families no row names, and a tracer that is never silently wrong or partial.
+
+Each family is built tiny from its transformers config class in code (`tests/helpers/trace_zoo.py`)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import mmpreproj
+from mmpreproj.hosts import HOSTS
+from mmpreproj.tuner import trace_seams
+from mmpreproj.tuner.example_input import example_input
+from tests.helpers.host_contract import IDENTITY, base_params, flat, injected_params
+from tests.helpers.snapshots import assert_same_snapshot, snapshot
+from tests.helpers.trace_zoo import build
+
+FAMILIES = {  # name -> (config class prefix, model class, overrides); none of them claimed by a row's type
+    "recurrent_gemma": ("RecurrentGemma", "RecurrentGemmaForCausalLM", dict(
+        block_types=["recurrent", "recurrent", "attention"], num_hidden_layers=3, lru_width=32,
+        attention_window_size=16)),
+    "nemotron_h": ("NemotronH", "NemotronHForCausalLM", dict(
+        layers_block_type=["mamba", "attention", "mlp"], mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8,
+        n_groups=1)),
+    "qwen3_next": ("Qwen3Next", "Qwen3NextForCausalLM", dict(
+        layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8)),
+    "xglm": ("XGLM", "XGLMForCausalLM", {}),
+    "jetmoe": ("JetMoe", "JetMoeForCausalLM", dict(kv_channels=8)),
+    "esm": ("Esm", "EsmModel", dict(vocab_size=33, pad_token_id=1, position_embedding_type="rotary")),
+    "mpt": ("Mpt", "MptForCausalLM", dict(d_model=32, n_heads=4, n_layers=2, expansion_ratio=2)),
+    "aimv2": ("Aimv2", "Aimv2Model", {}),
+    "pvt_v2": ("PvtV2", "PvtV2Model", dict(hidden_sizes=[16, 32], num_encoder_blocks=2, depths=[1, 1],
+                                          num_attention_heads=[1, 2], sr_ratios=[2, 1], patch_sizes=[7, 3],
+                                          strides=[4, 2], mlp_ratios=[2, 2])),
+}
+TRACED = list(FAMILIES)
+DECODERS = {"recurrent_gemma", "nemotron_h", "qwen3_next", "xglm", "jetmoe", "mpt"}
+
+
+def _model(name: str) -> nn.Module:
+    c, m, o = FAMILIES[name]
+    return build(c, m, **o)
+
+
+def _run(model: nn.Module, x: dict) -> torch.Tensor:
+    return flat(model(**x))
+
+
+def _wrapped(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, mmpreproj.PreProjAttention)]
+
+
+# --- never silently wrong ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kind", [("recurrent_gemma", "RecurrentGemmaAttention"),
+                                       ("nemotron_h", "NemotronHAttention")])
+def test_a_hybrid_stack_gets_its_attention_blocks_only(name, kind):
+    model = _model(name)
+    (part,) = trace_seams(model, **example_input(model))["parts"]
+    assert part.get("contains"), part  # the recurrent / Mamba / MLP layers share the attention's path
+    mmpreproj.inject(model, IDENTITY)
+    wrapped = [m for m in model.modules() if isinstance(m, mmpreproj.PreProjAttention)]
+    assert len(wrapped) == 1 and type(wrapped[0].base_layer).__name__ == kind
+
+
+def test_bloom_with_the_residual_after_the_norm_is_refused_as_post_norm():
+    model = build("Bloom", "BloomForCausalLM", apply_residual_connection_post_layernorm=True)
+    with pytest.raises(ValueError, match=r"post-norm: the attention takes the norm's output also as its residual"):
+        trace_seams(model, **example_input(model))
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="post-norm"):
+        mmpreproj.inject(model, IDENTITY)
+    assert_same_snapshot(snapshot(model), before)
+
+
+def test_minimax_is_refused_as_post_norm_by_every_route():
+    model = build("MiniMax", "MiniMaxForCausalLM", layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(ValueError, match="post-norm"):
+        trace_seams(model, **example_input(model))
+    with pytest.raises(ValueError, match="post-norm"):
+        mmpreproj.inject(model, IDENTITY)
+    assert not mmpreproj.is_injected(model)
+
+
+def test_falcon_h1_is_refused_at_inject_naming_the_multiplier():
+    model = build("FalconH1", "FalconH1ForCausalLM", mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                  mamba_d_state=8, mamba_n_groups=1)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="a multiplier between norm and attention"):
+        mmpreproj.inject(model, IDENTITY)
+    assert_same_snapshot(snapshot(model), before)
+
+
+# --- never silently partial; clear reasons --------------------------------------------------------------------
+
+
+def test_a_tower_the_example_input_does_not_run_is_named():
+    model = build("VideoLlava", "VideoLlavaForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"leave \d+ attention module\(s\) out .*video_tower.*not run by the example"):
+        trace_seams(model, **example_input(model))
+    partial = trace_seams(model, partial=True, **example_input(model))
+    assert any("video_tower" in n for n in partial["left_out"])
+
+
+def test_qwen3_next_linear_attention_is_described_not_left_out():
+    model = _model("qwen3_next")
+    parts = trace_seams(model, **example_input(model))["parts"]
+    assert sorted(p["attention"] for p in parts) == ["linear_attn", "self_attn"]
+    mmpreproj.inject(model, IDENTITY)
+    assert sorted(n.rsplit(".", 1)[-1] for n in _wrapped(model)) == ["linear_attn", "self_attn"]
+
+
+def test_clip_model_trace_compares_every_returned_tensor():
+    model = build("CLIP", "CLIPModel")
+    parts = trace_seams(model, **example_input(model))["parts"]  # no logits / last_hidden_state: was refused
+    assert {p["blocks"] for p in parts} == {"vision_model.encoder.layers", "text_model.encoder.layers"}
+
+
+def test_t5_nested_block_lists_are_traced():
+    model = build("T5", "T5Model")
+    parts = trace_seams(model, **example_input(model))["parts"]
+    assert {(p["blocks"], p["attention"]) for p in parts} == {
+        ("encoder.block", "layer.0.SelfAttention"), ("decoder.block", "layer.0.SelfAttention"),
+        ("decoder.block", "layer.1.EncDecAttention")}
+
+
+def test_errors_name_no_row_the_user_did_not_write():
+    model = _model("xglm")  # laid out as the Whisper row's two parts over one list: was "overlapping parts"
+    mmpreproj.inject(model, IDENTITY)
+    assert model.mmpreproj_state.host == "traced"
+    flex = build("FlexOlmo", "FlexOlmoForCausalLM")
+    with pytest.raises(ValueError, match="post-norm") as e:
+        mmpreproj.inject(flex, IDENTITY)
+    assert "no host row for" not in str(e.value) and "whisper" not in str(e.value)
+
+
+# --- the one call, through the contract -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TRACED)
+def test_one_call_traces_and_keeps_the_contract(name, tmp_path, caplog):
+    model = _model(name)
+    assert not any(h.matches_model(model) for h in HOSTS.values())
+    x = example_input(model)
+    ref = _run(model, x)
+    with caplog.at_level(logging.INFO, logger="mmpreproj.inject"):
+        mmpreproj.inject(model, IDENTITY)
+    assert _wrapped(model)
+    torch.testing.assert_close(_run(model, x), ref, atol=1e-5, rtol=0)  # identity init
+    with torch.no_grad():
+        for p in injected_params(model).values():
+            p.normal_(std=0.02)
+    before = {n: p.detach().clone() for n, p in base_params(model).items()}
+    model.train()
+    _run(model, x).square().mean().backward()
+    model.eval()
+    for n, p in injected_params(model).items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
+    assert all(p.grad is None and torch.equal(p, before[n]) for n, p in base_params(model).items())
+    out = _run(model, x)
+    assert not torch.allclose(out, ref, atol=1e-6)  # the adapter acts: the checks above can fail
+    mmpreproj.save_adapter(model, tmp_path)
+    fresh = _model(name)
+    mmpreproj.load_adapter(fresh, tmp_path)
+    assert torch.equal(_run(fresh, x), out)
+    mmpreproj.unload(fresh)
+    assert torch.equal(_run(fresh, x), ref) and not _wrapped(fresh)
+    if name in DECODERS:
+        ids = x["input_ids"]
+        mmpreproj.load_adapter(fresh, tmp_path)
+        full = fresh(input_ids=ids).logits
+        gen = fresh.generate(ids, max_new_tokens=3, do_sample=False)
+        assert gen.shape == (1, ids.shape[1] + 3)
+        step = fresh(input_ids=ids[:, :-1], use_cache=True)
+        if getattr(step, "past_key_values", None) is None:  # RecurrentGemma keeps its state inside the model
+            return
+        last = fresh(input_ids=ids[:, -1:], past_key_values=step.past_key_values, use_cache=True).logits
+        torch.testing.assert_close(last[:, -1], full[:, -1], atol=1e-4, rtol=1e-4)
