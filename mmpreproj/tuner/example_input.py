@@ -71,8 +71,10 @@ def _image(config: Any, g: torch.Generator) -> torch.Tensor | None:
             continue
         size = _pair(getattr(c, "image_size", None)) or _pair(getattr(c, "img_size", None))
         channels = getattr(c, "num_channels", None) or getattr(c, "in_channels", None) or 3
-        if size is not None and isinstance(channels, int):
-            return torch.randn(1, channels, *size, generator=g)
+        frames = getattr(c, "num_frames", None)
+        if size is not None and isinstance(channels, int):  # a video model: (batch, frames, channels, h, w)
+            lead = (1, frames) if isinstance(frames, int) and frames > 0 else (1,)
+            return torch.randn(*lead, channels, *size, generator=g)
     return None
 
 
