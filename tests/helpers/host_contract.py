@@ -267,7 +267,7 @@ def one_call_contract(build: Callable[[], nn.Module], x: dict, decoder: bool, tm
     if decoder:
         ids = x["input_ids"]
         full = fresh(input_ids=ids).logits
-        assert fresh.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, ids.shape[1] + 3)
+        assert fresh.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape == (1, ids.shape[1] + 3)
         step = fresh(input_ids=ids[:, :-1], use_cache=True)
         if getattr(step, "past_key_values", None) is not None:  # RecurrentGemma keeps its state in the model
             last = fresh(input_ids=ids[:, -1:], past_key_values=step.past_key_values, use_cache=True).logits
