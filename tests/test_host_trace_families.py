@@ -195,3 +195,52 @@ def test_one_call_over_families_no_row_names(name, tmp_path):
     model = build(c, m, **o)
     assert not any(h.matches_model(model) for h in HOSTS.values())
     one_call_contract(lambda: build(c, m, **o), example_input(model), m.endswith("CausalLM"), tmp_path)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * d)
+
+    def forward(self, hidden_states=None, latents=None, context=None):
+        q = self.q(hidden_states if hidden_states is not None else latents)
+        k, v = self.kv(hidden_states if hidden_states is not None else context).chunk(2, -1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.attn = nn.LayerNorm(16), _Attention()
+
+    def forward(self, x):
+        return x + self.attn(hidden_states=self.norm(x))
+
+
+class _Resampled(nn.Module):
+    """Pre-norm blocks, then an Idefics2-like resampler whose attention is called with `latents=`/`context=`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(2))
+        self.latents = nn.Parameter(torch.randn(1, 3, 16))
+        self.resampler_attn = _Attention()
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.resampler_attn(latents=self.latents.expand(len(x), -1, -1), context=x)
+
+
+def test_a_resampler_called_with_latents_is_named_not_dropped():
+    torch.manual_seed(0)
+    model, x = _Resampled(), torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r"'resampler_attn': called without a hidden_states/x/query input "
+                                         r"\(keywords \['latents', 'context'\]\): a resampler or cross-attention"):
+        trace_seams(model, x)
+    partial = trace_seams(model, x, partial=True)
+    assert list(partial["left_out"]) == ["resampler_attn"] and len(partial["parts"]) == 1
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="resampler_attn"):
+        mmpreproj.inject(model, IDENTITY, example_input=x)
+    assert_same_snapshot(snapshot(model), before)

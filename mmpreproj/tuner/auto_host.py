@@ -4,7 +4,8 @@ trace (`trace.py`) on an example input (the caller's, or one the model builds, `
 - A row matched by type is used as is (its own `check` refuses what it must).
 - A row matched by structure (`hosts/structure.py`) is confirmed by the trace when an input can be had: a trace
   that refuses (post-norm, a multiplier between norm and attention) refuses the call with its reason; a trace
-  that finds other attention modules than the row's (a linear attention the row leaves out) is injected instead.
+  that finds other attention modules than the row's (a linear attention the row leaves out) is injected instead;
+  a trace that saw only part of the model (a vision tower a text input does not run) and agrees there keeps the row.
   So the one call, `trace_seams` and the forced row agree on which seams a model has.
 - No row: the traced description is injected when it is exact, with one log line saying so; else the refusal
   says why, names the modules, and says what to write.
@@ -58,7 +59,7 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
         raise ValueError(_no_row(model, found) + "; to have it traced, pass example_input= (one forward's input)")
     args, kwargs = split_input(x)
     try:
-        traced = trace_seams(model, *args, check=False, **kwargs)
+        traced = trace_seams(model, *args, check=False, partial=found.spec is not None, **kwargs)
     except TraceError as e:
         what = (f"its layout matches row {found.spec.name!r}, but the trace on an example input refuses it"
                 if found.spec is not None else "no host row claims it, and the trace on an example input refuses it")
@@ -68,8 +69,15 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
             return None, None
         raise ValueError(f"{_no_row(model, found)}; tracing it failed: the forward on the example input raised "
                          f"{type(e).__name__}: {e}. Pass example_input= (one forward's input)") from None
-    if found.spec is not None and _attentions(model, found.spec) == _attentions(model, HostSpec.from_dict(traced)):
-        return None, x
+    if found.spec is not None:
+        row, seen = _attentions(model, found.spec), _attentions(model, HostSpec.from_dict(traced))
+        if row == seen or (traced.get("left_out") and row is not None and seen is not None and set(seen) <= set(row)):
+            return None, x  # the trace agrees; where it saw part of the model (a tower the input does not run), no less
+        if traced.get("left_out"):
+            raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: its layout matches row "
+                             f"{found.spec.name!r}, but the trace on an example input finds other attention modules "
+                             f"and leaves some out ({', '.join(list(traced['left_out'])[:4])}); pass example_input= "
+                             "reaching every tower, or host=")
     log.info("mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
              type(model).__name__, ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]))
     return traced, x
