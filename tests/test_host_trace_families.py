@@ -80,6 +80,8 @@ def test_minimax_is_refused_as_post_norm_by_every_route():
         trace_seams(model, **example_input(model))
     with pytest.raises(ValueError, match="post-norm"):
         mmpreproj.inject(model, IDENTITY)
+    with pytest.raises(ValueError, match="host 'mistral' does not fit MiniMaxForCausalLM: .*post-norm"):
+        mmpreproj.inject(model, IDENTITY, host="mistral")
     assert not mmpreproj.is_injected(model)
 
 

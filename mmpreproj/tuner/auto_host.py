@@ -81,3 +81,20 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
     log.info("mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
              type(model).__name__, ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]))
     return traced, x
+
+
+def check_forced(model: nn.Module, name: str, example_input: Any = None) -> None:
+    """Refuse a forced row (`host=name`) on a model whose trace finds its seams post-norm, or a multiplier between
+    norm and attention (MiniMax forced to `mistral`): the forced row and the trace agree. Nothing is said when no
+    input can be had or the model cannot run it (the seam check at the first forward stays)."""
+    x = example_input if example_input is not None else build_example_input(model)
+    if x is None:
+        return
+    args, kwargs = split_input(x)
+    try:
+        trace_seams(model, *args, check=False, partial=True, **kwargs)
+    except TraceError as e:
+        if "post-norm" in str(e) or "a multiplier between norm and attention" in str(e):
+            raise ValueError(f"host {name!r} does not fit {type(model).__name__}: {e}") from None
+    except Exception:
+        return

@@ -20,7 +20,7 @@ from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..modules.seam import SeamCheck
 from ..util.probing import probing
-from .auto_host import one_call_host, split_input
+from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
 from .plan import Plan, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
@@ -140,6 +140,8 @@ def inject(
     wraps the result in a `PeftModel` (`mmpreproj.tuner.PreProjModel`).
     """
     config = config or PreProjConfig()
+    if isinstance(host, str) and not is_injected(model):  # a forced row: the trace must not find it post-norm
+        check_forced(model, host, example_input)
     host = host if host is not None else config_host(model, config)
     if host is None and not is_injected(model) and not peft_layers(model):  # the one call: a row, or the trace
         host, example_input = one_call_host(model, example_input)
