@@ -119,6 +119,15 @@ def test_clip_model_trace_compares_every_returned_tensor():
     assert {p["blocks"] for p in parts} == {"vision_model.encoder.layers", "text_model.encoder.layers"}
 
 
+def test_siglip2_trace_compares_every_returned_tensor():
+    model = build("Siglip2", "Siglip2Model")
+    x = example_input(model)
+    assert {"input_ids", "pixel_values", "spatial_shapes"} <= set(x)
+    description = trace_seams(model, **x)  # was "does not reproduce the model": no logits to compare
+    assert {p["blocks"] for p in description["parts"]} == {"vision_model.encoder.layers", "text_model.encoder.layers"}
+    assert list(description["left_out"]) == ["vision_model.head"]  # the pooling head is listed, not refused
+
+
 def test_t5_nested_block_lists_are_traced():
     model = build("T5", "T5Model")
     parts = trace_seams(model, **example_input(model))["parts"]
@@ -246,3 +255,26 @@ def test_a_resampler_called_with_latents_is_named_not_dropped():
     with pytest.raises(ValueError, match="resampler_attn"):
         mmpreproj.inject(model, IDENTITY, example_input=x)
     assert_same_snapshot(snapshot(model), before)
+
+
+TIMM = {  # timm models no row matches, traced from an image of their input size
+    "pit": ("pit_ti_224", dict(img_size=64)),
+    "twins": ("twins_svt_small", dict(embed_dims=(32, 64, 64, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2))),
+    "convit": ("convit_tiny", dict(img_size=32, embed_dim=48, depth=2, num_heads=4)),
+    "coat": ("coat_lite_tiny", dict(embed_dims=(32, 32, 32, 32), serial_depths=(1, 1, 1, 1))),
+}
+
+
+def _timm(name: str) -> nn.Module:
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    arch, kw = TIMM[name]
+    return timm.create_model(arch, pretrained=False, **kw).eval()
+
+
+@pytest.mark.parametrize("name", sorted(TIMM))
+def test_one_call_traces_timm_models(name, tmp_path):
+    model = _timm(name)
+    assert not any(h.matches_model(model) for h in HOSTS.values())
+    fresh = one_call_contract(lambda: _timm(name), example_input(model), False, tmp_path)
+    assert fresh.mmpreproj_state.host == "traced"

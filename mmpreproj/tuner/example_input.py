@@ -2,9 +2,10 @@
 itself; None when it cannot tell (the caller then asks for `example_input=`).
 
 - transformers: the model's `main_input_name` (`input_ids`, `pixel_values`, `input_features`, `input_values`)
-  sized from its config (vocabulary, image size and channels, mel bins), plus the other tower's input when the
-  forward takes it and the config has that tower (CLIP-style `input_ids` + `pixel_values`), and
-  `decoder_input_ids` for an encoder-decoder;
+  sized from its config (vocabulary, image size and channels, frames, mel bins), plus the other tower's input when
+  the forward takes it and the config has that tower (CLIP-style `input_ids` + `pixel_values`; SigLIP2's patches,
+  mask and `spatial_shapes`), and `decoder_input_ids` for an encoder-decoder; a VLM decoder gets text only (its
+  images need image tokens in the text), so its vision tower is named as not run;
 - timm: an image of the model's input size (`patch_embed.img_size`, else `pretrained_cfg["input_size"]`);
 - open_clip: an image of `visual.image_size` and tokens of `context_length`.
 """
@@ -93,6 +94,13 @@ def _transformers_input(model: nn.Module, g: torch.Generator) -> dict | None:
         # a two-tower model (CLIP, SigLIP) takes both; a VLM decoder wants image tokens in its text, not traced here
         if pixels is not None and not any(hasattr(config, k) for k in ("image_token_id", "image_token_index")):
             out["pixel_values"] = pixels
+        vision = _sub(config, "vision_config")
+        patches, patch = getattr(vision, "num_patches", None), getattr(vision, "patch_size", None)
+        if "spatial_shapes" in params and isinstance(patches, int) and isinstance(patch, int):  # NaFlex (SigLIP2)
+            side = int(patches**0.5)
+            out["pixel_values"] = torch.randn(1, side * side, 3 * patch * patch, generator=g)
+            out["pixel_attention_mask"] = torch.ones(1, side * side, dtype=torch.long)
+            out["spatial_shapes"] = torch.tensor([[side, side]])
     elif main == "pixel_values":
         pixels = _image(config, g)
         if pixels is None:
