@@ -262,6 +262,7 @@ TIMM = {  # timm models no row matches, traced from an image of their input size
     "twins": ("twins_svt_small", dict(embed_dims=(32, 64, 64, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2))),
     "convit": ("convit_tiny", dict(img_size=32, embed_dim=48, depth=2, num_heads=4)),
     "coat": ("coat_lite_tiny", dict(embed_dims=(32, 32, 32, 32), serial_depths=(1, 1, 1, 1))),
+    "tnt": ("tnt_s_patch16_224", dict(img_size=32, depth=2)),
 }
 
 
@@ -278,3 +279,13 @@ def test_one_call_traces_timm_models(name, tmp_path):
     assert not any(h.matches_model(model) for h in HOSTS.values())
     fresh = one_call_contract(lambda: _timm(name), example_input(model), False, tmp_path)
     assert fresh.mmpreproj_state.host == "traced"
+
+
+def test_a_class_attention_returning_the_class_token_only_is_refused_with_the_reason():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, depth=2, embed_dim=48).eval()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"blocks_token_only.0.attn' of Cait returns shape \(1, 1, 48\) .*class attention"):
+        mmpreproj.inject(model, IDENTITY)
+    assert_same_snapshot(snapshot(model), before)

@@ -6,7 +6,7 @@ itself; None when it cannot tell (the caller then asks for `example_input=`).
   the forward takes it and the config has that tower (CLIP-style `input_ids` + `pixel_values`; SigLIP2's patches,
   mask and `spatial_shapes`), and `decoder_input_ids` for an encoder-decoder; a VLM decoder gets text only (its
   images need image tokens in the text), so its vision tower is named as not run;
-- timm: an image of the model's input size (`patch_embed.img_size`, else `pretrained_cfg["input_size"]`);
+- timm: an image of the model's input size (the first `img_size` of its modules, else `pretrained_cfg["input_size"]`);
 - open_clip: an image of `visual.image_size` and tokens of `context_length`.
 """
 
@@ -132,7 +132,7 @@ def example_input(model: nn.Module) -> dict | None:
     if config is not None and hasattr(config, "model_type"):
         out = _transformers_input(model, g)
     elif hasattr(model, "pretrained_cfg") or hasattr(model, "default_cfg"):  # timm
-        size = _pair(getattr(getattr(model, "patch_embed", None), "img_size", None))
+        size = next((_pair(m.img_size) for m in model.modules() if _pair(getattr(m, "img_size", None))), None)
         if size is None:
             cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
             size = _pair(tuple(cfg.get("input_size", ()))) if isinstance(cfg, dict) else None

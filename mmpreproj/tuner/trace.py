@@ -174,7 +174,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
                 x = _first_input(a, kw)
                 hit = norms.get(id(x)) if x is not None else None
                 if hit is not None and hit[0] is x:
-                    calls[name] = {"norm": hit[1], "slots": _slots_of(x, m, a, kw)}
+                    calls[name] = {"norm": hit[1], "slots": _slots_of(x, m, a, kw), "shape": tuple(x.shape)}
                 else:
                     calls[name] = {"norm": None, "x": x, "keys": [k for k, v in kw.items() if isinstance(v, torch.Tensor)],
                                    "multiplied": _multiplied(x, name, norms)}
@@ -207,7 +207,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
                 "call": {"inputs": seam["slots"], "output_index": None},
                 "_seams": [],
             }
-        parts[key]["_seams"].append((block, attn_name, seam["norm"]))
+        parts[key]["_seams"].append((block, attn_name, seam["norm"], seam["shape"]))
     covered = [s[1] for p in parts.values() for s in p["_seams"]]
     for name, module in named.items():  # every attention-like module: described, or left out with the reason
         if not name or not _is_attention(name, module) or name in left:
@@ -224,19 +224,26 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
     for part in parts.values():
         _restrict_to_seams(model, part, what)
     for part in parts.values():
-        block, attn_name, norm_name = part["_seams"][0]
+        block, attn_name, norm_name, _ = part["_seams"][0]
         if _residual_stream(model, args, kwargs, ref, named[block], named[norm_name], rng):
             raise TraceError(
                 f"trace_seams: the seam {norm_name!r} -> {attn_name!r} of {what} is post-norm: the output of "
                 f"{norm_name!r} is also the block's residual stream (it reaches the block's output other than as the "
                 "input of a module), so pre-projecting it would change what the residual carries; mmpreproj "
                 "pre-projects only pre-norm seams (the norm's output feeds modules only)")
+    seams_of = {id(part): part["_seams"][0] for part in parts.values()}
     for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
         probe = named[part.pop("_seams")[0][1]]
         out = {}
         h = probe.register_forward_hook(lambda m, a, o, out=out: out.setdefault("o", o))
         _probe(model, [h], args, kwargs, rng)
         part["call"]["output_index"] = 0 if isinstance(out.get("o"), tuple) else None
+        got = out.get("o")[0] if isinstance(out.get("o"), tuple) else out.get("o")
+        if isinstance(got, torch.Tensor) and tuple(got.shape) != seams_of[id(part)][3]:
+            raise TraceError(
+                f"trace_seams: {seams_of[id(part)][1]!r} of {what} returns shape {tuple(got.shape)} for an input of shape "
+                f"{seams_of[id(part)][3]} (a class attention that updates only the class token): the content skip "
+                f"cannot be added to its output; {_HINT}")
     description = {"name": "traced", "parts": list(parts.values())}
     missing = {n: why for n, why in left.items() if not why.startswith("attention pooling head")}
     if missing and not partial:
@@ -292,7 +299,7 @@ def _listed(left: dict[str, str], most: int = 6) -> str:
 def _restrict_to_seams(model: nn.Module, part: dict, what: str) -> None:
     """Give `part` a `contains` path when not every block of its list is one of its seams (a hybrid stack)."""
     items = _block_list(model, part["blocks"])
-    seam_ids = {int(b.rsplit(".", 1)[1]) for b, _, _ in part["_seams"]}
+    seam_ids = {int(s[0].rsplit(".", 1)[1]) for s in part["_seams"]}
     others = [i for i in range(len(items)) if i not in seam_ids]
     if not others:
         return
