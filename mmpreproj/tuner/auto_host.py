@@ -61,7 +61,7 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
     try:
         traced = trace_seams(model, *args, check=False, partial=found.spec is not None, **kwargs)
     except TraceError as e:
-        what = (f"its layout matches row {found.spec.name!r}, but the trace on an example input refuses it"
+        what = ("it is laid out as a host row, but the trace on an example input refuses its seams"
                 if found.spec is not None else "no host row claims it, and the trace on an example input refuses it")
         raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: {what}: {e}") from None
     except Exception as e:  # the model could not run the input built for it
@@ -74,8 +74,8 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
         if row == seen or (traced.get("left_out") and row is not None and seen is not None and set(seen) <= set(row)):
             return None, x  # the trace agrees; where it saw part of the model (a tower the input does not run), no less
         if traced.get("left_out"):
-            raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: its layout matches row "
-                             f"{found.spec.name!r}, but the trace on an example input finds other attention modules "
+            raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: it is laid out as a host row, but "
+                             "the trace on an example input finds other attention modules "
                              f"and leaves some out ({', '.join(list(traced['left_out'])[:4])}); pass example_input= "
                              "reaching every tower, or host=")
     log.info("mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
