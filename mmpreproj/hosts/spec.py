@@ -293,7 +293,7 @@ class HostSpec:
         """A host described in data (a user's unknown model, or the description saved with an adapter)."""
         if not isinstance(d, dict):
             raise HostError(f"a host description must be an object with 'name' and 'parts', got {type(d).__name__}")
-        unknown = sorted(set(d) - {"name", "parts", "embeddings", "description"})
+        unknown = sorted(set(d) - {"name", "parts", "embeddings", "description", "left_out"})  # left_out: a trace's note
         if unknown:
             raise HostError(f"host description has unknown keys {unknown}; allowed: name, parts, embeddings")
         name = d.get("name", "custom")

@@ -20,6 +20,7 @@ from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..modules.seam import SeamCheck
 from ..util.probing import probing
+from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
 from .plan import Plan, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
@@ -119,12 +120,14 @@ def inject(
     Args:
         model: a supported host (see `mmpreproj.hosts.HOSTS`), or any model when `host` describes it.
         config: what to inject (default `PreProjConfig()`: pre-projection + skip, paper init, base frozen).
-        host: None = detect the row; a row name forces that row; a description dict (or `HostSpec`)
+        host: None = the row that claims the model by type; else the seams traced on an example input (a row
+            matched by structure is confirmed by that trace; `tuner/auto_host.py`); a row name forces that row; a description dict (or `HostSpec`)
             says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
             The description is saved with the adapter, so `load_adapter` needs no code. None reads
             `config.host` (and, on a config read from an adapter file, the host it was saved for).
 
-        example_input: None, or an input to run one forward with right after injecting (a tensor, a tuple of
+        example_input: None, or an input to trace the model with (when no row claims it by type; None = one the
+            model builds from its config, `tuner/example_input.py`) and to run one forward with right after injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
             train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that
             cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
@@ -137,16 +140,19 @@ def inject(
     wraps the result in a `PeftModel` (`mmpreproj.tuner.PreProjModel`).
     """
     config = config or PreProjConfig()
-    plan = plan_injection(model, config, host if host is not None else config_host(model, config))
+    if isinstance(host, str) and not is_injected(model):  # a forced row: the trace must not find it post-norm
+        check_forced(model, host, example_input)
+    host = host if host is not None else config_host(model, config)
+    if host is None and not is_injected(model) and not peft_layers(model):  # the one call: a row, or the trace
+        host, example_input = one_call_host(model, example_input)
+    plan = plan_injection(model, config, host)
     plan.state.active_adapter = check_adapter_name(adapter_name)
     plan.state.adapter_configs = {adapter_name: config}
     for _, wrapper in plan.placements:
         wrapper.name_adapter(adapter_name)
     apply_plan(model, plan)
     if example_input is not None:
-
-        args, kwargs = ((), example_input) if isinstance(example_input, dict) else (
-            tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,), {})
+        args, kwargs = split_input(example_input)
         try:
             with probing(model), torch.no_grad():
                 model(*args, **kwargs)
