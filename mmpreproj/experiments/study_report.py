@@ -223,7 +223,9 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     spent = compute_seconds(s)
     hours = sum(spent.values()) / 3600
     lines = [f"# Table 2 on {s.preset}", "", "Written by `mmpreproj.experiments.study_report` from the finished steps "
-             "under `arms/`; rerun with `python recipes/smollm2/table2.py --report`.", "",
+             "under `arms/`. Continue the study with `make smollm2 && .venv/bin/python recipes/smollm2/table2.py "
+             "--workers 2 --commit` (finished steps are read back, never trained again); rewrite this report alone "
+             "with `--report`. Unfinished groups are marked as such in the table.", "",
              "## Setting", "", *setting_lines(s), "", *[f"- {n}" for n in notes], "",
              f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
              f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
