@@ -50,8 +50,9 @@ def test_api_reference_lists_every_public_name(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     assert mkdocs, "mkdocs is not installed: pip install -e '.[docs]' (the dev extra includes it)"
     site = tmp_path / "site"
-    run = subprocess.run([mkdocs, "build", "--strict", "-q", "-d", str(site)], cwd=ROOT,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [mkdocs, "build", "--strict", "-q", "-d", str(site)], cwd=ROOT, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     documented = _inventory(site)
     missing = sorted(f"mmpreproj.{n}" for n in mmpreproj.__all__ if f"mmpreproj.{n}" not in documented)

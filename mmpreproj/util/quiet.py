@@ -1,4 +1,4 @@
-"""Known messages from dependencies that every `import mmpreproj` would otherwise print, dropped by exact text.
+"""Known messages from dependencies that `import mmpreproj` would otherwise print, dropped by exact text.
 
 `import mmpreproj` imports peft, which imports torchao and bitsandbytes; on torch 2.14 they log, on every
 import, messages a user cannot act on:
@@ -8,10 +8,10 @@ import, messages a user cannot act on:
 - bitsandbytes' `bitsandbytes.backends.cpu.ops` logger: "Failed to load CPU gemm_4bit_forward from
   kernels-community: ..." (an optional CPU kernel package that is not installed).
 
-`install()` (called first thing by `mmpreproj/__init__.py`) adds one `logging.Filter` to each of those two named
-loggers that drops a record only when its format string starts with the known text. Nothing else changes: no
-`warnings` filter, no logger level, no handler, no environment variable; any other message of those loggers, and
-every other logger, is printed as before (`tests/test_quiet_import.py`).
+`install()` (called first thing by `mmpreproj/__init__.py`) adds one `logging.Filter` to each of those two
+named loggers that drops a record only when its format string starts with the known text. Nothing else
+changes: no `warnings` filter, no logger level, no handler, no environment variable; any other message of
+those loggers, and every other logger, is printed as before (`tests/test_quiet_import.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ __all__ = ["KNOWN_MESSAGES", "install"]
 
 # logger name -> the start of the format string (`record.msg`) of the one message dropped there
 KNOWN_MESSAGES: dict[str, str] = {
-    "torch.utils._pytree": "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.",
+    "torch.utils._pytree": (
+        "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type."
+    ),
     "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community: %s.",
 }
 
