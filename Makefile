@@ -2,6 +2,7 @@
 #   make demo   the offline main job (mini reproduction of the paper's Table 2)
 #   make test   the test suite (CPU only, offline)
 #   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
+#   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -9,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor lint bench clean smollm2
+.PHONY: demo test test-floor lint docs bench clean smollm2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,8 +51,11 @@ test-floor: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR) .pytest_cache .ruff_cache site

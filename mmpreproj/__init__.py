@@ -7,7 +7,13 @@
 
 Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), so peft's loaders
 (`PeftModel.from_pretrained`, `AutoPeftModelForCausalLM`, transformers' `load_adapter`) read its adapters.
+
+Importing it also drops two known messages of its dependencies' loggers by their exact text (`util.quiet`).
 """
+
+from .util import quiet as _quiet
+
+_quiet.install()  # before peft imports torchao / bitsandbytes, which log them
 
 from . import hosts, rope
 from .modules import ContentSkip, PreProjAttention, PreProjection

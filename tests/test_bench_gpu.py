@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.procs import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test here runs bench/gpu.sh in a subprocess
 
 
 def _gpu_sh(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), *args], capture_output=True, text=True,
-                          env=env, timeout=600)  # fmt: skip
+                          env=env, timeout=HANG_GUARD_S)  # fmt: skip
 
 
 def test_dry_run_measures_every_case_on_the_cpu(tmp_path):

@@ -14,6 +14,7 @@ import mmpreproj
 from mmpreproj.cli import build_parser, main
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.png_content import assert_draws
+from tests.helpers.procs import HANG_GUARD_S
 
 
 def test_every_subcommand_has_help(capsys):
@@ -43,8 +44,10 @@ def test_every_subcommand_has_help(capsys):
             ), (cmd, names)
 
 
+@pytest.mark.slow
 def test_python_dash_m_works():
-    r = subprocess.run([sys.executable, "-m", "mmpreproj", "--help"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "mmpreproj", "--help"], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert r.returncode == 0 and "reproduce" in r.stdout
 
 

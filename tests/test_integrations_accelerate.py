@@ -20,6 +20,7 @@ pytest.importorskip("datasets")
 
 from mmpreproj.tuner.files import read_adapter  # noqa: E402
 from tests.helpers.adamw import assert_adamw_runs_agree  # noqa: E402
+from tests.helpers.procs import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "recipes" / "integrations" / "accelerate_launch.sh"
@@ -43,7 +44,7 @@ def _env(**extra) -> dict[str, str]:
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -51,6 +52,7 @@ def _launch(out: Path, what: str) -> None:
     _run(["bash", str(SCRIPT), str(out), what], _env(PYTHON=sys.executable, PORT=str(_free_port()), **KNOBS))
 
 
+@pytest.mark.slow
 def test_accelerate_launch_runs_our_trainer_bit_identical_to_torchrun(tmp_path):
     out = tmp_path / "acc"
     _launch(out, "ours")
@@ -67,6 +69,7 @@ def test_accelerate_launch_runs_our_trainer_bit_identical_to_torchrun(tmp_path):
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
+@pytest.mark.slow
 def test_accelerate_launch_runs_the_trainer_recipe_like_one_process_with_twice_the_batch(tmp_path):
     out = tmp_path / "acc"
     _launch(out, "hf")

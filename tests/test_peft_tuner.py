@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner import MERGE_REFUSED, PREPROJ, PreProjModel, register_preproj
+from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 TOKENS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
@@ -167,6 +168,7 @@ def test_add_adapter_on_other_sites_is_refused_and_nothing_changes():
     assert list(model.peft_config) == ["default"] and mmpreproj.adapter_names(model) == ["default"]
 
 
+@pytest.mark.slow
 def test_registration_is_idempotent_and_a_process_without_mmpreproj_cannot_read_the_adapter(tmp_path):
     register_preproj()
     register_preproj()
@@ -174,10 +176,11 @@ def test_registration_is_idempotent_and_a_process_without_mmpreproj_cannot_read_
     assert peft.mapping.PEFT_TYPE_TO_CONFIG_MAPPING["PREPROJ"] is PreProjConfig
     get_peft_model(tiny_neox(), PreProjConfig()).save_pretrained(tmp_path)
     read = f"import peft; print(type(peft.PeftConfig.from_pretrained({str(tmp_path)!r})).__name__)"
-    plain = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
+                           timeout=HANG_GUARD_S)
     assert plain.returncode != 0 and "PREPROJ" in plain.stderr  # what the README says fails without the import
     ok = subprocess.run([sys.executable, "-c", "import mmpreproj; " + read], capture_output=True, text=True,
-                        timeout=300)
+                        timeout=HANG_GUARD_S)
     assert ok.returncode == 0 and ok.stdout.strip() == "PreProjConfig", ok.stderr[-2000:]
 
 

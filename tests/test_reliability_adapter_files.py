@@ -20,6 +20,7 @@ from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
 from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
+from tests.helpers.procs import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def _kill_children(tmp_path: Path, points: list[str]) -> dict[str, Path]:
             stderr=subprocess.PIPE,
         )
     for point, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, out, err.decode()[-2000:])
         assert b"finished" not in out
     return folders
@@ -97,6 +98,7 @@ def _is_complete(desc: dict, tensors: dict, preproj: bool) -> bool:
     return desc["config"]["preproj"] is preproj and keys == ({"preproj", "skip"} if preproj else {"skip"})
 
 
+@pytest.mark.slow  # the `killed` fixture starts and SIGKILLs subprocesses
 def test_sigkill_at_every_point_leaves_the_old_or_the_new_pair(killed, tmp_path):
     for i, point in enumerate(killed):
         folder = Path(shutil.copytree(killed[point], tmp_path / str(i)))
@@ -108,6 +110,7 @@ def test_sigkill_at_every_point_leaves_the_old_or_the_new_pair(killed, tmp_path)
         assert (mmpreproj.injected_modules(loaded)[0].preproj is None) is new
 
 
+@pytest.mark.slow  # the `killed` fixture starts and SIGKILLs subprocesses
 def test_next_save_removes_what_killed_writers_left(killed, tmp_path):
     folder = _copy(killed, BEFORE_COMMIT[1], tmp_path)  # both pending files written, never committed
     assert len(list(folder.glob(".*.pending"))) == 2
@@ -119,6 +122,7 @@ def test_next_save_removes_what_killed_writers_left(killed, tmp_path):
     assert names == sorted([ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME])  # no lock file either
 
 
+@pytest.mark.slow  # the `killed` fixture starts and SIGKILLs subprocesses
 def test_a_reader_that_cannot_roll_forward_reads_the_committed_pending_pair(killed, tmp_path, monkeypatch):
     folder = _copy(killed, f"renamed:{ADAPTER_WEIGHTS_NAME}", tmp_path)  # new weights, old config in place
     assert (folder / adapter_files.COMMIT_MARKER).exists()

@@ -28,6 +28,7 @@ from mmpreproj.train.runlog import StepLog, write_json
 from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
 from mmpreproj.util.io import atomic_write, new_file_mode, umask
+from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 UMASKS = [0o022, 0o077, 0o027]
@@ -182,7 +183,7 @@ def test_two_writers_of_one_folder_exclude_each_other(tmp_path, lock_kind):
         thread.start()
         time.sleep(0.5)
         assert not done.is_set(), "a second writer wrote while the folder was locked"
-    thread.join(timeout=60)
+    thread.join(timeout=HANG_GUARD_S)
     assert done.is_set()
 
 

@@ -19,6 +19,7 @@ from mmpreproj.train import NonFiniteLossError, TrainConfig, load_checkpoint, tr
 from mmpreproj.train.checkpoint import save_checkpoint
 from mmpreproj.train.errors import CheckpointWriteError, DataUnavailableError
 from mmpreproj.train.runlock import RUN_LOCK_NAME, RunInUseError
+from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.training import DATA, byte_tokenizer, run_config, trainable
 from tests.helpers.zoo import tiny_neox
 
@@ -271,6 +272,7 @@ print("finished")
 """
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     procs = {}
     for point in ("mid-write", "before-rename"):
@@ -284,7 +286,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
             env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
     for point, proc in procs.items():
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
         assert proc.returncode == -signal.SIGKILL and b"finished" not in out, point
         folder = tmp_path / point
         kept = load_checkpoint(folder / "checkpoint.pt")

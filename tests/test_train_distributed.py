@@ -14,9 +14,11 @@ from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.trainer import seed_everything
 from tests.helpers.adamw import assert_adamw_runs_agree
 from tests.helpers.distributed import CONFIG, DATA, WORKER, free_port
+from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
@@ -25,7 +27,7 @@ def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
         "--master_port", str(free_port()), str(WORKER), str(out), str(side),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
     w0, w1 = ranks[0]["weights"], ranks[1]["weights"]

@@ -17,9 +17,11 @@ from mmpreproj.train.trainer import seed_everything
 from mmpreproj.tuner.files import read_adapter
 from tests.helpers.adamw import assert_adamw_runs_agree
 from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, free_port
+from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
@@ -28,8 +30,8 @@ def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
         "--master_port", str(free_port()), str(WORKER), str(out), str(side), "fsdp",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    # generous timeout: three processes import torch on a shared CPU; it only guards against a hang
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    # three processes import torch on a shared CPU: wait for them; the guard is only against a hang
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
     w0, w1 = ranks[0]["weights"], ranks[1]["weights"]

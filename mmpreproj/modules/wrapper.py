@@ -114,6 +114,8 @@ class PreProjAttention(BaseLayerWrapper):
         block_index: index of the host block this wrapper sits in (over all parts, the adapter's index).
         part: the host part the block belongs to ("language", "vision", ...).
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
+
+    Attributes:
         flight: the injection's count of graphs awaiting backward (`InFlight`, set by inject), or None.
     """
 

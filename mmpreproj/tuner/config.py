@@ -30,9 +30,15 @@ from .digest import DIGEST_KEY, check_weights_digest
 from .file_check import check_file_tensors
 from .peft_type import PREPROJ
 
-__all__ = ["FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
+__all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
 
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
+
+# The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
+#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/keys.py`)
+#   2: mmpreproj 0.4 (peft's layout: `peft_type: "PREPROJ"`, peft's keys, `injection.weights_digest`)
+# A config without `format_version` was written before the field existed (format 1 or 2, both read here).
+ADAPTER_FORMAT = 2
 
 FUSE_QKV_SKIP_REMOVED = (
     "PreProjConfig.fuse_qkv_skip was removed after mmpreproj 0.1.0: the one-matmul Q/K/V + skip path gave no reliable "
@@ -73,6 +79,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
         host: None = detect the host row; a row name (`mmpreproj.hosts.HOSTS`) forces that row; a description
             dict says where the blocks, norms and attention are (`mmpreproj.hosts.spec`; data, never code).
         injection: what the injection resolved, written by the tuner and read on reload (not set by hand).
+        format_version: the adapter file format the config was written in (`ADAPTER_FORMAT`; not set by
+            hand). A newer format than this library reads is refused, naming both library versions.
     """
 
     preproj: bool = True
@@ -90,6 +98,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     host: str | dict | None = None
     injection: dict | None = field(default=None, compare=False)
     library_version: str = field(default=__version__, compare=False)
+    format_version: int = field(default=ADAPTER_FORMAT, compare=False)
     fuse_qkv_skip: InitVar[bool | None] = None  # removed; not stored, not saved
 
     def __post_init__(self, fuse_qkv_skip: bool | None) -> None:
@@ -97,6 +106,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
         PeftConfig.__post_init__(self)
         self.peft_type = PREPROJ
         check_field_types(self, skip=(*PEFT_FIELDS, "host", "injection"))
+        _check_format(self.format_version, self.library_version)
         check_rule(self.host is None or isinstance(self.host, (str, dict)), "PreProjConfig", "host", self.host,
                    "None, a host row name or a host description (an object)")
         check_rule(self.injection is None or isinstance(self.injection, dict), "PreProjConfig", "injection",
@@ -178,7 +188,10 @@ class PreProjConfig(JsonConfig, PeftConfig):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:
-        """As `JsonConfig.from_dict`; `fuse_qkv_skip: false` (written by mmpreproj <= 0.1) is dropped silently."""
+        """As `JsonConfig.from_dict`; `fuse_qkv_skip: false` (written by mmpreproj <= 0.1) is dropped silently;
+        a newer `format_version` than `ADAPTER_FORMAT` is refused, naming both library versions."""
+        if isinstance(d, dict) and isinstance(d.get("format_version"), int):  # before any other check
+            _check_format(d["format_version"], str(d.get("library_version", "?")))
         if isinstance(d, dict) and "fuse_qkv_skip" in d:
             _removed_fuse_qkv_skip(d["fuse_qkv_skip"], warn=False)
             d = {k: v for k, v in d.items() if k != "fuse_qkv_skip"}
@@ -235,6 +248,17 @@ class PreProjConfig(JsonConfig, PeftConfig):
         if len(set(out)) != len(out):
             raise ValueError(f"PreProjConfig.layers selects a block twice: {self.layers}")
         return sorted(out)
+
+
+def _check_format(format_version: int, library_version: str) -> None:
+    """Refuse a config written in a newer file format than this library reads, naming both versions."""
+    if format_version > ADAPTER_FORMAT:
+        raise ValueError(
+            f"this adapter was saved by mmpreproj {library_version} in adapter format {format_version}; "
+            f"mmpreproj {__version__} reads formats up to {ADAPTER_FORMAT}: upgrade mmpreproj "
+            f"(pip install -U mmpreproj) to load it"
+        )
+    check_rule(format_version >= 1, "PreProjConfig", "format_version", format_version, "an int >= 1")
 
 
 def _layer_list(value: object, name: str) -> list[int]:

@@ -82,6 +82,7 @@ def injected_modules(model: nn.Module) -> list[PreProjAttention]:
 
 
 def is_injected(model: nn.Module) -> bool:
+    """Whether `model` holds an injection (by `inject` or peft's `get_peft_model` with a `PreProjConfig`)."""
     return hasattr(model, "mmpreproj_state") or bool(injected_modules(model))
 
 
