@@ -174,7 +174,7 @@ def setting_lines(s: Study) -> list[str]:
     c = s.base_cfg
     full = s.full_eval
     return [f"Model: `{c.model}`, {s.base_params / 1e6:.1f}M parameters, width {s.hidden}. Training (preset "
-            f"`{s.preset}`): {c.steps} steps of {c.batch_size} x {c.grad_accum} lines x {c.max_len} tokens, warmup "
+            f"`{s.preset}`): {c.steps} steps of {c.batch_size * c.grad_accum} lines x {c.max_len} tokens, warmup "
             f"{c.warmup_steps}, {c.schedule}, AdamW (weight decay {c.weight_decay}), clip {c.max_grad_norm}, "
             f"{c.precision}, base frozen; data: the first {c.num_lines} lines longer than {c.min_chars} characters "
             f"of `{Path(c.data).name}`.",
