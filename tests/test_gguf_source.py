@@ -128,6 +128,7 @@ def test_load_model_inject_peft_and_trainer_on_a_gguf_name(tiny_gguf, tmp_path):
     assert all(not torch.equal(before[n], after[n].detach()) for n in before)
 
 
+@pytest.mark.slow
 def test_cli_train_takes_a_gguf_model(tiny_gguf, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -150,6 +151,7 @@ def test_cpu_preset_trains_on_rows_before_the_heldout_rows():
     assert get_preset("smollm2-135m").model == cfg.model == "smollm2-135m"
 
 
+@pytest.mark.slow
 def test_from_pretrained_and_cli_eval_take_a_gguf_model(tiny_gguf, tmp_path):
     import mmpreproj
 

@@ -39,6 +39,7 @@ def test_pyproject_bounds_peft_to_the_tested_range():
     assert peft_dep == f"peft>={TESTED_PEFT[0]},<{TESTED_PEFT[1]}"
 
 
+@pytest.mark.slow
 def test_import_fails_at_once_under_an_untested_peft():
     code = "import peft; peft.__version__ = '0.99.0'; import mmpreproj"
     done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, cwd=REPO)
@@ -65,6 +66,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_mmpreproj_lm_eval_reads_a_preproj_adapter_where_plain_lm_eval_cannot(tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     from peft import get_peft_model
