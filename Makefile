@@ -2,6 +2,7 @@
 #   make demo   the offline main job (mini reproduction of the paper's Table 2)
 #   make test   the test suite (CPU only, offline)
 #   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
+#   make lint   ruff check + ruff format --check (whole repository)
 #   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -48,8 +49,10 @@ test-floor: $(STAMP)
 	$(PY) -c "import transformers as t; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; print('transformers', t.__version__, 'from', t.__file__)"; \
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
+# ruff check (line length enforced) and the formatter's check, over the whole repository
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict

@@ -28,8 +28,13 @@ def _case(name: str, model: torch.nn.Module, x: torch.Tensor, call, repeats: int
     compile_s = time.perf_counter() - t0
     with torch.no_grad():
         t = interleaved_medians({"eager": lambda: call(model, x), "compiled": lambda: call(compiled, x)}, repeats)
-    return {"model": name, "eager_ms": 1e3 * t["eager"], "compiled_ms": 1e3 * t["compiled"],
-            "compiled_vs_eager": t["compiled"] / t["eager"], "compile_s": compile_s}
+    return {
+        "model": name,
+        "eager_ms": 1e3 * t["eager"],
+        "compiled_ms": 1e3 * t["compiled"],
+        "compiled_vs_eager": t["compiled"] / t["eager"],
+        "compile_s": compile_s,
+    }
 
 
 def run(seq: int = 256, repeats: int = 5) -> dict:
@@ -38,8 +43,13 @@ def run(seq: int = 256, repeats: int = 5) -> dict:
     mmpreproj.inject(neox)
     vit = mmpreproj.inject(timm.create_model("vit_small_patch16_224", pretrained=False).eval())
     rows = [
-        _case("GPT-NeoX 160M shape + preproj_skip", neox, torch.randint(0, 50304, (1, seq)),
-              lambda m, x: m(x).logits, repeats),
+        _case(
+            "GPT-NeoX 160M shape + preproj_skip",
+            neox,
+            torch.randint(0, 50304, (1, seq)),
+            lambda m, x: m(x).logits,
+            repeats,
+        ),
         _case("ViT-S/16 + preproj_skip", vit, torch.randn(4, 3, 224, 224), lambda m, x: m(x), repeats),
     ]
     return {"machine": machine(), "seq": seq, "rows": rows}
@@ -56,7 +66,10 @@ def main() -> dict:
     print("| model | eager ms | compiled ms | compiled / eager | compile s |")
     print("|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['model']} | {r['eager_ms']:.0f} | {r['compiled_ms']:.0f} | {r['compiled_vs_eager']:.3f} | {r['compile_s']:.0f} |")
+        print(
+            f"| {r['model']} | {r['eager_ms']:.0f} | {r['compiled_ms']:.0f} | "
+            f"{r['compiled_vs_eager']:.3f} | {r['compile_s']:.0f} |"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -97,8 +97,9 @@ def weight_bytes(model: torch.nn.Module, head: bool = True) -> int:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time (1 torch thread)
 
 
-def decode_round(models: dict[str, torch.nn.Module], prompt: torch.Tensor, steps: int,
-                 clock=time.perf_counter) -> dict[str, float]:
+def decode_round(
+    models: dict[str, torch.nn.Module], prompt: torch.Tensor, steps: int, clock=time.perf_counter
+) -> dict[str, float]:
     """Seconds each model spends on `steps` greedy single-token steps after a prefill of `prompt` (not timed);
     the models take turns step by step, so load changes on a shared machine hit them alike."""
     state = {}
@@ -123,8 +124,14 @@ def next_token(out, ids: torch.Tensor) -> torch.Tensor:
     return logits[:, -1:].argmax(-1) if logits is not None else ids[:, -1:]
 
 
-def rounds(models: dict[str, torch.nn.Module], prompt: torch.Tensor, steps: int, repeats: int,
-           warmup: int = 1, clock=time.perf_counter) -> dict[str, list[float]]:
+def rounds(
+    models: dict[str, torch.nn.Module],
+    prompt: torch.Tensor,
+    steps: int,
+    repeats: int,
+    warmup: int = 1,
+    clock=time.perf_counter,
+) -> dict[str, list[float]]:
     """`repeats` timed rounds of `decode_round` (after `warmup` untimed ones): every round's seconds per model."""
     for _ in range(warmup):
         decode_round(models, prompt, steps, clock)
@@ -142,10 +149,30 @@ def summary(times: dict[str, list[float]], steps: int) -> dict:
                 "ratio_min": min(ratios[k]), "ratio_max": max(ratios[k])} for k in times}  # fmt: skip
 
 
-def run(shape: str, layers: int | None, dtypes: list[str], prompt_len: int, steps: int, repeats: int,
-        compiled: bool = False, head: bool = True, clock: str = "wall", before: bool = False) -> dict:
-    result = {"shape": shape, "layers": layers, "lm_head": head, "clock": clock, "prompt": prompt_len, "new_tokens": steps, "repeats": repeats,
-              "machine": machine(), "load_avg_before": [round(x, 2) for x in os.getloadavg()], "hosts": {}}
+def run(
+    shape: str,
+    layers: int | None,
+    dtypes: list[str],
+    prompt_len: int,
+    steps: int,
+    repeats: int,
+    compiled: bool = False,
+    head: bool = True,
+    clock: str = "wall",
+    before: bool = False,
+) -> dict:
+    result = {
+        "shape": shape,
+        "layers": layers,
+        "lm_head": head,
+        "clock": clock,
+        "prompt": prompt_len,
+        "new_tokens": steps,
+        "repeats": repeats,
+        "machine": machine(),
+        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
+        "hosts": {},
+    }
     for name in dtypes:
         base = build_base(shape, layers, DTYPES[name])
         models = variants(base, before)
@@ -177,14 +204,25 @@ def main() -> dict:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=16, help="generated (timed) tokens per repeat")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--no-head", action="store_true", help="time the decoder body without the LM head (per layer; "
-                    "the default for llama1b)")
-    ap.add_argument("--before", action="store_true", help="also run the injected modules with plain F.linear "
-                    "matmuls (the code before the kept decode layouts), side by side")
+    ap.add_argument(
+        "--no-head",
+        action="store_true",
+        help="time the decoder body without the LM head (per layer; the default for llama1b)",
+    )
+    ap.add_argument(
+        "--before",
+        action="store_true",
+        help="also run the injected modules with plain F.linear "
+        "matmuls (the code before the kept decode layouts), side by side",
+    )
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model) beside eager")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="wall time, or this thread's CPU time (needs --threads 1; robust on an oversubscribed machine)")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time, or this thread's CPU time (needs --threads 1; robust on an oversubscribed machine)",
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
     dtypes = a.dtypes.split(",")
@@ -199,14 +237,19 @@ def main() -> dict:
     res = run(a.shape, a.layers, dtypes, a.prompt, a.new, a.repeats, a.compile, head, a.clock, a.before)
     layers = f", {a.layers or 2} of 16 layers" if a.shape == "llama1b" else ""
     layers += "" if head else ", decoder body (no LM head)"
-    print(f"decode, {a.shape} shape{layers}, batch 1, {a.new} tokens after {a.prompt}, {a.clock} clock, {res['machine']}, "
-          f"load avg {res['load_avg_before']} -> {res['load_avg_after']}")
+    print(
+        f"decode, {a.shape} shape{layers}, batch 1, {a.new} tokens after {a.prompt}, {a.clock} clock, "
+        f"{res['machine']}, "
+        f"load avg {res['load_avg_before']} -> {res['load_avg_after']}"
+    )
     print("| host | variant | ms / token | over base, median (min-max) | weight-bytes ratio |")
     print("|---|---|---|---|---|")
     for host, row in res["hosts"].items():
         for k, r in row["decode"].items():
-            print(f"| {host} | {k} | {r['ms_per_token']:.1f} | {r['ratio']:.3f} ({r['ratio_min']:.3f}-"
-                  f"{r['ratio_max']:.3f}) | {row['weight_bytes_ratio']:.3f} |")
+            print(
+                f"| {host} | {k} | {r['ms_per_token']:.1f} | {r['ratio']:.3f} ({r['ratio_min']:.3f}-"
+                f"{r['ratio_max']:.3f}) | {row['weight_bytes_ratio']:.3f} |"
+            )
     write_json(a.json, res)
     return res
 

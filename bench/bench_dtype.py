@@ -73,7 +73,9 @@ def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[floa
 def saved_bytes(model, ids, autocast: bool) -> int:
     """Bytes autograd saves for backward during one training forward (each storage once; weights excluded)."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        return saved_activation_bytes(model, lambda backward=False: model(input_ids=ids, labels=ids, use_cache=False).loss)
+        return saved_activation_bytes(
+            model, lambda backward=False: model(input_ids=ids, labels=ids, use_cache=False).loss
+        )
 
 
 def train_memory(cfg: GPTNeoXConfig, seqs: tuple[int, int] = (128, 256)) -> dict:
@@ -82,8 +84,11 @@ def train_memory(cfg: GPTNeoXConfig, seqs: tuple[int, int] = (128, 256)) -> dict
     measured at two sequence lengths: the slope is the activation memory per token (per injected layer
     here), the rest is per step (weight casts autograd keeps for backward)."""
     L, (s1, s2) = cfg.num_hidden_layers, seqs
-    confs = {"float32": PreProjConfig(compute_dtype="float32"), "input": PreProjConfig()} if HAS_COMPUTE_DTYPE \
+    confs = (
+        {"float32": PreProjConfig(compute_dtype="float32"), "input": PreProjConfig()}
+        if HAS_COMPUTE_DTYPE
         else {"float32": PreProjConfig()}
+    )
     rows = {}
     for host_dtype, autocast in ((torch.float32, True), (torch.bfloat16, False)):
         torch.manual_seed(0)
@@ -128,38 +133,57 @@ def main() -> dict:
     with torch.no_grad():
         flops = {k: count_flops(lambda m=m: m(ids, use_cache=False)) for k, m in models.items()}
         fwd = interleaved({k: (lambda m=m: m(ids, use_cache=False)) for k, m in models.items()}, args.repeats)
-        dec = interleaved({k: (lambda m=m: decode_seconds(m, prompt, args.decode)) for k, m in models.items()},
-                          args.repeats)
+        dec = interleaved(
+            {k: (lambda m=m: decode_seconds(m, prompt, args.decode)) for k, m in models.items()}, args.repeats
+        )
     load_after = os.getloadavg()
 
     def summary(times):  # ratio: median over repeats of (variant / base) timed back to back in that repeat
         ratios = {k: [t / b for t, b in zip(v, times["base"])] for k, v in times.items()}
-        return {k: {"ms": 1e3 * statistics.median(times[k]), "ratio": statistics.median(ratios[k]),
-                    "ratio_min": min(ratios[k]), "ratio_max": max(ratios[k])} for k in times}
+        return {
+            k: {
+                "ms": 1e3 * statistics.median(times[k]),
+                "ratio": statistics.median(ratios[k]),
+                "ratio_min": min(ratios[k]),
+                "ratio_max": max(ratios[k]),
+            }
+            for k in times
+        }
 
     result = {
-        "shape": args.shape, "seq": args.seq, "decode_steps": args.decode, "repeats": args.repeats,
-        "machine": machine(), "load_avg_before": [round(x, 2) for x in load_before],
+        "shape": args.shape,
+        "seq": args.seq,
+        "decode_steps": args.decode,
+        "repeats": args.repeats,
+        "machine": machine(),
+        "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in load_after],
         "flop_ratio": flops[next(k for k in models if k != "base")] / flops["base"],
-        "forward": summary(fwd), "decode": summary(dec),
+        "forward": summary(fwd),
+        "decode": summary(dec),
     }
-    print(f"bf16 GPT-NeoX {args.shape} shape, seq {args.seq}, decode {args.decode} steps after 128, "
-          f"{result['machine']}, load avg {result['load_avg_before']} -> {result['load_avg_after']}")
+    print(
+        f"bf16 GPT-NeoX {args.shape} shape, seq {args.seq}, decode {args.decode} steps after 128, "
+        f"{result['machine']}, load avg {result['load_avg_before']} -> {result['load_avg_after']}"
+    )
     print(f"matmul FLOP ratio (forward) {result['flop_ratio']:.3f}")
     print("| variant | forward ms | forward / base (min-max over repeats) | decode ms | decode / base |")
     print("|---|---|---|---|---|")
     for k in models:
         f, d = result["forward"][k], result["decode"][k]
-        print(f"| {k} | {f['ms']:.0f} | {f['ratio']:.3f} ({f['ratio_min']:.2f}-{f['ratio_max']:.2f}) | "
-              f"{d['ms']:.0f} | {d['ratio']:.3f} ({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) |")
+        print(
+            f"| {k} | {f['ms']:.0f} | {f['ratio']:.3f} ({f['ratio_min']:.2f}-{f['ratio_max']:.2f}) | "
+            f"{d['ms']:.0f} | {d['ratio']:.3f} ({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) |"
+        )
     if not args.no_memory:
         result["train_memory"] = train_memory(cfg)
         print(f"frozen-probe step memory over the frozen base (d = {cfg.hidden_size}):")
         for k, r in result["train_memory"].items():
             b = r["activation_bytes_per_token_layer"]
-            print(f"  {k:<42} activations {b:.0f} B/token/layer (= {b / cfg.hidden_size:.1f} bytes x d), "
-                  f"per step {r['per_step_saved_mb']:.0f} MB saved casts + {r['grads_adam_mb']:.0f} MB grads+AdamW")
+            print(
+                f"  {k:<42} activations {b:.0f} B/token/layer (= {b / cfg.hidden_size:.1f} bytes x d), "
+                f"per step {r['per_step_saved_mb']:.0f} MB saved casts + {r['grads_adam_mb']:.0f} MB grads+AdamW"
+            )
     write_json(args.json, result)
     return result
 

@@ -45,9 +45,7 @@ def main() -> dict:
 
     with torch.no_grad():
         flops = {k: count_flops(fwd(m)) for k, m in (("base", base), ("injected", injected))}
-        times = interleaved_medians(
-            {"base": fwd(base), "injected": fwd(injected)}, repeats=args.repeats
-        )
+        times = interleaved_medians({"base": fwd(base), "injected": fwd(injected)}, repeats=args.repeats)
     result = {
         "shape": args.shape,
         "seq": args.seq,
@@ -61,8 +59,10 @@ def main() -> dict:
     }
     print(f"GPT-NeoX {args.shape} shape, batch {args.batch} x seq {args.seq}, {result['machine']}")
     print(f"  forward  base {result['base_ms']:.1f} ms | injected {result['injected_ms']:.1f} ms")
-    print(f"  latency ratio {result['latency_ratio']:.3f} | matmul FLOP ratio {result['flop_ratio']:.3f}"
-          f" | KV-cache bytes ratio {result['kv_bytes_ratio']:.3f}")
+    print(
+        f"  latency ratio {result['latency_ratio']:.3f} | matmul FLOP ratio {result['flop_ratio']:.3f}"
+        f" | KV-cache bytes ratio {result['kv_bytes_ratio']:.3f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -47,9 +47,7 @@ def build(row: str) -> torch.nn.Module:
                                                max_position_embeddings=64, **extra)  # fmt: skip
         return getattr(tf, model_name)(cfg)
     if row == "gpt2":
-        return tf.GPT2LMHeadModel(
-            tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
-        )
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64))
     if row == "gptj":
         return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
                                                 n_positions=64))  # fmt: skip

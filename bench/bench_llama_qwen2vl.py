@@ -36,7 +36,8 @@ QWEN2VL_2B_VISION = dict(embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=1
 
 def summarise(times: dict[str, list[float]], flops: dict[str, int]) -> dict:
     ratios = [i / b for b, i in zip(times["base"], times["injected"])]  # per round
-    return {"base_ms": 1e3 * statistics.median(times["base"]), "injected_ms": 1e3 * statistics.median(times["injected"]),
+    return {"base_ms": 1e3 * statistics.median(times["base"]),
+            "injected_ms": 1e3 * statistics.median(times["injected"]),
             "latency_ratio": statistics.median(times["injected"]) / statistics.median(times["base"]),
             "round_ratio_min": min(ratios), "round_ratio_max": max(ratios),
             "flop_ratio": flops["injected"] / flops["base"], "base_gflop": flops["base"] / 1e9}  # fmt: skip
@@ -59,7 +60,8 @@ def llama(layers: int, seq: int, repeats: int) -> dict:
     full_layers, head = LLAMA_1B["num_hidden_layers"], 2 * seq * cfg.hidden_size * cfg.vocab_size
     per_layer = {k: v / layers for k, v in flops.items()}
     r.update(layers=layers, of_layers=full_layers, seq=seq,
-             full_model_flop_ratio=(full_layers * per_layer["injected"] + head) / (full_layers * per_layer["base"] + head))  # fmt: skip
+             full_model_flop_ratio=(full_layers * per_layer["injected"] + head)
+             / (full_layers * per_layer["base"] + head))  # fmt: skip
     return r
 
 
@@ -101,9 +103,7 @@ def qwen2vl_vision(layers: int, image: int, repeats: int) -> dict:
 
 def main() -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--llama-layers", type=int, default=1, help="of Llama-3.2-1B's 16 (per-layer representative)"
-    )
+    ap.add_argument("--llama-layers", type=int, default=1, help="of Llama-3.2-1B's 16 (per-layer representative)")
     ap.add_argument("--vision-layers", type=int, default=2, help="of the Qwen2-VL-2B vision tower's 32")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--image", type=int, default=448, help="side in pixels (a multiple of 28)")
@@ -125,12 +125,8 @@ def main() -> dict:
             f"{r['injected_ms']:.0f} ms | ratio {r['latency_ratio']:.3f} (rounds {r['round_ratio_min']:.3f}-"
             f"{r['round_ratio_max']:.3f}) | matmul FLOP ratio {r['flop_ratio']:.3f}"
         )
-    print(
-        f"  whole 16-layer Llama-3.2-1B with its LM head: FLOP ratio {result['llama']['full_model_flop_ratio']:.3f}"
-    )
-    print(
-        f"  {machine()}; 1-min load average {', '.join(f'{x:.1f}' for x in load)} (start, after each shape)"
-    )
+    print(f"  whole 16-layer Llama-3.2-1B with its LM head: FLOP ratio {result['llama']['full_model_flop_ratio']:.3f}")
+    print(f"  {machine()}; 1-min load average {', '.join(f'{x:.1f}' for x in load)} (start, after each shape)")
     write_json(args.json, result)
     return result
 

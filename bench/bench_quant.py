@@ -47,9 +47,7 @@ def child(variant: str, shape: str, batch: int, seq: int) -> dict:
     from mmpreproj.integrations.quantized import model_bytes, quantize_frozen_base
 
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(
-        vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, **PYTHIA_SHAPES[shape]
-    )
+    cfg = GPTNeoXConfig(vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, **PYTHIA_SHAPES[shape])
     model = GPTNeoXForCausalLM(cfg).eval()
     if variant != "float32":
         quantize_frozen_base(model, variant)
@@ -134,16 +132,14 @@ def main() -> None:
     ref = med.get("float32")
     mib = 2**20
     print(
-        f"GPT-NeoX {args.shape} shape, frozen probe (pre-projection + skip, {runs[args.variants[0]][0]['trainable_params']:,} "
+        f"GPT-NeoX {args.shape} shape, frozen probe (pre-projection + skip, "
+        f"{runs[args.variants[0]][0]['trainable_params']:,} "
         f"fp32 trainable), one step at {args.batch} x {args.seq} tokens, median of {args.repeats} child runs"
     )
     print("| base | base params MiB | steady RSS MiB | step peak RSS MiB | peak - steady MiB |")
     print("|---|---|---|---|---|")
     for v, m in med.items():
-        cells = [
-            f"{m[k] / mib:,.0f}" + (f" ({m[k] / ref[k]:.2f}x)" if ref and v != "float32" else "")
-            for k in keys
-        ]
+        cells = [f"{m[k] / mib:,.0f}" + (f" ({m[k] / ref[k]:.2f}x)" if ref and v != "float32" else "") for k in keys]
         print(f"| {v} | " + " | ".join(cells) + " |")
     print(
         f"load average (1/5/15 min): before {' '.join(load_before)}, after {' '.join(load_after)}; "

@@ -64,22 +64,16 @@ def case_3d(q: torch.Tensor, k: torch.Tensor) -> tuple[Callable[[], Pair], Calla
     return (lambda: rope(q, k, pos)), (lambda: (apply_rotary_emb(q, freqs), apply_rotary_emb(k, freqs)))
 
 
-def case_1d(
-    q: torch.Tensor, k: torch.Tensor, rotary_pct: float
-) -> tuple[Callable[[], Pair], Callable[[], Pair]]:
+def case_1d(q: torch.Tensor, k: torch.Tensor, rotary_pct: float) -> tuple[Callable[[], Pair], Callable[[], Pair]]:
     """Llama (full rotary) or GPT-NeoX (rotary_pct=0.25) over 512 tokens."""
     n = q.shape[2]
     position_ids = torch.arange(n)[None].expand(B, -1)
-    common = dict(
-        hidden_size=D * H, num_attention_heads=H, num_hidden_layers=1, intermediate_size=8, vocab_size=8
-    )
+    common = dict(hidden_size=D * H, num_attention_heads=H, num_hidden_layers=1, intermediate_size=8, vocab_size=8)
     if rotary_pct == 1.0:
         cos, sin = llama.LlamaRotaryEmbedding(LlamaConfig(**common))(q, position_ids)
         apply = llama.apply_rotary_pos_emb
     else:
-        cos, sin = neox.GPTNeoXRotaryEmbedding(GPTNeoXConfig(**common, rotary_pct=rotary_pct))(
-            q, position_ids
-        )
+        cos, sin = neox.GPTNeoXRotaryEmbedding(GPTNeoXConfig(**common, rotary_pct=rotary_pct))(q, position_ids)
         apply = neox.apply_rotary_pos_emb
     rope = RoPE1D(D, rotary_fraction=rotary_pct)
     return (lambda: rope(q, k, position_ids)), (lambda: apply(q, k, cos, sin))
@@ -103,9 +97,7 @@ def flash_attn_apply_rotary_emb_torch(
     return torch.cat((x[..., :ro_dim] * cos + rot * sin, x[..., ro_dim:]), dim=-1)
 
 
-def case_flash(
-    q: torch.Tensor, k: torch.Tensor, interleaved: bool
-) -> tuple[Callable[[], Pair], Callable[[], Pair]]:
+def case_flash(q: torch.Tensor, k: torch.Tensor, interleaved: bool) -> tuple[Callable[[], Pair], Callable[[], Pair]]:
     """flash-attn reference semantics (layout (B, S, H, D)) vs RoPE1D, full rotary over 512 tokens."""
     n = q.shape[2]
     inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)

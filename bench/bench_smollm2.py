@@ -50,7 +50,9 @@ def build(base: nn.Module, variant: str) -> nn.Module:
     if variant == "preproj_skip":
         return apply_method(model, "preproj_skip")
     if variant == "preproj_skip@1%":
-        return apply_method(model, "preproj_skip", sizes=sizes_for_budget("preproj_skip", budget, dim=dim, layers=layers))
+        return apply_method(
+            model, "preproj_skip", sizes=sizes_for_budget("preproj_skip", budget, dim=dim, layers=layers)
+        )
     if variant == "lora r=64":
         return apply_method(model, "lora", lora_r=64, lora_alpha=128)
     r = sizes_for_budget("lora", budget, dim=dim, layers=layers, lora_per_rank=lora_per_rank(base))["lora_r"]
@@ -83,16 +85,29 @@ def step_fn(model: nn.Module, ids: torch.Tensor, dtype: str) -> Callable[[], Non
 def decode_fn(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> Callable[[], None]:
     def run() -> None:
         with torch.no_grad():
-            model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                           pad_token_id=0)
+            model.generate(
+                prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+            )
 
     return run
 
 
 def peak_memory(args: argparse.Namespace, variant: str, dtype: str) -> float:
     """MB of resident memory a training step adds over the loaded model, measured in a fresh process."""
-    cmd = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch), "--seq", str(args.seq),
-           "--one", variant, "--dtypes", dtype]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--model",
+        args.model,
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--one",
+        variant,
+        "--dtypes",
+        dtype,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["mb"]
 
@@ -135,11 +150,21 @@ def main() -> None:
         fn()
         print(json.dumps({"mb": _status_mb("VmHWM") - before}))
         return
-    result: dict = {"machine": machine(), "model": args.model, "batch": args.batch, "seq": args.seq,
-                    "repeats": args.repeats, "train_step": {}, "decode_per_token": {}, "peak_mb": {}}
+    result: dict = {
+        "machine": machine(),
+        "model": args.model,
+        "batch": args.batch,
+        "seq": args.seq,
+        "repeats": args.repeats,
+        "train_step": {},
+        "decode_per_token": {},
+        "peak_mb": {},
+    }
     for dtype in dtypes:
         base = load_model(args.model, DTYPES[dtype]).eval()
-        ids = torch.randint(0, base.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            0, base.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)
+        )
         models = {v: build(base, v) for v in VARIANTS}
         times = interleaved_medians({v: step_fn(m, ids, dtype) for v, m in models.items()}, args.repeats, warmup=1)
         result["train_step"][dtype] = times
@@ -151,8 +176,9 @@ def main() -> None:
         if dtype == dtypes[0]:
             prompt = ids[:1, :64]
             dec = {v: models[v] for v in ("base", "preproj_skip", "lora r=64")}
-            dt = interleaved_medians({v: decode_fn(m.eval(), prompt, args.decode_tokens) for v, m in dec.items()},
-                                     args.repeats, warmup=1)
+            dt = interleaved_medians(
+                {v: decode_fn(m.eval(), prompt, args.decode_tokens) for v, m in dec.items()}, args.repeats, warmup=1
+            )
             per = {v: t / args.decode_tokens for v, t in dt.items()}
             result["decode_per_token"][dtype] = per
             print(f"\n{dtype}: greedy decode, KV cache, prompt 64, {args.decode_tokens} new tokens")

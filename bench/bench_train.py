@@ -93,11 +93,16 @@ def main() -> dict:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     res = run(a.shape, a.seq, a.batch, a.repeats)
-    print(f"frozen-probe step, GPT-NeoX {a.shape} shape, {a.batch} x {a.seq} tokens, LoRA r={res['lora_r']}, {res['machine']}")
+    print(
+        f"frozen-probe step, GPT-NeoX {a.shape} shape, {a.batch} x {a.seq} tokens, "
+        f"LoRA r={res['lora_r']}, {res['machine']}"
+    )
     print(f"  {'variant':<14} {'trainable':>11} {'tokens/s':>9} {'vs base':>8} {'memory MB':>10} {'vs base':>8}")
     for k, r in res["rows"].items():
-        print(f"  {k:<14} {r['trainable_params']:>11,} {r['tokens_per_s']:>9.0f} {r['speed_vs_base']:>8.2f}"
-              f" {r['memory_mb']:>10.0f} {r['memory_vs_base']:>8.2f}")
+        print(
+            f"  {k:<14} {r['trainable_params']:>11,} {r['tokens_per_s']:>9.0f} {r['speed_vs_base']:>8.2f}"
+            f" {r['memory_mb']:>10.0f} {r['memory_vs_base']:>8.2f}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -103,6 +103,7 @@ def main() -> dict:
         def run():
             with torch.no_grad():
                 model(ids)
+
         return run
 
     def train_step(model):
@@ -114,16 +115,20 @@ def main() -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
         return run
 
     flops = {k: count_flops(forward(m)) for k, m in models.items()}
     fwd = interleaved_medians({k: forward(m) for k, m in models.items()}, repeats=args.repeats)
     for m in models.values():
         m.train()
-    step = interleaved_medians({k: train_step(models[k]) for k in ("inject", "peft", "authors")},
-                               repeats=args.repeats)
+    step = interleaved_medians({k: train_step(models[k]) for k in ("inject", "peft", "authors")}, repeats=args.repeats)
     result = {
-        "machine": machine(), "shape": args.shape, "seq": args.seq, "batch": args.batch, "repeats": args.repeats,
+        "machine": machine(),
+        "shape": args.shape,
+        "seq": args.seq,
+        "batch": args.batch,
+        "repeats": args.repeats,
         "flop_ratio": flops["inject"] / flops["base"],
         "forward_over_base": {k: fwd[k] / fwd["base"] for k in ("inject", "peft", "authors")},
         "step_over_authors": {k: step[k] / step["authors"] for k in ("inject", "peft")},

@@ -55,20 +55,28 @@ def main() -> dict:
         flops = {k: count_flops(fwd(m)) for k, m in models.items()}
         times = interleaved_medians({k: fwd(m) for k, m in models.items()}, repeats=args.repeats, warmup=args.warmup)
     result = {
-        "model": args.model, "batch": args.batch, "size": args.size, "repeats": args.repeats, "machine": machine(),
+        "model": args.model,
+        "batch": args.batch,
+        "size": args.size,
+        "repeats": args.repeats,
+        "machine": machine(),
         "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "ms": {k: 1e3 * t for k, t in times.items()},
         "latency_ratio": {k: t / times["base"] for k, t in times.items()},
         "flop_ratio": {k: f / flops["base"] for k, f in flops.items()},
         "gflops": {k: f / 1e9 for k, f in flops.items()},
     }
-    print(f"{args.model} (pretrained=False), batch {args.batch} x {args.size}x{args.size}, {result['machine']}, "
-          f"load avg {result['load_avg_1_5_15']}")
+    print(
+        f"{args.model} (pretrained=False), batch {args.batch} x {args.size}x{args.size}, {result['machine']}, "
+        f"load avg {result['load_avg_1_5_15']}"
+    )
     print("| variant | forward ms (median) | latency ratio | matmul GFLOPs | FLOP ratio |")
     print("|---|---|---|---|---|")
     for k in models:
-        print(f"| {k} | {result['ms'][k]:.0f} | {result['latency_ratio'][k]:.3f} | {result['gflops'][k]:.1f} | "
-              f"{result['flop_ratio'][k]:.3f} |")
+        print(
+            f"| {k} | {result['ms'][k]:.0f} | {result['latency_ratio'][k]:.3f} | {result['gflops'][k]:.1f} | "
+            f"{result['flop_ratio'][k]:.3f} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

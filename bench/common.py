@@ -18,7 +18,9 @@ PYTHIA_SHAPES = {
 }
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2) -> dict[str, list[float]]:
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2
+) -> dict[str, list[float]]:
     """Every wall time (s) of each function, run round-robin so drift on a noisy machine hits all alike."""
     for _ in range(warmup):
         for fn in fns.values():
@@ -47,7 +49,9 @@ def count_flops(fn: Callable[[], object]) -> int:
 def machine() -> str:
     import platform
 
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
 
 
 def write_json(path: str | None, result: dict) -> None:

@@ -117,7 +117,8 @@ def forward_case(models: dict, ids: torch.Tensor, clock: Clock, repeats: int, pe
         rows = side_by_side(calls, clock, repeats)
         for k, fn in calls.items():
             rows[k].update(tokens_per_s=ids.numel() / (rows[k]["ms"] / 1e3),
-                           mfu=flops_of(fn) / (rows[k]["ms"] / 1e3) / peak, peak_gb=peak_gb(ids.device, fn))  # fmt: skip
+                           mfu=flops_of(fn) / (rows[k]["ms"] / 1e3) / peak,
+                           peak_gb=peak_gb(ids.device, fn))  # fmt: skip
     return rows
 
 
@@ -169,7 +170,8 @@ def fmt_row(name: str, r: dict) -> str:
     mem = f"{r['peak_gb']:.2f} GiB" if r.get("peak_gb") is not None else "-"
     extra = f"  MFU {100 * r['mfu']:.1f}%" if "mfu" in r else ""
     per_tok = f" ({r['ms_per_token']:.2f} ms/token)" if "ms_per_token" in r else ""
-    return (f"  {name:<14} {r['ms']:8.2f} ms ({r['ms_min']:.2f}-{r['ms_max']:.2f}){per_tok}  {r['tokens_per_s']:>10.0f} tok/s"
+    return (f"  {name:<14} {r['ms']:8.2f} ms ({r['ms_min']:.2f}-{r['ms_max']:.2f}){per_tok}  "
+            f"{r['tokens_per_s']:>10.0f} tok/s"
             f"{extra}  peak {mem}  / base {r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})")  # fmt: skip
 
 

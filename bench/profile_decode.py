@@ -60,14 +60,18 @@ def main() -> None:
         ic, it = i_ops.get(k, (0, 0.0))
         rows.append((k, bc / n, ic / n, bt / n, it / n))
     rows.sort(key=lambda r: r[4] - r[3], reverse=True)
-    print(f"{a.shape} {a.dtype} decode, per step ({n} steps after 128): op | calls base -> injected | self CPU us "
-          "base -> injected (diff)")
+    print(
+        f"{a.shape} {a.dtype} decode, per step ({n} steps after 128): op | calls base -> injected | self CPU us "
+        "base -> injected (diff)"
+    )
     for k, bc, ic, bt, it in rows[: a.top]:
         print(f"  {k:<42} {bc:7.0f} -> {ic:7.0f} | {bt:9.0f} -> {it:9.0f} ({it - bt:+8.0f})")
     tot = lambda ops, i: sum(v[i] for v in ops.values()) / n  # noqa: E731
-    print(f"total op calls per step {tot(b_ops, 0):.0f} -> {tot(i_ops, 0):.0f}; self CPU ms per step "
-          f"{tot(b_ops, 1) / 1e3:.1f} -> {tot(i_ops, 1) / 1e3:.1f}; wall ms per step (profiled) "
-          f"{1e3 * b_wall / n:.1f} -> {1e3 * i_wall / n:.1f}")
+    print(
+        f"total op calls per step {tot(b_ops, 0):.0f} -> {tot(i_ops, 0):.0f}; self CPU ms per step "
+        f"{tot(b_ops, 1) / 1e3:.1f} -> {tot(i_ops, 1) / 1e3:.1f}; wall ms per step (profiled) "
+        f"{1e3 * b_wall / n:.1f} -> {1e3 * i_wall / n:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,9 +13,23 @@ from typing import Any
 __all__ = ["main", "build_parser"]
 
 TRAIN_FLAGS = {  # CLI flag -> TrainConfig field, for the optional overrides of a preset
-    "model": str, "data": str, "data_config": str, "num_lines": int, "max_len": int, "steps": int,
-    "warmup_steps": int, "lr": float, "batch_size": int, "grad_accum": int, "seed": int, "device": str,
-    "save_every": int, "precision": str, "model_dtype": str, "lora_r": int, "lora_alpha": int,
+    "model": str,
+    "data": str,
+    "data_config": str,
+    "num_lines": int,
+    "max_len": int,
+    "steps": int,
+    "warmup_steps": int,
+    "lr": float,
+    "batch_size": int,
+    "grad_accum": int,
+    "seed": int,
+    "device": str,
+    "save_every": int,
+    "precision": str,
+    "model_dtype": str,
+    "lora_r": int,
+    "lora_alpha": int,
     "parallel": str,
 }
 
@@ -25,8 +39,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     from .train.presets import PRESETS
 
     p.add_argument("--method", choices=METHODS, default="preproj_skip", help="what trains (default: %(default)s)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="mini",
-                   help="hyperparameters to start from; other flags override them (default: %(default)s)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="mini",
+        help="hyperparameters to start from; other flags override them (default: %(default)s)",
+    )
     p.add_argument("--out", default=None, help="run folder (default: runs/<preset>-<method>)")
     for flag, typ in TRAIN_FLAGS.items():
         kw: dict[str, Any] = {"type": typ, "default": None}
@@ -36,13 +54,20 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kw["choices"] = MODEL_DTYPES
         if flag == "parallel":
             kw["choices"] = PARALLEL
-        helps = {"model": "hub id or local folder", "data": "hub dataset id or local text file (one example per line)",
-                 "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)"}
+        helps = {
+            "model": "hub id or local folder",
+            "data": "hub dataset id or local text file (one example per line)",
+            "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)",
+        }
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
     _add_size_args(p)
     p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
-    p.add_argument("--paper-bf16-weights", action="store_true", default=None,
-                   help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)")
+    p.add_argument(
+        "--paper-bf16-weights",
+        action="store_true",
+        default=None,
+        help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)",
+    )
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
     p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
@@ -61,17 +86,32 @@ def _preset_value(field: str) -> str:
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
     """The injected modules' sizes (TrainConfig / PreProjConfig fields of the same names)."""
-    p.add_argument("--expansion", type=float, default=None,
-                   help="pre-projection inner width / d, below 1 a bottleneck (e.g. 0.0625) "
-                        f"(default: the preset's, {_preset_value('expansion')})")
-    p.add_argument("--skip-rank", type=int, default=None,
-                   help="rank r of a low-rank skip W_skip = B A, 2*r*d weights per block "
-                        f"(default: the preset's, {_preset_value('skip_rank')}; None = the full d x d skip)")
-    p.add_argument("--layers", default=None,
-                   help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
-                        f"{_preset_value('layers')}; None = every block)")
-    p.add_argument("--parts", default=None,
-                   help=f"comma-separated host parts to inject into (default: the preset's, {_preset_value('parts')}; None = the host row's parts)")
+    p.add_argument(
+        "--expansion",
+        type=float,
+        default=None,
+        help="pre-projection inner width / d, below 1 a bottleneck (e.g. 0.0625) "
+        f"(default: the preset's, {_preset_value('expansion')})",
+    )
+    p.add_argument(
+        "--skip-rank",
+        type=int,
+        default=None,
+        help="rank r of a low-rank skip W_skip = B A, 2*r*d weights per block "
+        f"(default: the preset's, {_preset_value('skip_rank')}; None = the full d x d skip)",
+    )
+    p.add_argument(
+        "--layers",
+        default=None,
+        help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
+        f"{_preset_value('layers')}; None = every block)",
+    )
+    p.add_argument(
+        "--parts",
+        default=None,
+        help=f"comma-separated host parts to inject into (default: the preset's, {_preset_value('parts')}; "
+        "None = the host row's parts)",
+    )
 
 
 def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,7 +135,13 @@ def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = out.get(name)
         top = MAX_EXPANSION if name == "expansion" else float("inf")
         if value is not None and not (0 < value <= top and value == value and value != float("inf")):
-            raise ValueError(f"{flag} {value}; must be {'an int >= 1 (and at most the model width d)' if name == 'skip_rank' else f'a finite number in (0, {MAX_EXPANSION}] (the inner width int(expansion*d) is at most {MAX_EXPANSION}*d)'}")
+            must = (
+                "an int >= 1 (and at most the model width d)"
+                if name == "skip_rank"
+                else f"a finite number in (0, {MAX_EXPANSION}] "
+                f"(the inner width int(expansion*d) is at most {MAX_EXPANSION}*d)"
+            )
+            raise ValueError(f"{flag} {value}; must be {must}")
     return out
 
 
@@ -104,19 +150,34 @@ def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> Non
 
     if single_model:
         p.add_argument("--model", default="assets/mini-pythia", help="hub id or local folder (default: %(default)s)")
-        p.add_argument("--adapter", action="append", default=None,
-                       help="a run folder or adapter folder to load on top of the model; several (a,b or repeated "
-                            "--adapter) are scored one after another on the base loaded once, one table row each")
-        p.add_argument("--tasks", default="ppl,lambada,hellaswag,arc_easy",
-                       help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)")
+        p.add_argument(
+            "--adapter",
+            action="append",
+            default=None,
+            help="a run folder or adapter folder to load on top of the model; several (a,b or repeated "
+            "--adapter) are scored one after another on the base loaded once, one table row each",
+        )
+        p.add_argument(
+            "--tasks",
+            default="ppl,lambada,hellaswag,arc_easy",
+            help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)",
+        )
         p.add_argument("--json", default=None, help="write the results here")
         p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--ppl-split", choices=("validation", "test", "heldout"), default="validation",
-                       help="WikiText rows for line PPL; heldout = validation rows 3240 on (default: %(default)s)")
+        p.add_argument(
+            "--ppl-split",
+            choices=("validation", "test", "heldout"),
+            default="validation",
+            help="WikiText rows for line PPL; heldout = validation rows 3240 on (default: %(default)s)",
+        )
     p.add_argument("--protocol", choices=PROTOCOLS, default="paper", help="(default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="examples per task (default: the protocol's own)")
-    p.add_argument("--data-source", choices=DATA_SOURCES, default="local",
-                   help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies")
+    p.add_argument(
+        "--data-source",
+        choices=DATA_SOURCES,
+        default="local",
+        help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -140,8 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--texts", type=int, default=32, help="evaluation rows for the routing ratio (0 = skip it)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
 
-    for name, helptext in (("reproduce", "baseline + every method, one Table-2-style table"),
-                           ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods")):
+    for name, helptext in (
+        ("reproduce", "baseline + every method, one Table-2-style table"),
+        ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods"),
+    ):
         p = sub.add_parser(name, help=helptext)
         from .train.methods import METHODS
         from .train.presets import PRESETS
@@ -149,15 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "reproduce":
             p.add_argument("--preset", choices=sorted(PRESETS), required=True)
         p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
-        p.add_argument("--methods", default=None,
-                       help=f"comma-separated subset of {', '.join(METHODS)} (default: all of them)")
+        p.add_argument(
+            "--methods", default=None, help=f"comma-separated subset of {', '.join(METHODS)} (default: all of them)"
+        )
         _add_eval_args(p, single_model=False)
         p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
         p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
         p.add_argument("--data", default=None, help="override the preset's training data (hub id or local file)")
-        p.add_argument("--seeds", default=None,
-                       help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
-                            "(default: the preset's seed)")
+        p.add_argument(
+            "--seeds",
+            default=None,
+            help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
+            "(default: the preset's seed)",
+        )
         _add_size_args(p)
 
     p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
@@ -166,7 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
     p.add_argument("--methods", default="preproj_skip,lora", help="comma-separated (default: %(default)s)")
-    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="peak LRs, distinct finite numbers > 0 (default: %(default)s)")
+    p.add_argument(
+        "--lrs",
+        default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
+        help="peak LRs, distinct finite numbers > 0 (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=None, help="override the preset's seed")
     p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
@@ -175,23 +246,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_size_args(p)
 
-    p = sub.add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
+    p = sub.add_parser(
+        "budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png"
+    )
     from .experiments.budget import DEFAULT_BUDGETS
     from .train.sizes import BUDGET_METHODS
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-budget)")
-    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
-                   help="fractions of the base's parameters (default: %(default)s)")
+    p.add_argument(
+        "--budgets",
+        default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
+        help="fractions of the base's parameters (default: %(default)s)",
+    )
     p.add_argument("--methods", default=",".join(BUDGET_METHODS), help="comma-separated (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=3, help="seeds at each best LR (default: %(default)s)")
     p.add_argument("--seed-methods", default=None, help="methods that get the extra seeds (default: all)")
     p.add_argument("--lrs", default=None, help="start LRs for every method (default: each method's own, 2x apart)")
-    p.add_argument("--max-extend", type=int, default=3,
-                   help="LRs added past an edge while the best is there (default: %(default)s)")
+    p.add_argument(
+        "--max-extend",
+        type=int,
+        default=3,
+        help="LRs added past an edge while the best is there (default: %(default)s)",
+    )
     p.add_argument("--no-paper-point", action="store_true", help="leave out the paper's full-size preproj_skip")
-    p.add_argument("--read-only", action="store_true",
-                   help="train nothing: read back the finished points and write the report (the rest: not run)")
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="train nothing: read back the finished points and write the report (the rest: not run)",
+    )
     p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--data-source", choices=("local", "hub"), default="local")
@@ -211,7 +294,9 @@ def _names(flag: str, value: str | None, allowed: Sequence[str]) -> list[str] | 
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
-        raise ValueError(f"{flag} {value!r}: {'unknown ' + str(unknown) if unknown else 'empty'}; allowed: {', '.join(allowed)}")
+        raise ValueError(
+            f"{flag} {value!r}: {'unknown ' + str(unknown) if unknown else 'empty'}; allowed: {', '.join(allowed)}"
+        )
     twice = [n for i, n in enumerate(names) if n in names[:i]]
     if twice:
         raise ValueError(f"{flag} {value!r}: names {twice[0]!r} twice; each name once, from {', '.join(allowed)}")
@@ -219,8 +304,14 @@ def _names(flag: str, value: str | None, allowed: Sequence[str]) -> list[str] | 
 
 
 # what a path option takes, for the message when it is given empty (`--out ''` is never read as the default)
-_PATH_OPTIONS = {"out": "a folder", "model": "a hub id or a local folder", "data": "a hub dataset id or a local text file",
-                 "json": "a file name", "adapter": "a run folder or an adapter folder", "runs": "a run folder"}
+_PATH_OPTIONS = {
+    "out": "a folder",
+    "model": "a hub id or a local folder",
+    "data": "a hub dataset id or a local text file",
+    "json": "a file name",
+    "adapter": "a run folder or an adapter folder",
+    "runs": "a run folder",
+}
 
 
 def _refuse_empty(args: argparse.Namespace) -> None:
@@ -232,7 +323,14 @@ def _refuse_empty(args: argparse.Namespace) -> None:
         flag = "run folder" if dest == "runs" else "--" + dest.replace("_", "-")
         if dest in _PATH_OPTIONS:
             raise ValueError(f"{flag}: empty path; pass {_PATH_OPTIONS[dest]}")
-        if dest not in ("tasks", "methods", "lrs", "seeds", "budgets", "seed_methods"):  # lists: their own check names the allowed values
+        if dest not in (
+            "tasks",
+            "methods",
+            "lrs",
+            "seeds",
+            "budgets",
+            "seed_methods",
+        ):  # lists: their own check names the allowed values
             raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
 
 
@@ -265,8 +363,9 @@ def _adapter_folder(flag: str, value: str) -> None:
 
     _existing(flag, value)
     if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
-        raise ValueError(f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an "
-                         "adapter folder")
+        raise ValueError(
+            f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an adapter folder"
+        )
 
 
 def _model(flag: str, value: str | None) -> None:
@@ -288,7 +387,9 @@ def _data(flag: str, value: str | None) -> None:
         return
     local = resolve_path(value)
     if local is None and looks_like_path(value):
-        raise ValueError(f"{flag} {value}: no such file (a local text file, one example per line; or a hub dataset id)")
+        raise ValueError(
+            f"{flag} {value}: no such file (a local text file, one example per line; or a hub dataset id)"
+        )
     if local is not None and not local.is_file():
         raise ValueError(f"{flag} {value}: is a folder; pass a text file, one example per line")
 
@@ -352,8 +453,11 @@ def _check_args(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> str:
     from .train import get_preset, train
 
-    overrides = {k: getattr(args, k) for k in (*TRAIN_FLAGS, "packing", "paper_bf16_weights", "gradient_checkpointing",
-                                               "resume", "overwrite") if getattr(args, k, None) is not None}
+    overrides = {
+        k: getattr(args, k)
+        for k in (*TRAIN_FLAGS, "packing", "paper_bf16_weights", "gradient_checkpointing", "resume", "overwrite")
+        if getattr(args, k, None) is not None
+    }
     if "steps" in overrides and "warmup_steps" not in overrides:  # keep warmup within a shortened run
         from .train.presets import PRESETS
 
@@ -364,7 +468,9 @@ def _train(args: argparse.Namespace) -> str:
     result = train(cfg)
     _loss_curve_png(out)
     m = result.metrics
-    return f"trained {cfg.method} on {cfg.model}: {m.get('steps')} steps, final loss {m.get('final_loss'):.4f} -> {out}"
+    return (
+        f"trained {cfg.method} on {cfg.model}: {m.get('steps')} steps, final loss {m.get('final_loss'):.4f} -> {out}"
+    )
 
 
 def _loss_curve_png(run: str) -> None:
@@ -372,7 +478,11 @@ def _loss_curve_png(run: str) -> None:
     import importlib.util
     import os
 
-    if os.environ.get("RANK", "0") == "0" and (Path(run) / "log.jsonl").is_file() and importlib.util.find_spec("matplotlib"):
+    if (
+        os.environ.get("RANK", "0") == "0"
+        and (Path(run) / "log.jsonl").is_file()
+        and importlib.util.find_spec("matplotlib")
+    ):
         from .analysis import plot_loss_curve
 
         plot_loss_curve(run)
@@ -401,8 +511,15 @@ def _eval(args: argparse.Namespace) -> str:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.json:  # checked and its folder made before the work, so the results cannot be lost at the end
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    opts = dict(tasks=tasks, protocol=args.protocol, limit=args.limit, data_source=args.data_source,
-                batch_size=args.batch_size, ppl_split=args.ppl_split, progress=not args.no_progress)
+    opts = dict(
+        tasks=tasks,
+        protocol=args.protocol,
+        limit=args.limit,
+        data_source=args.data_source,
+        batch_size=args.batch_size,
+        ppl_split=args.ppl_split,
+        progress=not args.no_progress,
+    )
     if len(adapters) > 1:  # one base, each adapter in turn: {adapter: {task: metrics}}
         by_adapter = evaluate_adapters(model, tok, adapters, **opts)
         text = json.dumps(by_adapter, indent=2)
@@ -418,7 +535,9 @@ def _eval(args: argparse.Namespace) -> str:
     if args.json:
         atomic_write(args.json, lambda f: Path(f).write_text(text + "\n", encoding="utf-8"))
     print(text)
-    parts = [f"{t}: " + ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float)) for t, r in res.items()]
+    parts = [
+        f"{t}: " + ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float)) for t, r in res.items()
+    ]
     return "; ".join(p for p in parts)
 
 
@@ -448,8 +567,12 @@ def _analyze(args: argparse.Namespace) -> str:
     (out / "skip_norms.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_skip_norms({Path(r).name: list(e["skip_norms"].values()) for r, e in report.items()}, out / "skip_norms.png")
     if args.texts:
-        plot_skip_norms({Path(r).name: list(e["routing_ratios"].values()) for r, e in report.items()},
-                        out / "routing_ratios.png", title="||W_skip x~|| / ||attn_out|| per layer", ylabel="ratio")
+        plot_skip_norms(
+            {Path(r).name: list(e["routing_ratios"].values()) for r, e in report.items()},
+            out / "routing_ratios.png",
+            title="||W_skip x~|| / ||attn_out|| per layer",
+            ylabel="ratio",
+        )
     return f"wrote {out / 'skip_norms.json'} and {out / 'skip_norms.png'}"
 
 
@@ -459,8 +582,13 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
 
     methods = _names("--methods", args.methods, METHODS)
     out = args.out or f"runs/{preset}"
-    kwargs: dict[str, Any] = {"data_source": args.data_source, "protocol": args.protocol, "progress": not args.no_progress,
-                              "seeds": args.seeds, "command": _command_line()}
+    kwargs: dict[str, Any] = {
+        "data_source": args.data_source,
+        "protocol": args.protocol,
+        "progress": not args.no_progress,
+        "seeds": args.seeds,
+        "command": _command_line(),
+    }
     if methods or args.command == "demo":
         from .experiments.reproduce import DEMO_METHODS
 
@@ -491,9 +619,18 @@ def _sweep(args: argparse.Namespace) -> str:
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
     methods = _names("--methods", args.methods, METHODS)
-    lr_sweep(args.preset, out, methods, parse_lrs(args.lrs, flag="--lrs"), seed=args.seed, data_source=args.data_source,
-             eval_settings={"limit": args.limit} if args.limit is not None else None,
-             train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line())
+    lr_sweep(
+        args.preset,
+        out,
+        methods,
+        parse_lrs(args.lrs, flag="--lrs"),
+        seed=args.seed,
+        data_source=args.data_source,
+        eval_settings={"limit": args.limit} if args.limit is not None else None,
+        train_overrides=_repro_overrides(args),
+        progress=not args.no_progress,
+        command=_command_line(),
+    )
     print((Path(out) / "sweep.md").read_text())
     return f"{out}/report.md, lr_sweep.png"
 
@@ -505,12 +642,22 @@ def _budget(args: argparse.Namespace) -> str:
 
     out = args.out or f"runs/{args.preset}-budget"
     methods = _names("--methods", args.methods, BUDGET_METHODS)
-    budget_study(args.preset, out, parse_budgets(args.budgets, flag="--budgets"), methods, seeds=args.seeds,
-                 seed_methods=_names("--seed-methods", args.seed_methods, methods),
-                 start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None, max_extend=args.max_extend,
-                 paper_point=not args.no_paper_point, data_source=args.data_source,
-                 train_overrides=_repro_overrides(args), progress=not args.no_progress, command=_command_line(),
-                 read_only=args.read_only)
+    budget_study(
+        args.preset,
+        out,
+        parse_budgets(args.budgets, flag="--budgets"),
+        methods,
+        seeds=args.seeds,
+        seed_methods=_names("--seed-methods", args.seed_methods, methods),
+        start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None,
+        max_extend=args.max_extend,
+        paper_point=not args.no_paper_point,
+        data_source=args.data_source,
+        train_overrides=_repro_overrides(args),
+        progress=not args.no_progress,
+        command=_command_line(),
+        read_only=args.read_only,
+    )
     return f"{out}/report.md, pareto.png"
 
 

@@ -36,8 +36,15 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-neox")
     tok = AutoTokenizer.from_pretrained(str(asset_path("mini-pythia")))
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, rotary_pct=0.25, max_position_embeddings=256)
+    cfg = GPTNeoXConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        rotary_pct=0.25,
+        max_position_embeddings=256,
+    )
     GPTNeoXForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -39,15 +39,14 @@ def test_every_subcommand_has_help(capsys):
         lines = [line.strip() for line in out.splitlines()]
         for action in parser._actions:
             names = action.option_strings or [action.metavar or action.dest]
-            assert any(
-                line.startswith(names[0]) and all(n in line for n in names) for line in lines
-            ), (cmd, names)
+            assert any(line.startswith(names[0]) and all(n in line for n in names) for line in lines), (cmd, names)
 
 
 @pytest.mark.slow
 def test_python_dash_m_works():
-    r = subprocess.run([sys.executable, "-m", "mmpreproj", "--help"], capture_output=True, text=True,
-                       timeout=HANG_GUARD_S)
+    r = subprocess.run(
+        [sys.executable, "-m", "mmpreproj", "--help"], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert r.returncode == 0 and "reproduce" in r.stdout
 
 
@@ -63,7 +62,9 @@ def _reference_model(tiny_model_dir, run=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    return (mmpreproj.load_adapter(model, run) if run is not None else model), AutoTokenizer.from_pretrained(tiny_model_dir)
+    return (mmpreproj.load_adapter(model, run) if run is not None else model), AutoTokenizer.from_pretrained(
+        tiny_model_dir
+    )
 
 
 def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
@@ -79,8 +80,21 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
     from mmpreproj.experiments.reproduce import _ratio_batches, _ratio_texts
 
     run = tmp_path / "run"
-    common = ["--model", str(tiny_model_dir), "--steps", "3", "--warmup-steps", "1", "--num-lines", "16",
-              "--max-len", "32", "--batch-size", "4", "--no-progress"]
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--num-lines",
+        "16",
+        "--max-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--no-progress",
+    ]
     assert main(["train", "--method", "preproj_skip", "--out", str(run), *common]) == 0
     assert (run / "adapter" / "adapter_model.safetensors").is_file() and (run / "metrics.json").is_file()
     metrics = json.loads((run / "metrics.json").read_text())
@@ -90,8 +104,25 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
 
     out_json = tmp_path / "eval.json"
     tasks = ["ppl", "lambada", "hellaswag"]
-    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(run), "--tasks", ",".join(tasks),
-                 "--limit", "12", "--json", str(out_json), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--adapter",
+                str(run),
+                "--tasks",
+                ",".join(tasks),
+                "--limit",
+                "12",
+                "--json",
+                str(out_json),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     res = json.loads(out_json.read_text())
     model, tok = _reference_model(tiny_model_dir, run)
     assert res == json.loads(json.dumps(evaluate(model, tok, tasks, limit=12, progress=False)))  # same numbers
@@ -102,8 +133,10 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
     assert main(["analyze", str(run), "--texts", "2"]) == 0
     norms = json.loads((run / "skip_norms.json").read_text())[str(run)]
     weights = load_file(str(run / "adapter" / "adapter_model.safetensors"))
-    by_hand = {str(i): weights[f"base_model.model.gpt_neox.layers.{i}.attention.skip.proj.weight"].norm().item()
-               for i in (0, 1)}  # peft's keys
+    by_hand = {
+        str(i): weights[f"base_model.model.gpt_neox.layers.{i}.attention.skip.proj.weight"].norm().item()
+        for i in (0, 1)
+    }  # peft's keys
     assert norms["skip_norms"] == pytest.approx(by_hand, rel=1e-6)
     with torch.no_grad():
         ratios = routing_ratios(model, _ratio_batches(tok, _ratio_texts("local", "test", 2), 32, torch.device("cpu")))
@@ -114,8 +147,27 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
 
 def test_reproduce_writes_table(tiny_model_dir, tmp_path):
     out = tmp_path / "rep"
-    assert main(["reproduce", "--preset", "mini", "--model", str(tiny_model_dir), "--methods", "skip,lora",
-                 "--steps", "2", "--limit", "12", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "--preset",
+                "mini",
+                "--model",
+                str(tiny_model_dir),
+                "--methods",
+                "skip,lora",
+                "--steps",
+                "2",
+                "--limit",
+                "12",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     table = (out / "table.md").read_text()
     assert table.count("| mini |") == 3 and "baseline" in table and "lora" in table
     rows = json.loads((out / "results.json").read_text())["rows"]
@@ -132,8 +184,10 @@ def test_table_puts_paper_figures_beside_ours():
 
     rows = [{"method": "preproj_skip", "params": 24_772_608, "lambada.acc": 0.2, "ppl.ppl": 50.0, "lambada.ppl": 9.5}]
     line = format_table(rows, "pythia-160m").splitlines()[2]
-    assert line == ("| pythia-160m | preproj_skip | 24.8M (24.8M) | 0.200 (0.180) | n/a (0.338) | n/a (0.348) "
-                    "| 50.0 (47.9) | 9.5 |")
+    assert line == (
+        "| pythia-160m | preproj_skip | 24.8M (24.8M) | 0.200 (0.180) | n/a (0.338) | n/a (0.348) "
+        "| 50.0 (47.9) | 9.5 |"
+    )
     assert "(" not in format_table(rows, "mini").splitlines()[2]
 
 
@@ -142,7 +196,8 @@ def test_unreachable_hub_model_fails_at_once_in_one_line(monkeypatch, capsys):
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
-    code = main(["train", "--preset", "pythia-160m", "--model", "no-such-org/no-such-model", "--steps", "2",
-                 "--no-progress"])
+    code = main(
+        ["train", "--preset", "pythia-160m", "--model", "no-such-org/no-such-model", "--steps", "2", "--no-progress"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "cannot be reached" in err[0] and "--model PATH" in err[0]

@@ -1,4 +1,5 @@
-"""The size flags (--expansion, --skip-rank, --layers, --parts) on train, sweep and reproduce, and `budget`'s checks."""
+"""The size flags (--expansion, --skip-rank, --layers, --parts) on train, sweep and reproduce, and `budget`'s
+checks."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from mmpreproj.cli import _repro_overrides, _size_overrides, build_parser, main
 
 @pytest.mark.parametrize("cmd", [["train"], ["sweep"], ["reproduce", "--preset", "mini"], ["demo"]])
 def test_size_flags_parse_into_train_config_fields(cmd):
-    args = build_parser().parse_args([*cmd, "--expansion", "0.0625", "--skip-rank", "8", "--layers", "0,-1",
-                                      "--parts", "language"])
+    args = build_parser().parse_args(
+        [*cmd, "--expansion", "0.0625", "--skip-rank", "8", "--layers", "0,-1", "--parts", "language"]
+    )
     want = {"expansion": 0.0625, "skip_rank": 8, "layers": [0, -1], "parts": ["language"]}
     assert _size_overrides(args) == want
     if cmd[0] != "train":
@@ -28,14 +30,21 @@ def test_help_shows_the_presets_value(cmd, capsys):
     assert "None in every preset; None = the full d x d skip" in out
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["train", "--layers", "0,x"], "--layers"), (["train", "--skip-rank", "0"], "--skip-rank"),
-    (["sweep", "--expansion", "-1"], "--expansion"), (["reproduce", "--preset", "mini", "--parts", ","], "--parts"),
-    (["train", "--method", "lora", "--skip-rank", "4"], "skip_rank"),
-    (["budget", "--budgets", "0.01,2"], "--budgets"), (["budget", "--methods", "lora,dora"], "--methods"),
-    (["budget", "--seed-methods", "skip", "--methods", "lora"], "--seed-methods"), (["budget", "--seeds", "0"], "--seeds"),
-    (["budget", "--lrs", "1e-3,x"], "--lrs"),
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["train", "--layers", "0,x"], "--layers"),
+        (["train", "--skip-rank", "0"], "--skip-rank"),
+        (["sweep", "--expansion", "-1"], "--expansion"),
+        (["reproduce", "--preset", "mini", "--parts", ","], "--parts"),
+        (["train", "--method", "lora", "--skip-rank", "4"], "skip_rank"),
+        (["budget", "--budgets", "0.01,2"], "--budgets"),
+        (["budget", "--methods", "lora,dora"], "--methods"),
+        (["budget", "--seed-methods", "skip", "--methods", "lora"], "--seed-methods"),
+        (["budget", "--seeds", "0"], "--seeds"),
+        (["budget", "--lrs", "1e-3,x"], "--lrs"),
+    ],
+)
 def test_bad_sizes_are_refused_in_one_line_naming_the_flag(argv, flag, capsys, tmp_path):
     code = main([*argv, "--out", str(tmp_path / "never")])
     err = capsys.readouterr().err.strip().splitlines()

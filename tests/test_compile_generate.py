@@ -119,8 +119,7 @@ def test_exported_program_round_trips_and_runs_without_mmpreproj_or_transformers
         "assert torch.equal(out, ref['logits']), (out - ref['logits']).abs().max()\n"
         "print('ok')\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=HANG_GUARD_S)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
 
 

@@ -14,15 +14,19 @@ from tests.helpers.zoo import llama_like, tiny_neox
 
 
 @pytest.mark.parametrize("fraction", [0.01, 0.05, 0.2])
-@pytest.mark.parametrize("build", [lambda: llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4),
-                                   lambda: tiny_neox()], ids=["llama", "neox"])
+@pytest.mark.parametrize(
+    "build",
+    [lambda: llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4), lambda: tiny_neox()],
+    ids=["llama", "neox"],
+)
 def test_trains_about_the_fraction_asked_for(build, fraction):
     model = build()
     total = sum(p.numel() for p in model.parameters())
     dim, layers = host_shape(model)
     cfg = PreProjConfig.for_budget(model, fraction)
     assert {"expansion": cfg.expansion, "skip_rank": cfg.skip_rank} == sizes_for_budget(
-        "preproj_skip", round(fraction * total), dim=dim, layers=layers)
+        "preproj_skip", round(fraction * total), dim=dim, layers=layers
+    )
     trainable, _ = get_peft_model(build(), cfg).get_nb_trainable_parameters()
     assert abs(trainable - fraction * total) <= 2 * dim * layers  # within one unit of 2 d L weights
     assert cfg.skip_rank < dim and int(cfg.expansion * dim) >= 1
@@ -31,11 +35,13 @@ def test_trains_about_the_fraction_asked_for(build, fraction):
 def test_small_budget_is_far_below_the_paper_size_and_near_lora():
     model = llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4)
     small, _ = get_peft_model(model, PreProjConfig.for_budget(model, 0.01)).get_nb_trainable_parameters()
-    full, _ = get_peft_model(llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4),
-                             PreProjConfig()).get_nb_trainable_parameters()
-    lora, _ = get_peft_model(llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4),
-                             LoraConfig(r=1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-                             ).get_nb_trainable_parameters()
+    full, _ = get_peft_model(
+        llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4), PreProjConfig()
+    ).get_nb_trainable_parameters()
+    lora, _ = get_peft_model(
+        llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, width=64, depth=4),
+        LoraConfig(r=1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ).get_nb_trainable_parameters()
     assert small < full / 5 and small < 4 * lora
 
 

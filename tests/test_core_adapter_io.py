@@ -32,8 +32,11 @@ def test_save_writes_only_injected_weights(trained_adapter):
     from safetensors.torch import load_file
 
     tensors = load_file(str(path / "adapter_model.safetensors"))
-    assert set(tensors) == {f"base_model.model.gpt_neox.layers.{i}.attention.{k}" for i in (0, 1)
-                            for k in ("preproj.up.weight", "preproj.down.weight", "skip.proj.weight")}  # peft's keys
+    assert set(tensors) == {
+        f"base_model.model.gpt_neox.layers.{i}.attention.{k}"
+        for i in (0, 1)
+        for k in ("preproj.up.weight", "preproj.down.weight", "skip.proj.weight")
+    }  # peft's keys
     assert json.loads((path / "adapter_config.json").read_text())["peft_type"] == "PREPROJ"
     desc = load_desc(path / "adapter_config.json")
     assert desc["host"] == "gpt_neox" and desc["hidden_size"] == 32 and desc["num_blocks"] == 2
@@ -116,7 +119,9 @@ def test_error_adapter_for_other_shape(trained_adapter, overrides, field):
     assert_unchanged(model, snap)
 
 
-@pytest.mark.parametrize("damage", ["missing_weights", "missing_config", "corrupt_weights", "corrupt_config", "wrong_keys"])
+@pytest.mark.parametrize(
+    "damage", ["missing_weights", "missing_config", "corrupt_weights", "corrupt_config", "wrong_keys"]
+)
 def test_error_missing_or_corrupt_files(trained_adapter, damage):
     path, _ = trained_adapter
     weights, config = path / "adapter_model.safetensors", path / "adapter_config.json"

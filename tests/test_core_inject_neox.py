@@ -68,7 +68,10 @@ def test_matches_hand_written_equations(neox, tokens):
     seen = {}
     layers = neox.gpt_neox.layers
     hooks = [
-        layer.register_forward_hook(lambda m, a, kw, out, i=i: seen.__setitem__(i, (kw.get("hidden_states", a[0] if a else None), out)), with_kwargs=True)
+        layer.register_forward_hook(
+            lambda m, a, kw, out, i=i: seen.__setitem__(i, (kw.get("hidden_states", a[0] if a else None), out)),
+            with_kwargs=True,
+        )
         for i, layer in enumerate(layers)
     ]
     with torch.no_grad():
@@ -86,8 +89,12 @@ def test_trainable_report_pythia_160m_shape():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     cfg = GPTNeoXConfig(
-        vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-        intermediate_size=3072, rotary_pct=0.25,
+        vocab_size=50304,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        rotary_pct=0.25,
     )
     with torch.device("meta"):
         model = GPTNeoXForCausalLM(cfg)
@@ -156,8 +163,9 @@ def _one_adamw_step_changed_fraction(weights_dtype: torch.dtype, tokens) -> floa
 def test_bf16_host_keeps_fp32_injected_weights_that_move_at_lr_1e5(tokens):
     model = tiny_neox().to(torch.bfloat16)
     mmpreproj.inject(model)
-    assert all(p.dtype == torch.float32 for w in mmpreproj.injected_modules(model) for p in w.parameters()
-               if p.requires_grad)
+    assert all(
+        p.dtype == torch.float32 for w in mmpreproj.injected_modules(model) for p in w.parameters() if p.requires_grad
+    )
     assert _one_adamw_step_changed_fraction(torch.float32, tokens) > 0.99
     # The paper's pure-bf16 weights: AdamW's first step moves each weight by ~lr = 1e-5, but a weight
     # of size ~0.01 has a bf16 ulp of 2^-14 = 6.1e-5, so the update is below half an ulp and rounds
@@ -187,4 +195,4 @@ def test_generate_with_kv_cache_matches_full_forward(neox, tokens):
     assert gen.shape == (2, tokens.shape[1] + 6) and torch.equal(gen, again)
     # greedy generation equals argmax of the full forward over the generated prefix
     logits = neox(gen[:, :-1]).logits
-    torch.testing.assert_close(gen[:, tokens.shape[1]:], logits[:, tokens.shape[1] - 1 :].argmax(-1))
+    torch.testing.assert_close(gen[:, tokens.shape[1] :], logits[:, tokens.shape[1] - 1 :].argmax(-1))

@@ -37,19 +37,13 @@ def test_datasets_failure_becomes_one_line(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
     def offline(*a, **k):
-        raise ConnectionError(
-            "Couldn't reach 'EleutherAI/lambada_openai' on the Hub (OfflineModeIsEnabled)\nmore"
-        )
+        raise ConnectionError("Couldn't reach 'EleutherAI/lambada_openai' on the Hub (OfflineModeIsEnabled)\nmore")
 
     monkeypatch.setattr("datasets.load_dataset", offline)
     with pytest.raises(DataUnavailableError) as err:
         lambada_examples(5, source="hub")
     msg = _one_line(err)
-    assert (
-        "EleutherAI/lambada_openai/en" in msg
-        and "OfflineModeIsEnabled" in msg
-        and "--data-source local" in msg
-    )
+    assert "EleutherAI/lambada_openai/en" in msg and "OfflineModeIsEnabled" in msg and "--data-source local" in msg
 
 
 def test_real_offline_mode_is_quick(monkeypatch, tmp_path):

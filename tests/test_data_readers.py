@@ -98,10 +98,7 @@ def test_wikitext_articles_cover_the_file():
 
 def test_detokenizer_examples():
     assert wikitext_detokenize(" = = Career = = \n") == " == Career ==\n"
-    assert (
-        wikitext_detokenize("the 1 @,@ 000 @-@ year , old ( see below ) .")
-        == "the 1,000-year, old (see below) ."
-    )
+    assert wikitext_detokenize("the 1 @,@ 000 @-@ year , old ( see below ) .") == "the 1,000-year, old (see below) ."
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed")

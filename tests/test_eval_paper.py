@@ -65,9 +65,7 @@ def test_line_ppl_by_hand(model, tok, batch_size):
 def lambada_case(tok):
     """Three real examples with multi-token targets plus one over-long one; forcing makes the first right
     and the second right only at its first target token."""
-    multi = [
-        ex for ex in lambada_examples(40) if len(tok(ex["target"], add_special_tokens=False)["input_ids"]) > 1
-    ]
+    multi = [ex for ex in lambada_examples(40) if len(tok(ex["target"], add_special_tokens=False)["input_ids"]) > 1]
     a, b, c = multi[:3]
     forced = {}
     for ex, how in ((a, "all"), (b, "first")):

@@ -114,9 +114,7 @@ def test_lm_eval_loglikelihood_agrees_with_primitive(model, tok):
 def test_lm_eval_rolling_agrees_with_document_ppl(model, tok):
     docs = [wikitext_detokenize(a) for a in wikitext_articles("test")[28:30]]  # two short "articles"
     lm = make_hflm(model, tok, batch_size=4, max_length=16)
-    theirs = lm.loglikelihood_rolling(
-        _instances([(d,) for d in docs], "loglikelihood_rolling"), disable_tqdm=True
-    )
+    theirs = lm.loglikelihood_rolling(_instances([(d,) for d in docs], "loglikelihood_rolling"), disable_tqdm=True)
     ours = document_perplexity(model, tok, docs, max_length=16, progress=False)
     assert ours["tokens"] > 2 * 16  # several windows per document
     assert ours["loglikelihood"] == pytest.approx(sum(theirs), abs=1e-4)
@@ -134,9 +132,7 @@ def test_run_lm_eval_local_wikitext_equals_document_ppl(model, tok):
 
 def test_evaluate_lm_eval_protocol_on_local_data(tok):
     model = tiny_pythia().train()
-    out = evaluate(
-        model, tok, ["lambada", "hellaswag", "arc_easy"], protocol="lm-eval", limit=2, progress=False
-    )
+    out = evaluate(model, tok, ["lambada", "hellaswag", "arc_easy"], protocol="lm-eval", limit=2, progress=False)
     assert all(m.training for m in model.modules())  # lm-eval's own model.eval() was undone
     assert set(out["lambada"]) >= {"acc", "perplexity"} and 0 <= out["lambada"]["acc"] <= 1
     assert set(out["hellaswag"]) >= {"acc", "acc_norm"}

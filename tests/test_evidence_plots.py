@@ -46,17 +46,30 @@ def test_loss_curve_in_the_run_folder(tmp_path):
 
 def test_summary_figures(tmp_path):
     steps = list(range(1, 51))
-    curves = {"skip": [(steps, [5 - s / 25 for s in steps]), (steps, [5.1 - s / 25 for s in steps])],
-              "lora": [(steps, [5 - s / 20 for s in steps])]}
+    curves = {
+        "skip": [(steps, [5 - s / 25 for s in steps]), (steps, [5.1 - s / 25 for s in steps])],
+        "lora": [(steps, [5 - s / 20 for s in steps])],
+    }
     _check_png(plot_loss_curves(curves, tmp_path / "curves.png"), [_on_white(c, 0.85) for c in ("C0", "C1")])
-    panels = {"PPL": {"baseline": (894.0, 0.0), "skip": (260.0, 4.0), "lora": (217.0, 3.0)},
-              "HellaSwag acc": {"baseline": (0.21, 0.0), "skip": (0.228, 0.004), "lora": (0.214, 0.006)}}
+    panels = {
+        "PPL": {"baseline": (894.0, 0.0), "skip": (260.0, 4.0), "lora": (217.0, 3.0)},
+        "HellaSwag acc": {"baseline": (0.21, 0.0), "skip": (0.228, 0.004), "lora": (0.214, 0.006)},
+    }
     _check_png(plot_results(panels, tmp_path / "results.png", refs={"PPL": {"lora": 230.0}}), ["C0", "C1", "C2"])
-    growth = {"preproj_skip (mini)": [380.0, 383.0, 396.0, 351.0],
-              "paper 160m": [v / 0.0768 for v in PAPER_SKIP_NORMS["pythia-160m"]]}
+    growth = {
+        "preproj_skip (mini)": [380.0, 383.0, 396.0, 351.0],
+        "paper 160m": [v / 0.0768 for v in PAPER_SKIP_NORMS["pythia-160m"]],
+    }
     _check_png(plot_skip_growth(growth, tmp_path / "growth.png"), ["C0", "C1"])
-    _check_png(plot_lr_sweep({"lora": [(1e-5, 800.0), (1e-3, 217.0)], "skip": [(1e-5, 850.0), (1e-3, 260.0)]},
-                             tmp_path / "sweep.png", baseline=894.0, marks={"paper": 1e-5}), ["C0", "C1"])
+    _check_png(
+        plot_lr_sweep(
+            {"lora": [(1e-5, 800.0), (1e-3, 217.0)], "skip": [(1e-5, 850.0), (1e-3, 260.0)]},
+            tmp_path / "sweep.png",
+            baseline=894.0,
+            marks={"paper": 1e-5},
+        ),
+        ["C0", "C1"],
+    )
 
 
 def test_results_figure_needs_panels(tmp_path):

@@ -42,8 +42,13 @@ def _is_png(path) -> bool:
 
 def test_stopped_reproduction_resumes_without_recomputing(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "rep"
-    kw = dict(methods=("skip", "lora_matched"), seeds="0,1", eval_settings=EVAL, progress=False,
-              train_overrides={"model": str(tiny_model_dir), **FAST})
+    kw = dict(
+        methods=("skip", "lora_matched"),
+        seeds="0,1",
+        eval_settings=EVAL,
+        progress=False,
+        train_overrides={"model": str(tiny_model_dir), **FAST},
+    )
     calls = _spy(monkeypatch, fail_after=3)
     with pytest.raises(Killed):  # killed while training the 4th arm
         reproduce("mini", out, **kw)
@@ -61,15 +66,23 @@ def test_stopped_reproduction_resumes_without_recomputing(tiny_model_dir, tmp_pa
     assert calls == [("lora_matched", 1)]  # only the unfinished arm trains again
     assert len(evals) == 1  # the baseline and the three finished arms are read back, not evaluated
     assert done.stat().st_mtime_ns == stamp and rows[1] == saved
-    assert [(r["method"], r["seed"]) for r in rows] == [("baseline", None), ("skip", 0), ("lora_matched", 0),
-                                                         ("skip", 1), ("lora_matched", 1)]
+    assert [(r["method"], r["seed"]) for r in rows] == [
+        ("baseline", None),
+        ("skip", 0),
+        ("lora_matched", 0),
+        ("skip", 1),
+        ("lora_matched", 1),
+    ]
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1] and len(results["reused"]) == 3
     skip = results["summary"]["skip"]["ppl.ppl"]
     ppls = [r["ppl.ppl"] for r in rows if r["method"] == "skip"]
     assert skip[0] == pytest.approx(sum(ppls) / 2) and skip[2] == 2
-    comp = [c for c in results["comparisons"] if c["method"] == "skip" and c["reference"] == "lora_matched"
-            and c["metric"] == "ppl.ppl"]
+    comp = [
+        c
+        for c in results["comparisons"]
+        if c["method"] == "skip" and c["reference"] == "lora_matched" and c["metric"] == "ppl.ppl"
+    ]
     assert len(comp) == 1 and comp[0]["seeds"] is not None and comp[0]["items"] is not None
 
     report = (out / "report.md").read_text()
@@ -90,8 +103,13 @@ def test_stopped_reproduction_resumes_without_recomputing(tiny_model_dir, tmp_pa
 
 def test_sweep_writes_plot_and_reads_points_back(tiny_model_dir, tmp_path, monkeypatch):
     out = tmp_path / "sweep"
-    kw = dict(methods=("skip",), lrs=(1e-4, 1e-2), eval_settings=EVAL, progress=False,
-              train_overrides={"model": str(tiny_model_dir), **FAST})
+    kw = dict(
+        methods=("skip",),
+        lrs=(1e-4, 1e-2),
+        eval_settings=EVAL,
+        progress=False,
+        train_overrides={"model": str(tiny_model_dir), **FAST},
+    )
     points = lr_sweep("mini", out, **kw)
     assert sorted(points["skip"]) == [1e-4, 1e-2] and all(r["ppl.ppl"] > 1 for r in points["skip"].values())
     assert _is_png(out / "lr_sweep.png") and _is_png(out / "skip" / "lr-0.01" / "loss_curve.png")

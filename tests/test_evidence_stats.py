@@ -23,13 +23,27 @@ def test_mean_std_by_hand():
 def test_t_interval_by_hand():
     # diffs 1, 2, 3: mean 2, std 1, t(2) = 4.30265 -> 2 -/+ 4.30265 / sqrt(3) = 2 -/+ 2.48414
     lo, hi = t_interval([1.0, 2.0, 3.0])
-    assert lo == pytest.approx(2 - 4.303 / math.sqrt(3), abs=1e-3) and hi == pytest.approx(2 + 4.303 / math.sqrt(3), abs=1e-3)
+    assert lo == pytest.approx(2 - 4.303 / math.sqrt(3), abs=1e-3) and hi == pytest.approx(
+        2 + 4.303 / math.sqrt(3), abs=1e-3
+    )
     assert lo == pytest.approx(-0.48414, abs=1e-5)
     assert t_interval([5.0]) is None  # one seed has no spread
 
 
-@pytest.mark.parametrize(("df", "printed"), [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042),
-                                             (31, 2.040), (40, 2.021), (60, 2.000), (120, 1.980)])
+@pytest.mark.parametrize(
+    ("df", "printed"),
+    [
+        (1, 12.706),
+        (2, 4.303),
+        (4, 2.776),
+        (10, 2.228),
+        (30, 2.042),
+        (31, 2.040),
+        (40, 2.021),
+        (60, 2.000),
+        (120, 1.980),
+    ],
+)
 def test_t_quantile_matches_printed_tables(df, printed):
     # three-decimal values of the standard two-sided 95% t table (df 31: 2.040, not the normal's 1.960)
     assert t_quantile(df) == pytest.approx(printed, abs=5e-4)
@@ -72,17 +86,29 @@ def test_paired_bootstrap_pairs_items():
 
 def test_compare_reads_the_noise():
     # PPL 10, 12, 11 against 20, 21, 22: diffs -10, -9, -11 (std 1): -10 -/+ 2.48414, lower PPL = better
-    c = compare({0: 10.0, 1: 12.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl")
+    c = compare(
+        {0: 10.0, 1: 12.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl"
+    )
     assert c.diff == pytest.approx(-10.0) and c.seeds == pytest.approx((-10 - 2.48414, -10 + 2.48414), abs=1e-5)
     assert c.items is None and c.beyond_noise and c.words() == "better than lora, beyond the noise"
     # the same means with a spread that crosses zero
-    c = compare({0: 10.0, 1: 30.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl")
+    c = compare(
+        {0: 10.0, 1: 30.0, 2: 11.0}, {0: 20.0, 1: 21.0, 2: 22.0}, method="a", reference="lora", metric="ppl.ppl"
+    )
     assert not c.beyond_noise and c.words() == "within the noise of lora"
     # higher accuracy is better; an item interval that crosses zero keeps it within the noise
     items = {0: [1, 0, 0, 1], 1: [0, 1, 0, 1], 2: [1, 1, 0, 0]}
     ref_items = {0: [0, 1, 0, 0], 1: [1, 0, 0, 0], 2: [0, 0, 1, 0]}
-    c = compare({0: 0.30, 1: 0.31, 2: 0.30}, {0: 0.25, 1: 0.25, 2: 0.25}, method="a", reference="baseline",
-                metric="hellaswag.acc", items=items, ref_items=ref_items, n_boot=300)
+    c = compare(
+        {0: 0.30, 1: 0.31, 2: 0.30},
+        {0: 0.25, 1: 0.25, 2: 0.25},
+        method="a",
+        reference="baseline",
+        metric="hellaswag.acc",
+        items=items,
+        ref_items=ref_items,
+        n_boot=300,
+    )
     assert c.better and c.seeds[0] > 0 and c.items[0] < 0 < c.items[1] and not c.beyond_noise
     # one seed, no items: nothing to judge with
     assert not compare({42: 1.0}, {42: 2.0}, method="a", reference="b", metric="ppl.ppl").beyond_noise

@@ -121,8 +121,15 @@ def test_load_model_inject_peft_and_trainer_on_a_gguf_name(tiny_gguf, tmp_path):
     assert before
     ids = tok(["the cat sat on the mat"] * 4, return_tensors="pt").input_ids
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
-                             learning_rate=1e-2, report_to=[], use_cpu=True, save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
     Trainer(model=peft_model, args=args, train_dataset=data).train()
     after = dict(peft_model.named_parameters())
     assert all(not torch.equal(before[n], after[n].detach()) for n in before)
@@ -132,8 +139,27 @@ def test_load_model_inject_peft_and_trainer_on_a_gguf_name(tiny_gguf, tmp_path):
 def test_cli_train_takes_a_gguf_model(tiny_gguf, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "mmpreproj", "train", "--preset", "mini", "--model", str(tiny_gguf), "--steps", "2",
-           "--warmup-steps", "0", "--batch-size", "2", "--max-len", "16", "--out", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmpreproj",
+        "train",
+        "--preset",
+        "mini",
+        "--model",
+        str(tiny_gguf),
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--batch-size",
+        "2",
+        "--max-len",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "adapter").is_dir() and (out / "metrics.json").is_file()
@@ -161,14 +187,50 @@ def test_from_pretrained_and_cli_eval_take_a_gguf_model(tiny_gguf, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), ref.state_dict().values()))
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = [sys.executable, "-m", "mmpreproj", "train", "--preset", "mini", "--model", str(tiny_gguf), "--steps", "1",
-             "--warmup-steps", "0", "--batch-size", "2", "--max-len", "16", "--out", str(run), "--no-progress"]
+    train = [
+        sys.executable,
+        "-m",
+        "mmpreproj",
+        "train",
+        "--preset",
+        "mini",
+        "--model",
+        str(tiny_gguf),
+        "--steps",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--batch-size",
+        "2",
+        "--max-len",
+        "16",
+        "--out",
+        str(run),
+        "--no-progress",
+    ]
     assert subprocess.run(train, env=env, capture_output=True, text=True).returncode == 0
     trained = mmpreproj.from_pretrained(str(tiny_gguf), adapter=str(run))
     assert any("preproj" in n for n, _ in trained.named_modules())
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "mmpreproj", "eval", "--model", str(tiny_gguf), "--adapter", str(run), "--tasks",
-           "ppl", "--limit", "20", "--ppl-split", "heldout", "--json", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmpreproj",
+        "eval",
+        "--model",
+        str(tiny_gguf),
+        "--adapter",
+        str(run),
+        "--tasks",
+        "ppl",
+        "--limit",
+        "20",
+        "--ppl-split",
+        "heldout",
+        "--json",
+        str(out),
+        "--no-progress",
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"ppl"' in out.read_text()

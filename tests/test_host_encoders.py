@@ -23,8 +23,17 @@ from tests.helpers.zoo import VOCAB, logits, tokens
 
 def _t5(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
-    return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=VOCAB, d_model=width, d_kv=16, d_ff=2 * width,
-                                                     num_layers=depth, num_heads=4, decoder_start_token_id=0)).eval()
+    return tf.T5ForConditionalGeneration(
+        tf.T5Config(
+            vocab_size=VOCAB,
+            d_model=width,
+            d_kv=16,
+            d_ff=2 * width,
+            num_layers=depth,
+            num_heads=4,
+            decoder_start_token_id=0,
+        )
+    ).eval()
 
 
 def t5_inputs():
@@ -38,33 +47,63 @@ def t5_forward(model, inputs):
 
 def _modernbert(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
-    cfg = tf.ModernBertConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width,
-                              num_hidden_layers=depth, num_attention_heads=4, pad_token_id=0, bos_token_id=1,
-                              eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    cfg = tf.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    )
     return tf.ModernBertForMaskedLM(cfg).eval()
 
 
 def _video(family, width=64, depth=2, seed=0, **extra):
     torch.manual_seed(seed)
-    cfg = getattr(tf, f"{family}Config")(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                                         num_attention_heads=4, image_size=16, num_labels=3, **extra)
+    cfg = getattr(tf, f"{family}Config")(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        image_size=16,
+        num_labels=3,
+        **extra,
+    )
     return getattr(tf, f"{family}ForVideoClassification")(cfg).eval()
 
 
 def _swin(width=64, depth=2, seed=0, window=3):
     # one stage (one width), 8x8 tokens; window 3 pads them to 9x9, the second layer's shift rolls them
     torch.manual_seed(seed)
-    cfg = tf.SwinConfig(image_size=16, patch_size=2, embed_dim=width, depths=[depth], num_heads=[4],
-                        window_size=window, num_labels=3)
+    cfg = tf.SwinConfig(
+        image_size=16, patch_size=2, embed_dim=width, depths=[depth], num_heads=[4], window_size=window, num_labels=3
+    )
     return tf.SwinForImageClassification(cfg).eval()
 
 
 def _whisper(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
-    cfg = tf.WhisperConfig(vocab_size=VOCAB, num_mel_bins=16, encoder_layers=depth, decoder_layers=depth, d_model=width,
-                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * width,
-                           decoder_ffn_dim=2 * width, max_source_positions=16, max_target_positions=32, pad_token_id=0,
-                           decoder_start_token_id=1, bos_token_id=1, eos_token_id=2)
+    cfg = tf.WhisperConfig(
+        vocab_size=VOCAB,
+        num_mel_bins=16,
+        encoder_layers=depth,
+        decoder_layers=depth,
+        d_model=width,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=2 * width,
+        decoder_ffn_dim=2 * width,
+        max_source_positions=16,
+        max_target_positions=32,
+        pad_token_id=0,
+        decoder_start_token_id=1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return tf.WhisperForConditionalGeneration(cfg).eval()
 
 
@@ -83,12 +122,28 @@ AUDIO = VOCAB + 2
 def _qwen2_audio(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
     cfg = tf.Qwen2AudioConfig(
-        audio_config=dict(model_type="qwen2_audio_encoder", num_mel_bins=16, encoder_layers=depth, d_model=width,
-                          encoder_attention_heads=4, encoder_ffn_dim=2 * width, max_source_positions=16),
-        text_config=dict(model_type="qwen2", vocab_size=VOCAB + 3, hidden_size=width, intermediate_size=2 * width,
-                         num_hidden_layers=depth, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, pad_token_id=0),
-        audio_token_index=AUDIO)
+        audio_config=dict(
+            model_type="qwen2_audio_encoder",
+            num_mel_bins=16,
+            encoder_layers=depth,
+            d_model=width,
+            encoder_attention_heads=4,
+            encoder_ffn_dim=2 * width,
+            max_source_positions=16,
+        ),
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=VOCAB + 3,
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=depth,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+        ),
+        audio_token_index=AUDIO,
+    )
     return tf.Qwen2AudioForConditionalGeneration(cfg).eval()
 
 
@@ -105,9 +160,17 @@ def audio_forward(model, inputs):
 
 def _pixtral(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
-    return tf.PixtralVisionModel(tf.PixtralVisionConfig(hidden_size=width, intermediate_size=2 * width,
-                                                        num_hidden_layers=depth, num_attention_heads=4, image_size=16,
-                                                        patch_size=4, head_dim=16)).eval()
+    return tf.PixtralVisionModel(
+        tf.PixtralVisionConfig(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=depth,
+            num_attention_heads=4,
+            image_size=16,
+            patch_size=4,
+            head_dim=16,
+        )
+    ).eval()
 
 
 def pixtral_forward(model, inputs):
@@ -129,16 +192,31 @@ def video_logits(model, inputs):
 CASES = [
     HostCase("t5", "t5", build_once(_t5), t5_inputs, t5_forward),
     HostCase("modernbert", "modernbert", build_once(_modernbert), tokens, logits),
-    HostCase("videomae", "vit", build_once(partial(_video, "VideoMAE", patch_size=4, num_frames=4, tubelet_size=2)),
-             video(4), video_logits),
-    HostCase("vivit", "vit", build_once(partial(_video, "Vivit", tubelet_size=[2, 4, 4], num_frames=4)), video(4),
-             video_logits),
+    HostCase(
+        "videomae",
+        "vit",
+        build_once(partial(_video, "VideoMAE", patch_size=4, num_frames=4, tubelet_size=2)),
+        video(4),
+        video_logits,
+    ),
+    HostCase(
+        "vivit",
+        "vit",
+        build_once(partial(_video, "Vivit", tubelet_size=[2, 4, 4], num_frames=4)),
+        video(4),
+        video_logits,
+    ),
     HostCase("swin", "swin", build_once(_swin), image, video_logits),
     HostCase("pixtral", "pixtral", build_once(_pixtral), image, pixtral_forward),
     HostCase("whisper", "whisper", build_once(_whisper), whisper_inputs, whisper_forward),
     HostCase("qwen2_audio", "qwen2_audio", build_once(_qwen2_audio), audio_inputs, audio_forward),
-    HostCase("timesformer", "timesformer", build_once(partial(_video, "Timesformer", patch_size=4, num_frames=2)),
-             video(2), video_logits),
+    HostCase(
+        "timesformer",
+        "timesformer",
+        build_once(partial(_video, "Timesformer", patch_size=4, num_frames=2)),
+        video(2),
+        video_logits,
+    ),
 ]
 VISION = {"videomae", "vivit", "timesformer", "swin", "pixtral"}  # rows naming no embeddings, as ViT's
 
@@ -185,8 +263,9 @@ def test_swin_attention_receives_the_windows_of_the_pre_projected_tokens():
         x_tilde, _ = layer.maybe_pad(layer.attention.preproj(x_hat), 8, 8)  # (2, 9, 9, 64): zero pad tokens
         want = window_partition(layer.cyclic_shift(x_tilde), 3).view(-1, 9, 64)
         torch.testing.assert_close(seen[("attn", i)], want, atol=1e-12, rtol=0)
-        assert not torch.allclose(want, window_partition(layer.cyclic_shift(layer.maybe_pad(x_hat, 8, 8)[0]), 3)
-                                  .view(-1, 9, 64))  # x~ is not x^: the check above can fail
+        assert not torch.allclose(
+            want, window_partition(layer.cyclic_shift(layer.maybe_pad(x_hat, 8, 8)[0]), 3).view(-1, 9, 64)
+        )  # x~ is not x^: the check above can fail
     assert layer.shift_size > 0  # the second layer's windows are shifted
 
 
@@ -199,8 +278,15 @@ def test_qwen2_audio_injects_both_towers_and_generates_as_the_base_at_identity()
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding
     ids[1, :2] = torch.tensor([5, 6])
-    kw = dict(input_features=feats, feature_attention_mask=torch.ones(2, 32, dtype=torch.long), attention_mask=mask,
-              max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=True)
+    kw = dict(
+        input_features=feats,
+        feature_attention_mask=torch.ones(2, 32, dtype=torch.long),
+        attention_mask=mask,
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        use_cache=True,
+    )
     out = model.generate(ids, **kw)
     assert out.shape[1] == ids.shape[1] + 5
     assert torch.equal(out, base.generate(ids, **kw))
@@ -216,7 +302,8 @@ def test_whisper_cross_attention_is_left_alone():
 
 
 def test_swinv2_is_refused_with_the_reason():
-    model = tf.Swinv2Model(tf.Swinv2Config(image_size=16, patch_size=2, embed_dim=64, depths=[2], num_heads=[4],
-                                           window_size=4))
+    model = tf.Swinv2Model(
+        tf.Swinv2Config(image_size=16, patch_size=2, embed_dim=64, depths=[2], num_heads=[4], window_size=4)
+    )
     with pytest.raises(ValueError, match="Swin V2 is post-norm"):
         mmpreproj.inject(model)

@@ -65,7 +65,10 @@ def build_coca(width=64, depth=2, vision_width=None):
             text_cfg=dict(text_cfg(width, depth), embed_cls=True, output_tokens=True),
             vision_cfg=dict(
                 vision_cfg(vision_width or width, depth),
-                attentional_pool=True, attn_pooler_heads=2, attn_pooler_queries=8, output_tokens=True,
+                attentional_pool=True,
+                attn_pooler_heads=2,
+                attn_pooler_queries=8,
+                output_tokens=True,
             ),
         )
         nn.init.normal_(model.text_decoder.text_projection, std=width**-0.5)  # CoCa leaves it torch.empty
@@ -298,9 +301,7 @@ def test_forward_and_intermediates_agree_with_encoders():
         assert len(out["image_intermediates"]) == len(out["text_intermediates"]) == 2
         with mmpreproj.adapter_disabled(model):
             untouched = model.forward_intermediates(images(), tokens(), normalize=False)
-        assert not torch.allclose(
-            untouched["image_intermediates"][-1], out["image_intermediates"][-1], atol=1e-4
-        )
+        assert not torch.allclose(untouched["image_intermediates"][-1], out["image_intermediates"][-1], atol=1e-4)
 
 
 # --- CustomResidualAttentionBlock: the skip joins the attention output, inside ln_attn and ls_1 ---------
@@ -374,7 +375,12 @@ def test_coca_parts_block_order_and_untouched_cross_attention(tmp_path):
     mmpreproj.inject(model, IDENTITY)
     wrappers = mmpreproj.injected_modules(model)
     assert [(w.part, w.block_index, w.skip.dim) for w in wrappers] == [
-        ("vision", 0, 64), ("vision", 1, 64), ("text", 2, 32), ("text", 3, 32), ("decoder", 4, 32), ("decoder", 5, 32)
+        ("vision", 0, 64),
+        ("vision", 1, 64),
+        ("text", 2, 32),
+        ("text", 3, 32),
+        ("decoder", 4, 32),
+        ("decoder", 5, 32),
     ]
     for blk in model.text_decoder.cross_attn:
         assert type(blk.attn) is nn.MultiheadAttention and hasattr(blk, "ln_1_kv")
@@ -384,7 +390,11 @@ def test_coca_parts_block_order_and_untouched_cross_attention(tmp_path):
         torch.testing.assert_close(out[k], ref[k], atol=1e-5, rtol=0)  # fp32: see the contract's identity test
     report = mmpreproj.trainable_report(model)
     assert report.trainable == report.injected
-    assert {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad} == {"visual", "text", "text_decoder"}
+    assert {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad} == {
+        "visual",
+        "text",
+        "text_decoder",
+    }
     assert not any(p.requires_grad for p in model.text_decoder.cross_attn.parameters())
     mmpreproj.unload(model)
 
@@ -402,7 +412,9 @@ def test_coca_parts_block_order_and_untouched_cross_attention(tmp_path):
 
 def test_coca_with_a_foreign_text_tower_is_rejected_untouched():
     model = build_coca()
-    model.text = nn.Linear(4, 4)  # stands in for CoCa's Hugging Face text towers (coca_roberta-*), not buildable offline
+    model.text = nn.Linear(
+        4, 4
+    )  # stands in for CoCa's Hugging Face text towers (coca_roberta-*), not buildable offline
     before = snapshot(model)
     with pytest.raises(ValueError, match="open_clip_coca.*text tower is a Linear, not an open_clip TextTransformer"):
         mmpreproj.inject(model)
@@ -445,9 +457,7 @@ def test_timm_vision_tower_is_rejected_with_a_pointer_to_its_trunk():
     model = seeded(
         lambda: CLIP(
             embed_dim=32,
-            vision_cfg=dict(
-                image_size=32, timm_model_name="vit_tiny_patch16_224", timm_model_pretrained=False
-            ),
+            vision_cfg=dict(image_size=32, timm_model_name="vit_tiny_patch16_224", timm_model_pretrained=False),
             text_cfg=text_cfg(64, 2),
         )
     )

@@ -5,7 +5,8 @@ row and describing a host under a row's name (both reload with no code), the hin
 the host facts on the row.
 
 By structure (no row of their own): Mixtral (= Mistral), StarCoder2, Qwen2-MoE (= Qwen2), OLMo, OLMoE,
-GPT-BigCode (= GPT-2), Jamba (= Bamba's attention layers). Rows: Phi, DeepSeek-V2/V3, Falcon (both norm names: three layouts), Bamba and LFM2 (`contains`),
+GPT-BigCode (= GPT-2), Jamba (= Bamba's attention layers). Rows: Phi, DeepSeek-V2/V3, Falcon (both norm names:
+three layouts), Bamba and LFM2 (`contains`),
 Apertus; OLMo 3 and EXAONE 4 refused (post-norm). Encoders, encoder-decoders, video and audio are in
 `test_host_encoders.py`, VLMs in `test_host_structure_vlm.py`. VLMs are in `test_host_structure_vlm.py`.
 """
@@ -30,34 +31,73 @@ from tests.helpers.zoo import VOCAB, logits, tokens
 
 def _decoder(cfg_cls, model_cls, width=64, depth=2, seed=0, kv_heads=2, **extra):
     torch.manual_seed(seed)
-    cfg = cfg_cls(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                  num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64, pad_token_id=0,
-                  **extra)
+    cfg = cfg_cls(
+        vocab_size=VOCAB,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        **extra,
+    )
     return model_cls(cfg).eval()
 
 
 def _gpt_bigcode(width=64, depth=2, seed=0):
     torch.manual_seed(seed)
-    return tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=width, n_layer=depth, n_head=4,
-                                                        n_positions=64)).eval()
+    return tf.GPTBigCodeForCausalLM(
+        tf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=width, n_layer=depth, n_head=4, n_positions=64)
+    ).eval()
 
 
 def _falcon(width=64, depth=2, seed=0, **layout):
     torch.manual_seed(seed)
-    return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=width, num_hidden_layers=depth,
-                                                num_attention_heads=4, pad_token_id=0, **layout)).eval()
+    return tf.FalconForCausalLM(
+        tf.FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=4,
+            pad_token_id=0,
+            **layout,
+        )
+    ).eval()
 
 
 MOE = dict(num_experts_per_tok=2)
-MLA = dict(kv_heads=4, n_routed_experts=4, moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
-           qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1, **MOE)
+MLA = dict(
+    kv_heads=4,
+    n_routed_experts=4,
+    moe_intermediate_size=32,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    **MOE,
+)
 
 # id -> (the row it must resolve to, builder)
 DECODERS = {
     "mixtral": ("mistral", partial(_decoder, tf.MixtralConfig, tf.MixtralForCausalLM, num_local_experts=4, **MOE)),
     "starcoder2": ("stablelm", partial(_decoder, tf.Starcoder2Config, tf.Starcoder2ForCausalLM)),
-    "qwen2_moe": ("qwen2", partial(_decoder, tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,
-                                   moe_intermediate_size=32, shared_expert_intermediate_size=32, **MOE)),
+    "qwen2_moe": (
+        "qwen2",
+        partial(
+            _decoder,
+            tf.Qwen2MoeConfig,
+            tf.Qwen2MoeForCausalLM,
+            num_experts=4,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            **MOE,
+        ),
+    ),
     "olmo": ("llama", partial(_decoder, tf.OlmoConfig, tf.OlmoForCausalLM)),
     "olmoe": ("llama", partial(_decoder, tf.OlmoeConfig, tf.OlmoeForCausalLM, num_experts=4, **MOE)),
     "gpt_bigcode": ("gpt2", _gpt_bigcode),
@@ -66,18 +106,52 @@ DECODERS = {
     "deepseek_v3": ("deepseek_v2", partial(_decoder, tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, **MLA)),
     "falcon_parallel": ("falcon", _falcon),  # Falcon-7B: input_layernorm feeds attention and MLP
     "falcon_sequential": ("falcon", partial(_falcon, parallel_attn=False)),
-    "falcon_new_one_norm": ("falcon", partial(_falcon, new_decoder_architecture=True, num_kv_heads=2,
-                                              num_ln_in_parallel_attn=1)),
+    "falcon_new_one_norm": (
+        "falcon",
+        partial(_falcon, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+    ),
     "falcon_new_two_norms": ("falcon_ln_attn", partial(_falcon, new_decoder_architecture=True, num_kv_heads=2)),
-    "bamba": ("bamba", lambda depth=2, **kw: _decoder(  # layer 0 Mamba, the others attention
-        tf.BambaConfig, tf.BambaForCausalLM, depth=depth, attn_layer_indices=list(range(1, depth)), mamba_n_heads=4,
-        mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=8, **kw)),
+    "bamba": (
+        "bamba",
+        lambda depth=2, **kw: _decoder(  # layer 0 Mamba, the others attention
+            tf.BambaConfig,
+            tf.BambaForCausalLM,
+            depth=depth,
+            attn_layer_indices=list(range(1, depth)),
+            mamba_n_heads=4,
+            mamba_n_groups=1,
+            mamba_d_state=8,
+            mamba_chunk_size=8,
+            **kw,
+        ),
+    ),
     "apertus": ("apertus", partial(_decoder, tf.ApertusConfig, tf.ApertusForCausalLM)),  # attention_layernorm
-    "lfm2": ("lfm2", lambda depth=2, **kw: _decoder(  # layer 0 a convolution, the others attention
-        tf.Lfm2Config, tf.Lfm2ForCausalLM, depth=depth, layer_types=["conv"] + ["full_attention"] * (depth - 1), **kw)),
-    "jamba": ("bamba", lambda depth=2, **kw: _decoder(  # 2 * depth layers, Mamba / attention in turn
-        tf.JambaConfig, tf.JambaForCausalLM, depth=2 * depth, attn_layer_period=2, attn_layer_offset=1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_dt_rank=8, **kw)),
+    "lfm2": (
+        "lfm2",
+        lambda depth=2, **kw: _decoder(  # layer 0 a convolution, the others attention
+            tf.Lfm2Config,
+            tf.Lfm2ForCausalLM,
+            depth=depth,
+            layer_types=["conv"] + ["full_attention"] * (depth - 1),
+            **kw,
+        ),
+    ),
+    "jamba": (
+        "bamba",
+        lambda depth=2, **kw: _decoder(  # 2 * depth layers, Mamba / attention in turn
+            tf.JambaConfig,
+            tf.JambaForCausalLM,
+            depth=2 * depth,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+            **kw,
+        ),
+    ),
 }
 BUILDERS = {name: build_once(build) for name, (_, build) in DECODERS.items()}
 
@@ -106,7 +180,9 @@ def cache_bytes(model, ids, mask) -> int:
     cache = model(ids, attention_mask=mask, use_cache=True).past_key_values
     # attention layers keep keys/values; Bamba's Mamba layers their conv and recurrent states
     slots = ("keys", "values", "conv_states", "recurrent_states")
-    tensors = [t for layer in cache.layers for name in slots if isinstance(t := getattr(layer, name, None), torch.Tensor)]
+    tensors = [
+        t for layer in cache.layers for name in slots if isinstance(t := getattr(layer, name, None), torch.Tensor)
+    ]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -152,7 +228,8 @@ def test_the_saved_description_is_the_resolved_one_and_a_fresh_model_reloads_it(
     state = model.mmpreproj_state
     assert state.host == "llama"
     assert [(p["blocks"], p["attention"], p["norm"]) for p in state.host_description["parts"]] == [
-        ("model.layers", "self_attn", "input_layernorm")]
+        ("model.layers", "self_attn", "input_layernorm")
+    ]
     out = logits(model, tokens())
     mmpreproj.save_adapter(model, tmp_path)
     fresh = mmpreproj.load_adapter(BUILDERS["olmo"](), tmp_path)
@@ -175,8 +252,10 @@ def test_rows_that_fit_differently_are_a_refusal_naming_both():
 def test_the_nearest_row_hint_names_a_row_that_injects_when_forced():
     model = BUILDERS["mixtral"]()
     model.model.extra_attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)  # a module no row covers
-    with pytest.raises(ValueError, match="The nearest row is 'mistral': host='mistral' injects its blocks, but it "
-                                         "leaves 1 attention module"):
+    with pytest.raises(
+        ValueError,
+        match="The nearest row is 'mistral': host='mistral' injects its blocks, but it leaves 1 attention module",
+    ):
         find_host(model)
     mmpreproj.inject(model, IDENTITY, host="mistral")
     assert len(mmpreproj.injected_modules(model)) == 2
@@ -207,8 +286,10 @@ def test_a_forced_row_reloads(host, tmp_path):
 @pytest.mark.parametrize("norm", ["input_layernorm", "post_attention_layernorm"])
 def test_a_description_named_as_a_row_reloads(norm, tmp_path):
     # with the row's own layout, and with another one (a wrong seam: checked at the first forward, not on load)
-    desc = {"name": "mistral", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
-                                          "norm": norm}]}
+    desc = {
+        "name": "mistral",
+        "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn", "norm": norm}],
+    }
     if norm == "input_layernorm":
         _, fresh = _round_trip(BUILDERS["mixtral"], tmp_path, host=desc)
         assert fresh.mmpreproj_state.host == "mistral"
@@ -235,8 +316,18 @@ def test_an_adapter_for_another_model_is_still_refused_untouched(tmp_path):
 def test_bamba_injects_the_attention_layers_only_and_a_description_can_say_so():
     model = BUILDERS["bamba"]()
     assert [hasattr(layer, "self_attn") for layer in model.model.layers] == [False, True]
-    desc = {"name": "my_hybrid", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
-                                            "norm": "input_layernorm", "contains": "self_attn"}]}
+    desc = {
+        "name": "my_hybrid",
+        "parts": [
+            {
+                "name": "language",
+                "blocks": "model.layers",
+                "attention": "self_attn",
+                "norm": "input_layernorm",
+                "contains": "self_attn",
+            }
+        ],
+    }
     mmpreproj.inject(model, IDENTITY, host=desc)
     (wrapper,) = mmpreproj.injected_modules(model)
     assert wrapper is model.model.layers[1].self_attn
@@ -306,7 +397,9 @@ def test_deepseek_mla_projections_read_the_pre_projected_input():
     seen: dict = {}
     layer.input_layernorm.register_forward_hook(lambda m, a, out: seen.setdefault("x_hat", out))
     for name in ("q_a_proj", "kv_a_proj_with_mqa"):
-        getattr(layer.self_attn.base_layer, name).register_forward_pre_hook(lambda m, a, n=name: seen.setdefault(n, a[0]))
+        getattr(layer.self_attn.base_layer, name).register_forward_pre_hook(
+            lambda m, a, n=name: seen.setdefault(n, a[0])
+        )
     model(*tokens())
     x_tilde = layer.self_attn.preproj(seen["x_hat"])
     assert not torch.allclose(x_tilde, seen["x_hat"])  # the check below can fail

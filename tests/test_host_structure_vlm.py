@@ -26,14 +26,31 @@ START = VOCAB + 1
 
 
 def _text(width: int, depth: int, model_type: str, **extra) -> dict:
-    return dict(model_type=model_type, vocab_size=VOCAB + 3, hidden_size=width, intermediate_size=2 * width,
-                num_hidden_layers=depth, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                pad_token_id=0, **extra)
+    return dict(
+        model_type=model_type,
+        vocab_size=VOCAB + 3,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        **extra,
+    )
 
 
 def _tower(width: int, depth: int, model_type: str, **extra) -> dict:
-    return dict(model_type=model_type, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                num_attention_heads=4, image_size=16, patch_size=4, **extra)
+    return dict(
+        model_type=model_type,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        image_size=16,
+        patch_size=4,
+        **extra,
+    )
 
 
 def _build(family: str, width=64, depth=2, seed=0, **cfg):
@@ -49,20 +66,66 @@ def _build(family: str, width=64, depth=2, seed=0, **cfg):
 ANYRES = dict(image_grid_pinpoints=[[16, 16]], image_token_index=IMAGE, pad_token_id=0, vision_feature_layer=-1)
 # id -> (row, builder, image tokens per sample, extra inputs besides input_ids / pixel_values)
 VLMS = {
-    "llava_next": ("llava", partial(_build, "LlavaNext", text_config=partial(_text, model_type="llama"),
-                                    vision_config=partial(_tower, model_type="clip_vision_model"), **ANYRES), 36),
-    "llava_onevision": ("llava", partial(_build, "LlavaOnevision", text_config=partial(_text, model_type="qwen2"),
-                                         vision_config=partial(_tower, model_type="siglip_vision_model"), **ANYRES),
-                        36),
-    "gemma3": ("llava", partial(_build, "Gemma3", text_config=partial(_text, model_type="gemma3_text", head_dim=16),
-                                vision_config=partial(_tower, model_type="siglip_vision_model"), mm_tokens_per_image=4,
-                                image_token_index=IMAGE, boi_token_index=VOCAB, eoi_token_index=START), 4),
-    "paligemma": ("llava", partial(_build, "PaliGemma", text_config=partial(_text, model_type="gemma", head_dim=16),
-                                   vision_config=partial(_tower, model_type="siglip_vision_model", projection_dim=64),
-                                   image_token_index=IMAGE, projection_dim=64), 16),
-    "mistral3": ("mistral3", partial(_build, "Mistral3", text_config=partial(_text, model_type="mistral"),
-                                     vision_config=partial(_tower, model_type="pixtral", head_dim=16),
-                                     image_token_index=IMAGE, spatial_merge_size=2), 4),
+    "llava_next": (
+        "llava",
+        partial(
+            _build,
+            "LlavaNext",
+            text_config=partial(_text, model_type="llama"),
+            vision_config=partial(_tower, model_type="clip_vision_model"),
+            **ANYRES,
+        ),
+        36,
+    ),
+    "llava_onevision": (
+        "llava",
+        partial(
+            _build,
+            "LlavaOnevision",
+            text_config=partial(_text, model_type="qwen2"),
+            vision_config=partial(_tower, model_type="siglip_vision_model"),
+            **ANYRES,
+        ),
+        36,
+    ),
+    "gemma3": (
+        "llava",
+        partial(
+            _build,
+            "Gemma3",
+            text_config=partial(_text, model_type="gemma3_text", head_dim=16),
+            vision_config=partial(_tower, model_type="siglip_vision_model"),
+            mm_tokens_per_image=4,
+            image_token_index=IMAGE,
+            boi_token_index=VOCAB,
+            eoi_token_index=START,
+        ),
+        4,
+    ),
+    "paligemma": (
+        "llava",
+        partial(
+            _build,
+            "PaliGemma",
+            text_config=partial(_text, model_type="gemma", head_dim=16),
+            vision_config=partial(_tower, model_type="siglip_vision_model", projection_dim=64),
+            image_token_index=IMAGE,
+            projection_dim=64,
+        ),
+        16,
+    ),
+    "mistral3": (
+        "mistral3",
+        partial(
+            _build,
+            "Mistral3",
+            text_config=partial(_text, model_type="mistral"),
+            vision_config=partial(_tower, model_type="pixtral", head_dim=16),
+            image_token_index=IMAGE,
+            spatial_merge_size=2,
+        ),
+        4,
+    ),
 }
 BUILDERS = {name: build_once(build) for name, (_, build, _) in VLMS.items()}
 
@@ -70,8 +133,12 @@ BUILDERS = {name: build_once(build) for name, (_, build, _) in VLMS.items()}
 def _inputs(name: str, batch: int = 2) -> tuple:
     g = torch.Generator().manual_seed(2)
     n = VLMS[name][2]
-    ids = torch.stack([torch.cat([torch.tensor([START]), torch.full((n,), IMAGE), torch.randint(3, VOCAB, (5,), generator=g)])
-                       for _ in range(batch)])
+    ids = torch.stack(
+        [
+            torch.cat([torch.tensor([START]), torch.full((n,), IMAGE), torch.randint(3, VOCAB, (5,), generator=g)])
+            for _ in range(batch)
+        ]
+    )
     if name in ("llava_next", "llava_onevision"):  # anyres: the base image and one 16x16 tile
         pixels = torch.randn(batch, 2, 3, 16, 16, generator=g)
     else:
@@ -96,8 +163,9 @@ def _forward(name: str):
     return forward
 
 
-CASES = [HostCase(name, row, BUILDERS[name], partial(_inputs, name), _forward(name))
-         for name, (row, _, _) in VLMS.items()]
+CASES = [
+    HostCase(name, row, BUILDERS[name], partial(_inputs, name), _forward(name)) for name, (row, _, _) in VLMS.items()
+]
 
 
 @pytest.fixture(params=CASES, ids=[c.id for c in CASES])
@@ -137,8 +205,14 @@ def test_generate_with_left_padding_and_cache_equals_base_at_identity(name):
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding on the first sample
     ids[1, :2] = torch.tensor([5, 6])  # the second has two real tokens there
-    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=True,
-              **_extra(name, ids, pixels))
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        use_cache=True,
+        **_extra(name, ids, pixels),
+    )
     out = model.generate(ids, **kw)
     assert out.shape[1] == ids.shape[1] + 5
     assert torch.equal(out, base.generate(ids, **kw))

@@ -52,8 +52,17 @@ def sam(width=64, depth=2, seed=0, global_attn_indexes=(1,), **kw):
     """SAM on a 5x5 patch grid with 2x2 windows: the grid is zero-padded to 6x6; block 1 is global."""
     torch.manual_seed(seed)
     return VisionTransformerSAM(
-        img_size=40, patch_size=8, embed_dim=width, depth=depth, num_heads=4, num_classes=10, window_size=2,
-        global_attn_indexes=global_attn_indexes, neck_chans=16, init_values=0.5, **kw
+        img_size=40,
+        patch_size=8,
+        embed_dim=width,
+        depth=depth,
+        num_heads=4,
+        num_classes=10,
+        window_size=2,
+        global_attn_indexes=global_attn_indexes,
+        neck_chans=16,
+        init_values=0.5,
+        **kw,
     ).eval()
 
 
@@ -115,9 +124,13 @@ INPUTS = {
 }
 FORWARD = {"beit_relpos_layerscale": features_and_logits}
 CASES = [
-    HostCase(name, HOST.get(name, "timm_vit"), b, INPUTS.get(name, images), **(
-        {"forward": FORWARD[name]} if name in FORWARD else {}
-    ))
+    HostCase(
+        name,
+        HOST.get(name, "timm_vit"),
+        b,
+        INPUTS.get(name, images),
+        **({"forward": FORWARD[name]} if name in FORWARD else {}),
+    )
     for name, b in BUILDERS.items()
 ]
 
@@ -426,8 +439,9 @@ def test_sam_drop_path_drops_the_skip_with_its_window():
     real = window_partition(torch.ones(B, H, W, 1), 2)[0].flatten(1).repeat_interleave(d, 1) > 0
     dropped = win.abs().amax(1) == 0
     assert 0 < dropped.sum() < len(dropped), "expected both dropped and kept windows"
-    torch.testing.assert_close(win[~dropped][real[~dropped]], (skip_win / keep)[~dropped][real[~dropped]],
-                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        win[~dropped][real[~dropped]], (skip_win / keep)[~dropped][real[~dropped]], atol=1e-6, rtol=1e-5
+    )
     assert skip_win[dropped].abs().amax() > 0  # the skip was there to drop
 
 
@@ -448,8 +462,10 @@ def test_naflex_padding_is_still_masked():
 
 
 VARIANTS = {
-    "beit_shared_relpos_no_layerscale": (partial(build, Beit, use_abs_pos_emb=False, use_shared_rel_pos_bias=True),
-                                         images),
+    "beit_shared_relpos_no_layerscale": (
+        partial(build, Beit, use_abs_pos_emb=False, use_shared_rel_pos_bias=True),
+        images,
+    ),
     "naflexvit_standard_images": (partial(build, NaFlexVit), images),
     "naflexvit_mixed_rope_naflex": (partial(build, NaFlexVit, rope_type="mixed"), naflex_batch),
     "vit_relpos_mlp_bias": (partial(build, VisionTransformerRelPos, init_values=0.5, rel_pos_type="mlp"), images),

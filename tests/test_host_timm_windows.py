@@ -26,8 +26,16 @@ from tests.helpers.snapshots import assert_same_snapshot, snapshot
 def swin(width=64, depth=2, seed=0, window_size=4, **kw):
     """One stage on a 6x6 patch grid with 4x4 windows: padded to 8x8; block 1 is shifted by 2."""
     torch.manual_seed(seed)
-    return SwinTransformer(img_size=24, patch_size=4, window_size=window_size, embed_dim=width, depths=(depth,),
-                           num_heads=(4,), num_classes=10, **kw).eval()
+    return SwinTransformer(
+        img_size=24,
+        patch_size=4,
+        window_size=window_size,
+        embed_dim=width,
+        depths=(depth,),
+        num_heads=(4,),
+        num_classes=10,
+        **kw,
+    ).eval()
 
 
 def swin_images(batch=2, seed=1):
@@ -39,7 +47,10 @@ def maxvit(width=64, depth=2, seed=0, embed_dim=None, depths=None, block_type=("
     torch.manual_seed(seed)
     embed_dim, depths = embed_dim or (width,), depths or (depth,)
     cfg = MaxxVitCfg(
-        embed_dim=embed_dim, depths=depths, block_type=block_type * len(depths), stem_width=16,
+        embed_dim=embed_dim,
+        depths=depths,
+        block_type=block_type * len(depths),
+        stem_width=16,
         conv_cfg=MaxxVitConvCfg(expand_ratio=2.0),
         transformer_cfg=MaxxVitTransformerCfg(dim_head=16, window_size=(4, 4), grid_size=(4, 4), **tcfg),
     )
@@ -131,8 +142,11 @@ def test_maxvit_attention_receives_the_partitions_of_the_pre_projected_tokens(pa
         B, H, W, d = x.shape
         x_tilde = _x_tilde(blk.norm1, w, x)
         p = list(blk.partition_size)
-        split, merge = ((maxxvit.window_partition, maxxvit.window_reverse) if part == "attn_block"
-                        else (maxxvit.grid_partition, maxxvit.grid_reverse))
+        split, merge = (
+            (maxxvit.window_partition, maxxvit.window_reverse)
+            if part == "attn_block"
+            else (maxxvit.grid_partition, maxxvit.grid_reverse)
+        )
         parts = split(x_tilde, p)  # (B*4, 4, 4, d)
         torch.testing.assert_close(seen["attn_in"], parts, atol=1e-6, rtol=1e-5)
         other = (maxxvit.grid_partition if part == "attn_block" else maxxvit.window_partition)(x_tilde, p)
@@ -147,8 +161,16 @@ def test_maxvit_attention_receives_the_partitions_of_the_pre_projected_tokens(pa
 def _two_stage(name: str):
     if name == "swin":
         torch.manual_seed(0)
-        return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=32, embed_dim=16,
-                                 depths=(1, 1), num_heads=(2, 2), window_size=4, num_classes=10).eval()
+        return timm.create_model(
+            "swin_tiny_patch4_window7_224",
+            pretrained=False,
+            img_size=32,
+            embed_dim=16,
+            depths=(1, 1),
+            num_heads=(2, 2),
+            window_size=4,
+            num_classes=10,
+        ).eval()
     return maxvit(embed_dim=(16, 32), depths=(1, 1))
 
 
@@ -203,7 +225,8 @@ def test_rows_are_found_for_the_one_call():
 
 
 def _features(model):
-    """timm's `features_only=True` wrapper (what `create_model` builds) around a tiny model: its children, flattened."""
+    """timm's `features_only=True` wrapper (what `create_model` builds) around a tiny model: its children,
+    flattened."""
     return FeatureListNet(model, out_indices=tuple(range(len(model.feature_info))), flatten_sequential=True).eval()
 
 

@@ -25,8 +25,9 @@ def _inputs_seen(model: nn.Module, attention_type: type, *args) -> list[tuple[li
     calls, norm_outs, handles = [], [], []
     for m in model.modules():
         if isinstance(m, attention_type):
-            handles.append(m.register_forward_pre_hook(
-                lambda mod, a, kw: calls.append((list(a), dict(kw))), with_kwargs=True))
+            handles.append(
+                m.register_forward_pre_hook(lambda mod, a, kw: calls.append((list(a), dict(kw))), with_kwargs=True)
+            )
         if isinstance(m, nn.LayerNorm):
             handles.append(m.register_forward_hook(lambda mod, a, o: norm_outs.append(o)))
     try:
@@ -180,8 +181,11 @@ class ParallelBlock(nn.Module):
 def test_a_post_norm_seam_is_refused_with_the_reason():
     torch.manual_seed(0)
     model = Stack(PostNormBlock)
-    with pytest.raises(ValueError, match=r"seam 'blocks.0.norm1' -> 'blocks.0.cross_attn' .* is post-norm: .*"
-                                         r"residual stream"):
+    with pytest.raises(
+        ValueError,
+        match=r"seam 'blocks.0.norm1' -> 'blocks.0.cross_attn' .* is post-norm: .*"
+        r"residual stream",
+    ):
         trace_seams(model, _x())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
@@ -224,17 +228,29 @@ class BufferBlock(nn.Module):
         return x + self.attn(y)
 
 
-HOST = {"name": "buffer", "parts": [{"name": "blocks", "blocks": "blocks", "attention": "attn", "norm": "norm",
-                                     "call": {"inputs": [[0, "x"]], "output_index": None}}]}
+HOST = {
+    "name": "buffer",
+    "parts": [
+        {
+            "name": "blocks",
+            "blocks": "blocks",
+            "attention": "attn",
+            "norm": "norm",
+            "call": {"inputs": [[0, "x"]], "output_index": None},
+        }
+    ],
+}
 
 
 def test_a_seam_failing_at_the_first_forward_names_the_block_and_the_seam():
     torch.manual_seed(0)
     model = Stack(BufferBlock)
     mmpreproj.inject(model, PreProjConfig(), host=HOST)
-    with pytest.raises(mmpreproj.modules.seam.SeamError,
-                       match=r"part 'blocks', block 0\) \(host 'buffer', block 0 of part 'blocks': norm 'norm' -> "
-                             r"attention 'attn'\): the host attention failed on its first call .*shape"):
+    with pytest.raises(
+        mmpreproj.modules.seam.SeamError,
+        match=r"part 'blocks', block 0\) \(host 'buffer', block 0 of part 'blocks': norm 'norm' -> "
+        r"attention 'attn'\): the host attention failed on its first call .*shape",
+    ):
         model(_x())
     mmpreproj.unload(model)
 
@@ -259,15 +275,19 @@ def test_inject_with_example_input_keeps_a_model_that_runs():
     assert mmpreproj.is_injected(model) and model.training
     for w in mmpreproj.injected_modules(model):
         assert w.seam_check is None  # the example forward settled the seam checks
-    for (args, _, norm_outs) in _inputs_seen(model, nn.MultiheadAttention, _x()):
+    for args, _, norm_outs in _inputs_seen(model, nn.MultiheadAttention, _x()):
         assert all(_not_a_norm_output(t, norm_outs) for t in args[:3])
 
 
 # --- 4. norm: null needs the explicit opt-in "unchecked_seam": true ----------------------------------------
 
 
-NO_NORM = {"name": "blocks", "blocks": "blocks", "attention": "attn_t",
-           "call": {"inputs": [[0, "x"]], "output_index": None}}
+NO_NORM = {
+    "name": "blocks",
+    "blocks": "blocks",
+    "attention": "attn_t",
+    "call": {"inputs": [[0, "x"]], "output_index": None},
+}
 
 
 def test_norm_null_without_the_opt_in_is_refused_naming_it():

@@ -19,23 +19,57 @@ from tests.helpers.snapshots import assert_same_snapshot, snapshot
 from tests.helpers.trace_zoo import build
 
 FAMILIES = {  # name -> (config class prefix, model class, overrides); none of them claimed by a row's type
-    "recurrent_gemma": ("RecurrentGemma", "RecurrentGemmaForCausalLM", dict(
-        block_types=["recurrent", "recurrent", "attention"], num_hidden_layers=3, lru_width=32,
-        attention_window_size=16)),
-    "nemotron_h": ("NemotronH", "NemotronHForCausalLM", dict(
-        layers_block_type=["mamba", "attention", "mlp"], mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8,
-        n_groups=1)),
-    "qwen3_next": ("Qwen3Next", "Qwen3NextForCausalLM", dict(
-        layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
-        linear_key_head_dim=8, linear_value_head_dim=8)),
+    "recurrent_gemma": (
+        "RecurrentGemma",
+        "RecurrentGemmaForCausalLM",
+        dict(
+            block_types=["recurrent", "recurrent", "attention"],
+            num_hidden_layers=3,
+            lru_width=32,
+            attention_window_size=16,
+        ),
+    ),
+    "nemotron_h": (
+        "NemotronH",
+        "NemotronHForCausalLM",
+        dict(
+            layers_block_type=["mamba", "attention", "mlp"],
+            mamba_num_heads=4,
+            mamba_head_dim=8,
+            ssm_state_size=8,
+            n_groups=1,
+        ),
+    ),
+    "qwen3_next": (
+        "Qwen3Next",
+        "Qwen3NextForCausalLM",
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+        ),
+    ),
     "xglm": ("XGLM", "XGLMForCausalLM", {}),
     "jetmoe": ("JetMoe", "JetMoeForCausalLM", dict(kv_channels=8)),
     "esm": ("Esm", "EsmModel", dict(vocab_size=33, pad_token_id=1, position_embedding_type="rotary")),
     "mpt": ("Mpt", "MptForCausalLM", dict(d_model=32, n_heads=4, n_layers=2, expansion_ratio=2)),
     "aimv2": ("Aimv2", "Aimv2Model", {}),
-    "pvt_v2": ("PvtV2", "PvtV2Model", dict(hidden_sizes=[16, 32], num_encoder_blocks=2, depths=[1, 1],
-                                          num_attention_heads=[1, 2], sr_ratios=[2, 1], patch_sizes=[7, 3],
-                                          strides=[4, 2], mlp_ratios=[2, 2])),
+    "pvt_v2": (
+        "PvtV2",
+        "PvtV2Model",
+        dict(
+            hidden_sizes=[16, 32],
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            num_attention_heads=[1, 2],
+            sr_ratios=[2, 1],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            mlp_ratios=[2, 2],
+        ),
+    ),
 }
 TRACED = list(FAMILIES)
 DECODERS = {"recurrent_gemma", "nemotron_h", "qwen3_next", "xglm", "jetmoe", "mpt"}
@@ -53,8 +87,9 @@ def _wrapped(model: nn.Module) -> list[str]:
 # --- never silently wrong ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,kind", [("recurrent_gemma", "RecurrentGemmaAttention"),
-                                       ("nemotron_h", "NemotronHAttention")])
+@pytest.mark.parametrize(
+    "name,kind", [("recurrent_gemma", "RecurrentGemmaAttention"), ("nemotron_h", "NemotronHAttention")]
+)
 def test_a_hybrid_stack_gets_its_attention_blocks_only(name, kind):
     model = _model(name)
     (part,) = trace_seams(model, **example_input(model))["parts"]
@@ -86,8 +121,15 @@ def test_minimax_is_refused_as_post_norm_by_every_route():
 
 
 def test_falcon_h1_is_refused_at_inject_naming_the_multiplier():
-    model = build("FalconH1", "FalconH1ForCausalLM", mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
-                  mamba_d_state=8, mamba_n_groups=1)
+    model = build(
+        "FalconH1",
+        "FalconH1ForCausalLM",
+        mamba_d_ssm=32,
+        mamba_n_heads=4,
+        mamba_d_head=8,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+    )
     before = snapshot(model)
     with pytest.raises(ValueError, match="a multiplier between norm and attention"):
         mmpreproj.inject(model, IDENTITY)
@@ -132,8 +174,10 @@ def test_t5_nested_block_lists_are_traced():
     model = build("T5", "T5Model")
     parts = trace_seams(model, **example_input(model))["parts"]
     assert {(p["blocks"], p["attention"]) for p in parts} == {
-        ("encoder.block", "layer.0.SelfAttention"), ("decoder.block", "layer.0.SelfAttention"),
-        ("decoder.block", "layer.1.EncDecAttention")}
+        ("encoder.block", "layer.0.SelfAttention"),
+        ("decoder.block", "layer.0.SelfAttention"),
+        ("decoder.block", "layer.1.EncDecAttention"),
+    }
 
 
 def test_errors_name_no_row_the_user_did_not_write():
@@ -171,28 +215,56 @@ def test_get_peft_model_traces_too(tmp_path):
 
 
 BROAD = {  # families no row claims by type, laid out as a row (structure, confirmed by the trace) or traced
-    "vit_mae": ("ViTMAE", "ViTMAEModel", {}), "ernie4_5": ("Ernie4_5", "Ernie4_5ForCausalLM", {}),
-    "glm4": ("Glm4", "Glm4ForCausalLM", {}), "helium": ("Helium", "HeliumForCausalLM", {}),
-    "smollm3": ("SmolLM3", "SmolLM3ForCausalLM", {}), "arcee": ("Arcee", "ArceeForCausalLM", {}),
-    "phimoe": ("Phimoe", "PhimoeForCausalLM", {}), "qwen2_moe": ("Qwen2Moe", "Qwen2MoeForCausalLM", {}),
-    "starcoder2": ("Starcoder2", "Starcoder2ForCausalLM", {}), "persimmon": ("Persimmon", "PersimmonForCausalLM", {}),
-    "gpt_bigcode": ("GPTBigCode", "GPTBigCodeForCausalLM", {}), "nemotron": ("Nemotron", "NemotronForCausalLM", {}),
-    "olmo": ("Olmo", "OlmoForCausalLM", {}), "olmoe": ("Olmoe", "OlmoeForCausalLM", {}),
-    "cohere2": ("Cohere2", "Cohere2ForCausalLM", {}), "glm": ("Glm", "GlmForCausalLM", {}),
-    "jamba": ("Jamba", "JambaForCausalLM", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                               expert_layer_offset=1, mamba_d_state=8, mamba_expand=2)),
-    "dinov2_reg": ("Dinov2WithRegisters", "Dinov2WithRegistersModel", {}), "beit": ("Beit", "BeitModel", {}),
-    "data2vec_vision": ("Data2VecVision", "Data2VecVisionModel", {}), "vit_msn": ("ViTMSN", "ViTMSNModel", {}),
-    "owlv2": ("Owlv2", "Owlv2Model", {}), "moshi": ("Moshi", "MoshiForCausalLM", {}),
+    "vit_mae": ("ViTMAE", "ViTMAEModel", {}),
+    "ernie4_5": ("Ernie4_5", "Ernie4_5ForCausalLM", {}),
+    "glm4": ("Glm4", "Glm4ForCausalLM", {}),
+    "helium": ("Helium", "HeliumForCausalLM", {}),
+    "smollm3": ("SmolLM3", "SmolLM3ForCausalLM", {}),
+    "arcee": ("Arcee", "ArceeForCausalLM", {}),
+    "phimoe": ("Phimoe", "PhimoeForCausalLM", {}),
+    "qwen2_moe": ("Qwen2Moe", "Qwen2MoeForCausalLM", {}),
+    "starcoder2": ("Starcoder2", "Starcoder2ForCausalLM", {}),
+    "persimmon": ("Persimmon", "PersimmonForCausalLM", {}),
+    "gpt_bigcode": ("GPTBigCode", "GPTBigCodeForCausalLM", {}),
+    "nemotron": ("Nemotron", "NemotronForCausalLM", {}),
+    "olmo": ("Olmo", "OlmoForCausalLM", {}),
+    "olmoe": ("Olmoe", "OlmoeForCausalLM", {}),
+    "cohere2": ("Cohere2", "Cohere2ForCausalLM", {}),
+    "glm": ("Glm", "GlmForCausalLM", {}),
+    "jamba": (
+        "Jamba",
+        "JambaForCausalLM",
+        dict(
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            mamba_d_state=8,
+            mamba_expand=2,
+        ),
+    ),
+    "dinov2_reg": ("Dinov2WithRegisters", "Dinov2WithRegistersModel", {}),
+    "beit": ("Beit", "BeitModel", {}),
+    "data2vec_vision": ("Data2VecVision", "Data2VecVisionModel", {}),
+    "vit_msn": ("ViTMSN", "ViTMSNModel", {}),
+    "owlv2": ("Owlv2", "Owlv2Model", {}),
+    "moshi": ("Moshi", "MoshiForCausalLM", {}),
     "granitemoe": ("GraniteMoe", "GraniteMoeForCausalLM", {}),
     "granitemoeshared": ("GraniteMoeShared", "GraniteMoeSharedForCausalLM", {}),
-    "bitnet": ("BitNet", "BitNetForCausalLM", {}), "diffllama": ("DiffLlama", "DiffLlamaForCausalLM", {}),
+    "bitnet": ("BitNet", "BitNetForCausalLM", {}),
+    "diffllama": ("DiffLlama", "DiffLlamaForCausalLM", {}),
     "hunyuan_dense": ("HunYuanDenseV1", "HunYuanDenseV1ForCausalLM", {}),
-    "seed_oss": ("SeedOss", "SeedOssForCausalLM", {}), "ministral": ("Ministral", "MinistralForCausalLM", {}),
-    "vaultgemma": ("VaultGemma", "VaultGemmaForCausalLM", {}), "cwm": ("Cwm", "CwmForCausalLM", {}),
-    "doge": ("Doge", "DogeForCausalLM", {}), "glm4_moe": ("Glm4Moe", "Glm4MoeForCausalLM", {}),
-    "gpt_oss": ("GptOss", "GptOssForCausalLM", {}), "ernie4_5_moe": ("Ernie4_5_Moe", "Ernie4_5_MoeForCausalLM", {}),
-    "ijepa": ("IJepa", "IJepaModel", {}), "deit": ("DeiT", "DeiTModel", {}), "dpt": ("DPT", "DPTModel", {}),
+    "seed_oss": ("SeedOss", "SeedOssForCausalLM", {}),
+    "ministral": ("Ministral", "MinistralForCausalLM", {}),
+    "vaultgemma": ("VaultGemma", "VaultGemmaForCausalLM", {}),
+    "cwm": ("Cwm", "CwmForCausalLM", {}),
+    "doge": ("Doge", "DogeForCausalLM", {}),
+    "glm4_moe": ("Glm4Moe", "Glm4MoeForCausalLM", {}),
+    "gpt_oss": ("GptOss", "GptOssForCausalLM", {}),
+    "ernie4_5_moe": ("Ernie4_5_Moe", "Ernie4_5_MoeForCausalLM", {}),
+    "ijepa": ("IJepa", "IJepaModel", {}),
+    "deit": ("DeiT", "DeiTModel", {}),
+    "dpt": ("DPT", "DPTModel", {}),
     "biogpt": ("BioGpt", "BioGptForCausalLM", {}),
     "gpt_neo": ("GPTNeo", "GPTNeoForCausalLM", dict(attention_types=[[["global", "local"], 1]])),
     "xlm_roberta_xl": ("XLMRobertaXL", "XLMRobertaXLModel", {}),
@@ -246,8 +318,11 @@ class _Resampled(nn.Module):
 def test_a_resampler_called_with_latents_is_named_not_dropped():
     torch.manual_seed(0)
     model, x = _Resampled(), torch.randn(2, 5, 16)
-    with pytest.raises(ValueError, match=r"'resampler_attn': called without a hidden_states/x/query input "
-                                         r"\(keywords \['latents', 'context'\]\): a resampler or cross-attention"):
+    with pytest.raises(
+        ValueError,
+        match=r"'resampler_attn': called without a hidden_states/x/query input "
+        r"\(keywords \['latents', 'context'\]\): a resampler or cross-attention",
+    ):
         trace_seams(model, x)
     partial = trace_seams(model, x, partial=True)
     assert list(partial["left_out"]) == ["resampler_attn"] and len(partial["parts"]) == 1
@@ -286,6 +361,8 @@ def test_a_class_attention_returning_the_class_token_only_is_refused_with_the_re
     torch.manual_seed(0)
     model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, depth=2, embed_dim=48).eval()
     before = snapshot(model)
-    with pytest.raises(ValueError, match=r"blocks_token_only.0.attn' of Cait returns shape \(1, 1, 48\) .*class attention"):
+    with pytest.raises(
+        ValueError, match=r"blocks_token_only.0.attn' of Cait returns shape \(1, 1, 48\) .*class attention"
+    ):
         mmpreproj.inject(model, IDENTITY)
     assert_same_snapshot(snapshot(model), before)

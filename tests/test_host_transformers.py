@@ -126,8 +126,11 @@ def test_gptj_mlp_keeps_seeing_the_unprojected_normed_input():
     block.mlp.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
     h = torch.randn(1, 4, 64, dtype=torch.float64)
     pos = torch.arange(4)[None]
-    block(h, position_ids=pos, position_embeddings=model.transformer.rotary_emb(h, pos)
-          if hasattr(model.transformer, "rotary_emb") else None)
+    block(
+        h,
+        position_ids=pos,
+        position_embeddings=model.transformer.rotary_emb(h, pos) if hasattr(model.transformer, "rotary_emb") else None,
+    )
     torch.testing.assert_close(seen["x"], block.ln_1(h))
 
 
@@ -168,16 +171,27 @@ def test_post_norm_families_are_refused_untouched(build, reason):
 
 def test_a_wrong_description_fails_loudly_on_the_first_call():
     model = BUILDERS["llama"]()
-    desc = {"name": "mine", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
-                                       "norm": "post_attention_layernorm"}]}
+    desc = {
+        "name": "mine",
+        "parts": [
+            {
+                "name": "language",
+                "blocks": "model.layers",
+                "attention": "self_attn",
+                "norm": "post_attention_layernorm",
+            }
+        ],
+    }
     mmpreproj.inject(model, host=desc)
     with pytest.raises(RuntimeError, match="does not receive the output of 'post_attention_layernorm'"):
         model(*tokens())
 
 
 def test_described_host_reloads_with_no_code(tmp_path):
-    desc = {"name": "my_llama", "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn",
-                                           "norm": "input_layernorm"}]}
+    desc = {
+        "name": "my_llama",
+        "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn", "norm": "input_layernorm"}],
+    }
     model = mmpreproj.inject(BUILDERS["llama"](), PreProjConfig(skip_init_std=0.05), host=desc)
     out = model(*tokens()).logits
     mmpreproj.save_adapter(model, tmp_path)
@@ -194,13 +208,30 @@ def test_bad_descriptions_name_the_field():
     model = BUILDERS["llama"]()
     before = snapshot(model)
     with pytest.raises(ValueError, match="none of the block paths \\['model.blocks'\\]"):
-        mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.blocks", "attention": "a",
-                                                             "norm": "input_layernorm"}]})
+        mmpreproj.inject(
+            model,
+            host={
+                "name": "x",
+                "parts": [{"name": "l", "blocks": "model.blocks", "attention": "a", "norm": "input_layernorm"}],
+            },
+        )
     with pytest.raises(ValueError, match="needs 'attention'"):
         mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.layers"}]})
     with pytest.raises(ValueError, match="output_index"):
-        mmpreproj.inject(model, host={"name": "x", "parts": [{"name": "l", "blocks": "model.layers", "attention": "self_attn",
-                                                              "call": {"inputs": [[0, "hidden_states"]], "output_index": -1}}]})
+        mmpreproj.inject(
+            model,
+            host={
+                "name": "x",
+                "parts": [
+                    {
+                        "name": "l",
+                        "blocks": "model.layers",
+                        "attention": "self_attn",
+                        "call": {"inputs": [[0, "hidden_states"]], "output_index": -1},
+                    }
+                ],
+            },
+        )
     assert_same_snapshot(snapshot(model), before)
 
 
@@ -216,8 +247,10 @@ def test_forcing_a_row_that_does_not_fit_is_a_clear_error():
 def _clip(width=64, depth=2, seed=0, family="CLIP"):
     torch.manual_seed(seed)
     common = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth, num_attention_heads=4)
-    cfg = getattr(tf, f"{family}Config")(text_config=dict(vocab_size=VOCAB, max_position_embeddings=16, **common),
-                                         vision_config=dict(image_size=16, patch_size=4, **common))
+    cfg = getattr(tf, f"{family}Config")(
+        text_config=dict(vocab_size=VOCAB, max_position_embeddings=16, **common),
+        vision_config=dict(image_size=16, patch_size=4, **common),
+    )
     return getattr(tf, f"{family}Model")(cfg).eval()
 
 
@@ -233,8 +266,14 @@ def dual_forward(model, inputs):
 
 def _vit(width=64, depth=2, seed=0, family="ViT"):
     torch.manual_seed(seed)
-    cfg = getattr(tf, f"{family}Config")(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
-                                         num_attention_heads=4, image_size=16, patch_size=4)
+    cfg = getattr(tf, f"{family}Config")(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        image_size=16,
+        patch_size=4,
+    )
     return getattr(tf, f"{family}Model")(cfg).eval()
 
 
@@ -313,9 +352,15 @@ def test_trace_seams_finds_the_description_that_the_row_has(name):
 
 
 def test_trace_seams_on_a_vlm_finds_both_towers():
-    found = mmpreproj.tuner.trace_seams(qwen2_vl(), *vl_inputs()[:1], pixel_values=vl_inputs()[1],
-                                        image_grid_thw=vl_inputs()[2],
-                                        mm_token_type_ids=(vl_inputs()[0] == VOCAB + 2).long())
+    found = mmpreproj.tuner.trace_seams(
+        qwen2_vl(),
+        *vl_inputs()[:1],
+        pixel_values=vl_inputs()[1],
+        image_grid_thw=vl_inputs()[2],
+        mm_token_type_ids=(vl_inputs()[0] == VOCAB + 2).long(),
+    )
     got = {p["blocks"]: (p["attention"], p["norm"], p["call"]["output_index"]) for p in found["parts"]}
-    assert got == {"model.visual.blocks": ("attn", "norm1", None),
-                   "model.language_model.layers": ("self_attn", "input_layernorm", 0)}
+    assert got == {
+        "model.visual.blocks": ("attn", "norm1", None),
+        "model.language_model.layers": ("self_attn", "input_layernorm", 0),
+    }

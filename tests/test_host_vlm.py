@@ -124,9 +124,7 @@ def _qwen3_vl(width=64, depth=2, seed=0):
 
 def _ids(n_image: int, g: torch.Generator, batch: int = 1) -> torch.Tensor:
     rows = [
-        torch.cat(
-            [torch.tensor([START]), torch.full((n_image,), IMAGE), torch.randint(3, VOCAB, (5,), generator=g)]
-        )
+        torch.cat([torch.tensor([START]), torch.full((n_image,), IMAGE), torch.randint(3, VOCAB, (5,), generator=g)])
         for _ in range(batch)
     ]
     return torch.stack(rows)

@@ -98,11 +98,15 @@ def scan(root: Path) -> tuple[dict[str, set[str]], list[str]]:
                 where = f"{path.relative_to(root)}:{line}"
                 there = unit_of(target)
                 if deferred and here not in DEFERRED_ALLOWED:
-                    bad.append(f"{where}: imports {target} inside a function (import it at the top, or add it to "
-                               "DEFERRED_ALLOWED with its reason)")
+                    bad.append(
+                        f"{where}: imports {target} inside a function (import it at the top, or add it to "
+                        "DEFERRED_ALLOWED with its reason)"
+                    )
                 if there != here and not (here in RANK and there in RANK and RANK[there] < RANK[here]):
-                    bad.append(f"{where}: {module} ({here}, layer {RANK.get(here)}) imports {target} ({there}, "
-                               f"layer {RANK.get(there)}), against the order")
+                    bad.append(
+                        f"{where}: {module} ({here}, layer {RANK.get(here)}) imports {target} ({there}, "
+                        f"layer {RANK.get(there)}), against the order"
+                    )
                 if not deferred and target != module:
                     graph[module].add(target)
     return graph, bad
@@ -122,7 +126,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
             if node.startswith(nxt + "."):
                 continue
             if state.get(nxt) == 1:
-                found.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 walk(nxt)
         stack.pop()
@@ -159,25 +163,45 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
-@pytest.mark.parametrize("files,expected", [
-    ({"hosts/row.py": "from ..tuner.inject import inject\n", "tuner/inject.py": ""},
-     "hosts/row.py:1: mmpreproj.hosts.row (hosts, layer 4) imports mmpreproj.tuner.inject (tuner, layer 5)"),
-    ({"eval/a.py": "from ..analysis import plot\n", "analysis/plot.py": ""},
-     "eval/a.py:1: mmpreproj.eval.a (eval, layer 7) imports mmpreproj.analysis.plot (analysis, layer 7)"),
-    ({"train/a.py": "def f():\n    from ..tuner import state\n", "tuner/state.py": ""},
-     "train/a.py:2: imports mmpreproj.tuner.state inside a function"),
-    ({"tuner/a.py": "import mmpreproj.experiments.arms\n", "experiments/arms.py": ""},
-     "tuner/a.py:1: mmpreproj.tuner.a (tuner, layer 5) imports mmpreproj.experiments.arms (experiments, layer 8)"),
-], ids=["up", "peer", "in-a-function", "plain-import-up"])
+@pytest.mark.parametrize(
+    "files,expected",
+    [
+        (
+            {"hosts/row.py": "from ..tuner.inject import inject\n", "tuner/inject.py": ""},
+            "hosts/row.py:1: mmpreproj.hosts.row (hosts, layer 4) imports mmpreproj.tuner.inject (tuner, layer 5)",
+        ),
+        (
+            {"eval/a.py": "from ..analysis import plot\n", "analysis/plot.py": ""},
+            "eval/a.py:1: mmpreproj.eval.a (eval, layer 7) imports mmpreproj.analysis.plot (analysis, layer 7)",
+        ),
+        (
+            {"train/a.py": "def f():\n    from ..tuner import state\n", "tuner/state.py": ""},
+            "train/a.py:2: imports mmpreproj.tuner.state inside a function",
+        ),
+        (
+            {"tuner/a.py": "import mmpreproj.experiments.arms\n", "experiments/arms.py": ""},
+            "tuner/a.py:1: mmpreproj.tuner.a (tuner, layer 5) imports mmpreproj.experiments.arms "
+            "(experiments, layer 8)",
+        ),
+    ],
+    ids=["up", "peer", "in-a-function", "plain-import-up"],
+)
 def test_the_scanner_catches_an_import_against_the_order(tmp_path, files, expected):
     _, bad = scan(_package(tmp_path, files))
     assert any(b.startswith(expected) for b in bad), bad
 
 
 def test_the_scanner_accepts_downward_and_cli_deferred_imports(tmp_path):
-    root = _package(tmp_path, {"tuner/inject.py": "from ..hosts import row\nfrom . import state\n",
-                               "tuner/state.py": "", "hosts/row.py": "from ..util.io import x\n", "util/io.py": "",
-                               "cli.py": "def main():\n    from .tuner import inject\n"})
+    root = _package(
+        tmp_path,
+        {
+            "tuner/inject.py": "from ..hosts import row\nfrom . import state\n",
+            "tuner/state.py": "",
+            "hosts/row.py": "from ..util.io import x\n",
+            "util/io.py": "",
+            "cli.py": "def main():\n    from .tuner import inject\n",
+        },
+    )
     graph, bad = scan(root)
     assert bad == [] and "mmpreproj.hosts.row" in graph["mmpreproj.tuner.inject"]
 

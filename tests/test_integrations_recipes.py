@@ -34,9 +34,7 @@ def _assert_adapter_checkpoints(out: Path, ours: Path) -> None:
 
 
 def test_hf_trainer_recipe(tmp_path):
-    summary = _recipe("hf_trainer").main(
-        ["--out", str(tmp_path), "--num-lines", "32", "--max-len", "32", *TINY]
-    )
+    summary = _recipe("hf_trainer").main(["--out", str(tmp_path), "--num-lines", "32", "--max-len", "32", *TINY])
     assert summary["steps"] == 4 and summary["reload_max_diff"] == 0.0
     _assert_adapter_checkpoints(tmp_path, tmp_path / "final")
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 4

@@ -32,8 +32,18 @@ def lm_data():
 
 
 def _args(out, **kw) -> TrainingArguments:
-    base = dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2,
-                save_steps=2, logging_steps=1, report_to=[], seed=0, use_cpu=True, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_steps=2,
+        logging_steps=1,
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     return TrainingArguments(**{**base, **kw})
 
 
@@ -60,12 +70,15 @@ def test_only_the_adapter_trains_and_bf16_autocast_keeps_it_fp32(tmp_path, lm_da
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     seen = set()
     model.base_model.model.gpt_neox.layers[0].mlp.dense_h_to_4h.register_forward_hook(
-        lambda m, a, out: seen.add(out.dtype))
+        lambda m, a, out: seen.add(out.dtype)
+    )
     init = _trained(model)
     trainer = _fit(tmp_path, lm_data, model, max_steps=2, save_strategy="no", bf16=True)
     assert torch.bfloat16 in seen  # the autocast was on
     in_optimizer = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
-    assert in_optimizer == {id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters() if p.requires_grad}
+    assert in_optimizer == {
+        id(p) for w in mmpreproj.injected_modules(model) for p in w.parameters() if p.requires_grad
+    }
     assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
     after = _trained(model)
     assert {v.dtype for v in after.values()} == {torch.float32}
@@ -130,7 +143,10 @@ def test_a_lora_file_holding_injected_weights_is_refused_on_a_base_without_the_i
     model.save_pretrained(str(tmp_path))  # no preproj/ beside it: nothing says how to rebuild our weights
     base = tiny_neox()
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    with pytest.raises(ValueError, match=r"does not match its config: .*saved from a model with mmpreproj modules injected: .*'preproj'"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not match its config: .*saved from a model with mmpreproj modules injected: .*'preproj'",
+    ):
         mmpreproj.load_adapter(base, tmp_path)
     assert not any("lora_" in n for n, _ in base.named_modules()) and not mmpreproj.is_injected(base)
     assert base.state_dict().keys() == before.keys()

@@ -66,8 +66,14 @@ def _sft(out, model, tokenizer, chat, *, stop=None, resume=None, peft_config=Non
         **kw,
     )  # SFTConfig's own defaults stay: bf16 autocast and activation checkpointing on
     callbacks = [StopAfterSave(stop)] if stop else []
-    trainer = SFTTrainer(model=model, args=args, train_dataset=chat, processing_class=tokenizer,
-                         callbacks=callbacks, peft_config=peft_config)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=chat,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=peft_config,
+    )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -97,8 +103,9 @@ def test_sft_with_peft_config_trains_the_adapter_checkpoints_it_and_resumes_bit_
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= names
     assert "model.safetensors" not in names
     torch.manual_seed(7)  # another init: the resume must load the checkpoint's adapter
-    resumed = _sft(tmp_path / "cut", _model(tokenizer), tokenizer, chat, resume=True,
-                   peft_config=mmpreproj.PreProjConfig())
+    resumed = _sft(
+        tmp_path / "cut", _model(tokenizer), tokenizer, chat, resume=True, peft_config=mmpreproj.PreProjConfig()
+    )
     got = _adapter(resumed.model)
     assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)  # bit-exact
 

@@ -127,7 +127,8 @@ def test_pretrain_quick_writes_a_reloadable_checkpoint(tmp_path):
     with torch.no_grad():
         assert (model(x) - stored).abs().max().item() <= _tolerance(stored)
     assert {"config.json", "model.safetensors", "TRAINING.md", "reference_logits.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
 
 
 def test_probe_quick_runs_every_arm_and_restarts(tmp_path):
@@ -148,8 +149,13 @@ def test_probe_quick_runs_every_arm_and_restarts(tmp_path):
         assert len(summary[arm]["skip_norms"]) == layers and len(summary[arm]["routing_ratios"]) == layers
         assert "vs_linear" in summary[arm] and "vs_lora" in summary[arm]
     assert "vs_linear" not in summary["linear"] and "vs_lora" not in summary["lora"]
-    assert set(first["figures"]) == {"accuracy.png", "lr_sweep.png", "skip_norms.png", "skip_growth.png",
-                                     "routing.png"}
+    assert set(first["figures"]) == {
+        "accuracy.png",
+        "lr_sweep.png",
+        "skip_norms.png",
+        "skip_growth.png",
+        "routing.png",
+    }
     assert_draws(out / "skip_norms.png", ["C0", "C1"], all_visible=False)  # skip, preproj_skip
     assert_draws(out / "routing.png", ["C0", "C1"], all_visible=False)
     assert_draws(out / "lr_sweep.png", [f"C{i}" for i in range(6)], all_visible=False)
@@ -178,16 +184,20 @@ def test_open_clip_tower_computes_the_same_features():
 
 def test_probe_quick_through_open_clip_targets_out_proj_only(tmp_path):
     pytest.importorskip("open_clip")
-    result = mini_vit_probe.main(["--quick", "--family", "open_clip", "--arms", "linear", "lora",
-                                  "--out", str(tmp_path / "oc")])
+    result = mini_vit_probe.main(
+        ["--quick", "--family", "open_clip", "--arms", "linear", "lora", "--out", str(tmp_path / "oc")]
+    )
     d, layers, head = 128, 6, 128 * 5 + 5
     lora = result["summary"]["lora"]
     assert lora["lora_r"] == 80 and lora["trainable_params"] == 80 * layers * (d + d) + head  # out_proj only
     assert "open_clip model" in (tmp_path / "oc" / "report.md").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="the open_clip rows target attn.out_proj, but nn.MultiheadAttention reads "
-                   "out_proj.weight directly (F.multi_head_attention_forward), so peft's LoRA there never runs")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the open_clip rows target attn.out_proj, but nn.MultiheadAttention reads "
+    "out_proj.weight directly (F.multi_head_attention_forward), so peft's LoRA there never runs",
+)
 def test_open_clip_lora_from_the_host_row_reaches_the_forward():
     pytest.importorskip("open_clip")
     from open_clip.transformer import VisionTransformer as ClipTower

@@ -67,13 +67,9 @@ def test_model_names_the_sample_and_the_size():
     assert not calls  # checked before the tower ran
     with pytest.raises(ValueError, match=r"sample 0: 1 image\(s\) but only 0 image marker"):
         model.prepare([MixedSample([1, 2], images=[torch.randn(3, 8, 8)])])
-    with pytest.raises(
-        ValueError, match=r"sample 0 image 0 of size 8x12: height and width must be multiples of 8"
-    ):
+    with pytest.raises(ValueError, match=r"sample 0 image 0 of size 8x12: height and width must be multiples of 8"):
         model.prepare([MixedSample([1, IMAGE_ID], images=[torch.randn(3, 8, 12)])])
-    with pytest.raises(
-        ValueError, match=r"sample 0 video 0: expected a \(T, 3, H, W\) tensor, got \(3, 8, 8\)"
-    ):
+    with pytest.raises(ValueError, match=r"sample 0 video 0: expected a \(T, 3, H, W\) tensor, got \(3, 8, 8\)"):
         model.prepare([MixedSample([1, VIDEO_ID], videos=[torch.randn(3, 8, 8)])])
 
 

@@ -12,9 +12,7 @@ LAYOUTS = ["chunked", "interleaved"]  # the decoder's M-RoPE frequency layout
 
 
 def _with_answer(samples: list[MixedSample], tokens: torch.Tensor) -> list[MixedSample]:
-    return [
-        MixedSample(s.input_ids, s.images, s.videos, target_ids=t.tolist()) for s, t in zip(samples, tokens)
-    ]
+    return [MixedSample(s.input_ids, s.images, s.videos, target_ids=t.tolist()) for s, t in zip(samples, tokens)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -88,16 +88,12 @@ def test_model_batch_positions_match_get_rope_index(qwen_model):
     for b, s in enumerate(samples):
         keep = batch.attention_mask[b].bool()
         images = [(1, im.shape[1] // (PATCH * MERGE), im.shape[2] // (PATCH * MERGE)) for im in s.images]
-        videos = [
-            (v.shape[0], v.shape[2] // (PATCH * MERGE), v.shape[3] // (PATCH * MERGE)) for v in s.videos
-        ]
+        videos = [(v.shape[0], v.shape[2] // (PATCH * MERGE), v.shape[3] // (PATCH * MERGE)) for v in s.videos]
         ref_pos, ref_delta = _qwen_positions(qwen_model, batch.token_ids[b, keep], batch.modality[b, keep],
                                              images, videos)  # fmt: skip
         assert torch.equal(batch.position_ids[b, keep], ref_pos)
         assert batch.next_position[b].item() == keep.sum().item() + ref_delta
-        assert (batch.modality[b, ~keep] == PAD).all() and (
-            batch.attention_mask[b, : (~keep).sum()] == 0
-        ).all()
+        assert (batch.modality[b, ~keep] == PAD).all() and (batch.attention_mask[b, : (~keep).sum()] == 0).all()
 
 
 def test_1d_mode_counts_every_token():

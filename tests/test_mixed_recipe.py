@@ -42,9 +42,7 @@ def test_default_data_is_shipped(tasks):
 
 def test_where_question_layout(tasks):
     tok = tasks.WordTokenizer()
-    images = torch.zeros(
-        4, 3, 32, 32, dtype=torch.uint8
-    )  # black CIFAR stand-ins: the object cell is all zeros
+    images = torch.zeros(4, 3, 32, 32, dtype=torch.uint8)  # black CIFAR stand-ins: the object cell is all zeros
     rng = random.Random(0)
     for i in range(20):
         q = tasks.make_question(("row", "column")[i % 2], images, torch.arange(4), tok, rng)

@@ -49,8 +49,12 @@ def test_modules_in_bf16_inference_use_packed_weights_made_once_and_match_the_re
         assert {k: id(t) for k, (_, t) in pp.casts._casts.items()} == kept  # reused
         pp.up.weight.mul_(2)  # an in-place update makes a new packed copy
         assert not torch.equal(pp(x), y)
-        torch.testing.assert_close(pp(x), x + F.linear(F.silu(F.linear(x, pp.up.weight.bfloat16())),
-                                                       pp.down.weight.bfloat16()), rtol=0, atol=0)
+        torch.testing.assert_close(
+            pp(x),
+            x + F.linear(F.silu(F.linear(x, pp.up.weight.bfloat16())), pp.down.weight.bfloat16()),
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_a_gradient_still_goes_through_f_linear_and_reaches_the_fp32_weights():

@@ -66,10 +66,7 @@ def test_each_active_adapter_equals_a_model_holding_only_it(host):
     model = mmpreproj.load_adapter(build(), folders["a"])
     mmpreproj.load_adapter(model, folders["b"], adapter_name="b")
     mmpreproj.load_adapter(model, folders["c"], adapter_name="c")
-    assert (
-        mmpreproj.adapter_names(model) == ["default", "b", "c"]
-        and mmpreproj.active_adapter(model) == "default"
-    )
+    assert mmpreproj.adapter_names(model) == ["default", "b", "c"] and mmpreproj.active_adapter(model) == "default"
     assert torch.equal(out(model), alone["a"])
     for name, key in (
         ("b", "b"),
@@ -90,8 +87,7 @@ def test_each_active_adapter_equals_a_model_holding_only_it(host):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, p in single.named_parameters() if p.requires_grad}
     assert all(
-        ".stored_adapters." in n
-        for n in set(dict(model.named_parameters())) - set(dict(single.named_parameters()))
+        ".stored_adapters." in n for n in set(dict(model.named_parameters())) - set(dict(single.named_parameters()))
     )
 
 
@@ -103,9 +99,7 @@ def test_save_a_named_adapter_delete_and_unload(host, tmp_path):
     assert torch.equal(out(mmpreproj.load_adapter(build(), tmp_path / "b")), alone["b"])
     desc = load_desc(tmp_path / "b" / "adapter_config.json")
     assert desc["adapter_name"] == "b" and desc["config"]["expansion"] == 2.0
-    with pytest.raises(
-        ValueError, match=r"delete_adapter: 'a' is the active adapter; set_adapter to one of \['b'\]"
-    ):
+    with pytest.raises(ValueError, match=r"delete_adapter: 'a' is the active adapter; set_adapter to one of \['b'\]"):
         mmpreproj.delete_adapter(model, "a")
     mmpreproj.set_adapter(model, "b")
     mmpreproj.delete_adapter(model, "a")

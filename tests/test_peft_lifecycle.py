@@ -27,8 +27,16 @@ from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 # what a Trainer checkpoint of a PeftModel may hold: the adapter, its card, and the Trainer's own state
-CHECKPOINT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md", "optimizer.pt",
-                    "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
+CHECKPOINT_FILES = {
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "README.md",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state.pth",
+    "trainer_state.json",
+    "training_args.bin",
+}
 BASE_FILES = {"model.safetensors", "pytorch_model.bin", "config.json", "generation_config.json"}
 
 
@@ -40,9 +48,16 @@ def base_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-base")
     tok = AutoTokenizer.from_pretrained(str(REPO / "assets" / "mini-pythia"))
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, rotary_pct=0.25, max_position_embeddings=128,
-                        tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        rotary_pct=0.25,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     GPTNeoXForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -68,15 +83,30 @@ def _adapter(model) -> dict[str, torch.Tensor]:
 
 
 def _args(out: Path, **kw) -> TrainingArguments:
-    base = dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2,
-                save_steps=2, logging_steps=1, report_to=[], seed=0, use_cpu=True, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_steps=2,
+        logging_steps=1,
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     return TrainingArguments(**{**base, **kw})
 
 
-def _fit(out: Path, model, data, *, callbacks=(), resume=None, eval_data=None, compute_metrics=None,
-         **kw) -> Trainer:
-    trainer = Trainer(model=model, args=_args(out, **kw), train_dataset=data, eval_dataset=eval_data,
-                      callbacks=list(callbacks), compute_metrics=compute_metrics)
+def _fit(out: Path, model, data, *, callbacks=(), resume=None, eval_data=None, compute_metrics=None, **kw) -> Trainer:
+    trainer = Trainer(
+        model=model,
+        args=_args(out, **kw),
+        train_dataset=data,
+        eval_dataset=eval_data,
+        callbacks=list(callbacks),
+        compute_metrics=compute_metrics,
+    )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -91,8 +121,7 @@ def _logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 # -- 1. plain transformers.Trainer -------------------------------------------------------------------------
-def test_trainer_checkpoints_hold_only_the_adapter_and_a_resume_after_a_kill_is_bit_exact(
-        tmp_path, base_dir, lm_data):
+def test_trainer_checkpoints_hold_only_the_adapter_and_a_resume_after_a_kill_is_bit_exact(tmp_path, base_dir, lm_data):
     whole_model = _peft(base_dir)
     init = _adapter(whole_model)
     whole = _fit(tmp_path / "whole", whole_model, lm_data)
@@ -123,13 +152,21 @@ def test_trainer_checkpoints_hold_only_the_adapter_and_a_resume_after_a_kill_is_
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_trainer_gradient_checkpointing_reaches_the_adapter_with_the_same_updates(
-        tmp_path, base_dir, lm_data, reentrant):
+    tmp_path, base_dir, lm_data, reentrant
+):
     plain = _peft(base_dir)
     init = _adapter(plain)
     _fit(tmp_path / "plain", plain, lm_data, max_steps=2, save_strategy="no")
     ckpt = _peft(base_dir)
-    _fit(tmp_path / "ckpt", ckpt, lm_data, max_steps=2, save_strategy="no", gradient_checkpointing=True,
-         gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    _fit(
+        tmp_path / "ckpt",
+        ckpt,
+        lm_data,
+        max_steps=2,
+        save_strategy="no",
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant},
+    )
     assert ckpt.base_model.model.gpt_neox.gradient_checkpointing
     want, got = _adapter(plain), _adapter(ckpt)
     assert all(not torch.equal(got[k], init[k]) for k in got)  # the gradients reached every adapter tensor
@@ -141,13 +178,24 @@ def test_trainer_load_best_model_at_end_restores_the_best_checkpoints_adapter(tm
     model = _peft(base_dir)
     evals = iter(range(STEPS))  # a metric that is best (lowest) at the first evaluation, worse after: the best
     # checkpoint is not the last one, so "restored the best" is told apart from "kept the final weights"
-    trainer = _fit(tmp_path, model, lm_data, eval_data=lm_data.select(range(4)), eval_strategy="steps",
-                   eval_steps=2, load_best_model_at_end=True, metric_for_best_model="rank",
-                   greater_is_better=False, compute_metrics=lambda _: {"rank": next(evals)})
+    trainer = _fit(
+        tmp_path,
+        model,
+        lm_data,
+        eval_data=lm_data.select(range(4)),
+        eval_strategy="steps",
+        eval_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="rank",
+        greater_is_better=False,
+        compute_metrics=lambda _: {"rank": next(evals)},
+    )
     best = Path(trainer.state.best_model_checkpoint)
     assert best.name == "checkpoint-2" and (tmp_path / f"checkpoint-{STEPS}").is_dir()
-    saved, last = load_file(best / "adapter_model.safetensors"), load_file(tmp_path / f"checkpoint-{STEPS}" /
-                                                                           "adapter_model.safetensors")
+    saved, last = (
+        load_file(best / "adapter_model.safetensors"),
+        load_file(tmp_path / f"checkpoint-{STEPS}" / "adapter_model.safetensors"),
+    )
     got = _adapter(model)
     assert all(torch.equal(got[k], saved[k]) for k in saved)
     assert any(not torch.equal(got[k], last[k]) for k in last)
@@ -172,18 +220,30 @@ def test_sft_trainer_with_a_model_folder_and_peft_config_trains_only_the_adapter
 
     tok = AutoTokenizer.from_pretrained(str(base_dir))
     text = datasets.Dataset.from_dict({"text": [f"{a} plus {b} is {a + b}." for a in range(4) for b in range(4)]})
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
-                         save_strategy="no", report_to=[], seed=0, use_cpu=True, disable_tqdm=True, max_length=32)
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+        max_length=32,
+    )
     torch.manual_seed(1)
-    trainer = trl.SFTTrainer(model=str(base_dir), peft_config=PreProjConfig(), args=args, train_dataset=text,
-                             processing_class=tok)
+    trainer = trl.SFTTrainer(
+        model=str(base_dir), peft_config=PreProjConfig(), args=args, train_dataset=text, processing_class=tok
+    )
     model = trainer.model
     assert isinstance(model, peft.PeftModel) and model.peft_config["default"].peft_type == "PREPROJ"
     adapter = {n for n, p in model.named_parameters() if "preproj" in n or ".skip." in n}
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert adapter and trainable == adapter
     assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) == sum(
-        v.numel() for v in peft.get_peft_model_state_dict(model).values())
+        v.numel() for v in peft.get_peft_model_state_dict(model).values()
+    )
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     init = _adapter(model)
     trainer.train()
@@ -206,8 +266,11 @@ def trained(tmp_path_factory, base_dir, lm_data):
 
 def test_saved_adapter_names_the_base_and_reads_back_as_a_preproj_config(trained, base_dir):
     adapter_dir, _, _ = trained
-    assert sorted(p.name for p in adapter_dir.iterdir()) == ["README.md", "adapter_config.json",
-                                                            "adapter_model.safetensors"]
+    assert sorted(p.name for p in adapter_dir.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     config = peft.PeftConfig.from_pretrained(str(adapter_dir))
     assert type(config) is PreProjConfig and config.peft_type == "PREPROJ"
     assert config.base_model_name_or_path == str(base_dir)
@@ -271,6 +334,7 @@ def hub(monkeypatch):
     def refused(name):
         def call(*args, **kwargs):
             raise AssertionError(f"unexpected hub call HfApi.{name}")
+
         return call
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
@@ -295,9 +359,12 @@ def test_push_to_hub_uploads_the_adapter_and_its_card_only(hub, base_dir):
     assert hub["uploaded"]["README.md"].startswith(b"---\n")  # a model card with metadata
 
 
-@pytest.mark.xfail(strict=True, reason="transformers' PushToHubMixin.push_to_hub replaces the README that "
-                   "save_pretrained wrote with its generic card (library_name: transformers, no base_model); "
-                   "peft 0.21.2's PeftModel does not override it, for LoRA as for PREPROJ")
+@pytest.mark.xfail(
+    strict=True,
+    reason="transformers' PushToHubMixin.push_to_hub replaces the README that "
+    "save_pretrained wrote with its generic card (library_name: transformers, no base_model); "
+    "peft 0.21.2's PeftModel does not override it, for LoRA as for PREPROJ",
+)
 def test_the_pushed_card_names_the_base_and_peft(hub, base_dir):
     from huggingface_hub import ModelCard
 
@@ -310,8 +377,11 @@ def test_save_pretrained_push_to_hub_saves_locally_and_uploads_nothing(hub, base
     """peft 0.21.2's `PeftModel.save_pretrained` takes `push_to_hub=True` and ignores it (no hub call): the
     folder is written, nothing is uploaded. `model.push_to_hub(repo)` is the call that uploads."""
     _peft(base_dir).save_pretrained(tmp_path, push_to_hub=True, repo_id="someone/tiny-preproj")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "adapter_config.json",
-                                                         "adapter_model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     assert hub == {"repos": [], "uploaded": {}}
 
 
@@ -362,8 +432,11 @@ PORT = REPO / "recipes" / "peft_port"
 def test_the_port_from_lora_changes_the_config_line_and_its_import_only():
     lora = (PORT / "train_lora.py").read_text().splitlines()
     ours = (PORT / "train_preproj.py").read_text().splitlines()
-    changes = [(lora[i1:i2], ours[j1:j2]) for op, i1, i2, j1, j2 in
-               difflib.SequenceMatcher(a=lora, b=ours, autojunk=False).get_opcodes() if op != "equal"]
+    changes = [
+        (lora[i1:i2], ours[j1:j2])
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=lora, b=ours, autojunk=False).get_opcodes()
+        if op != "equal"
+    ]
     assert [(len(a), len(b)) for a, b in changes] == [(1, 1), (1, 1)], changes
     (imp_lora, imp_ours), (cfg_lora, cfg_ours) = ((a[0], b[0]) for a, b in changes)
     assert (imp_lora, imp_ours) == ("from peft import LoraConfig", "from mmpreproj import PreProjConfig")
@@ -379,8 +452,7 @@ def test_the_port_scripts_train_and_save_their_adapter(tmp_path, monkeypatch, sc
     losses = [row["loss"] for row in state["log_history"] if "loss" in row]
     assert state["global_step"] == 2 and len(losses) == 2 and all(0 < x < 20 for x in losses)
     final = tmp_path / "final"
-    assert sorted(p.name for p in final.iterdir()) == ["README.md", "adapter_config.json",
-                                                      "adapter_model.safetensors"]
+    assert sorted(p.name for p in final.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
     assert json.loads((final / "adapter_config.json").read_text())["peft_type"] == peft_type
     mini = REPO / "assets" / "mini-pythia"
     model = peft.PeftModel.from_pretrained(_base(mini), str(final)).eval()

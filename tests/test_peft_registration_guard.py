@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from mmpreproj.tuner.peft_type import TESTED_PEFT, check_peft_version
 from tests.helpers.gguf_tiny import write_tiny_llama_gguf
@@ -82,8 +82,13 @@ def test_mmpreproj_lm_eval_reads_a_preproj_adapter_where_plain_lm_eval_cannot(tm
     env = {**ENV, "MMPREPROJ_CACHE": str(tmp_path / "cache")}
     runs = {}
     for mode in ("ours", "plain"):
-        runs[mode] = subprocess.run([sys.executable, "-c", LOAD_WITH_HFLM, base_dir, str(tmp_path / "adapter"), mode],
-                                    env=env, capture_output=True, text=True, cwd=tmp_path)
+        runs[mode] = subprocess.run(
+            [sys.executable, "-c", LOAD_WITH_HFLM, base_dir, str(tmp_path / "adapter"), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
     assert runs["ours"].returncode == 0, runs["ours"].stderr[-2000:]
     assert "PEFT_TYPE PeftType.PREPROJ" in runs["ours"].stdout
     assert runs["plain"].returncode != 0 and "PREPROJ" in runs["plain"].stderr  # peft's KeyError / unknown type

@@ -34,6 +34,7 @@ def _trained(seed: int) -> PeftModel:
 
 def _cut_short_save(model: PeftModel, folder, monkeypatch) -> None:
     """`model.save_pretrained(folder)` killed after the weights were written, before the config."""
+
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed between the two files")
 
@@ -92,8 +93,12 @@ def test_the_digest_reads_names_values_shapes_and_dtypes():
         assert weights_digest(changed) != weights_digest(a)
 
 
-@pytest.mark.parametrize("bad", ["blake2b:xyz", "blake2b-named:" + "0" * 31, "sha256:" + "0" * 32, 7, ["blake2b:" + "0" * 32]])
+@pytest.mark.parametrize(
+    "bad", ["blake2b:xyz", "blake2b-named:" + "0" * 31, "sha256:" + "0" * 32, 7, ["blake2b:" + "0" * 32]]
+)
 def test_a_malformed_digest_is_refused_naming_the_field(tmp_path, bad):
-    with pytest.raises(ValueError, match=r"injection.weights_digest=.*expected 'blake2b-named:' \(or 'blake2b:'\) and 32 hex digits"):
+    with pytest.raises(
+        ValueError, match=r"injection.weights_digest=.*expected 'blake2b-named:' \(or 'blake2b:'\) and 32 hex digits"
+    ):
         check_weights_digest(bad, {"x": torch.zeros(1)}, tmp_path / "adapter_model.safetensors")
     check_weights_digest(None, {"x": torch.zeros(1)}, tmp_path / "w")  # not recorded: a folder written before

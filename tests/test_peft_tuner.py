@@ -28,8 +28,15 @@ FIXTURES = Path(__file__).parent / "fixtures" / "legacy_adapters"
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -76,8 +83,9 @@ def test_get_peft_model_is_inject_behind_a_peft_model(name):
     assert isinstance(theirs, PeftModel) and isinstance(theirs.base_model, PreProjModel)
     assert torch.equal(_out(ours, x), _out(theirs, x))
     trainable = {n for n, p in ours.named_parameters() if p.requires_grad}
-    assert trainable and trainable == {n.removeprefix("base_model.model.") for n, p in theirs.named_parameters()
-                                       if p.requires_grad}
+    assert trainable and trainable == {
+        n.removeprefix("base_model.model.") for n, p in theirs.named_parameters() if p.requires_grad
+    }
     assert theirs.get_nb_trainable_parameters()[0] == mmpreproj.trainable_report(ours).trainable
     assert theirs.base_model.targeted_module_names == ours.mmpreproj_state.modules
 
@@ -92,8 +100,11 @@ def test_peft_save_and_from_pretrained_round_trip_bit_exact_and_frozen_by_defaul
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
     assert cfg["peft_type"] == "PREPROJ" and cfg["injection"]["host"] == name
     keys = set(load_file(str(tmp_path / "adapter_model.safetensors")))
-    assert keys == {f"base_model.model.{m}.{slot}.{w}" for m in cfg["injection"]["modules"]
-                    for slot, w in (("preproj", "up.weight"), ("preproj", "down.weight"), ("skip", "proj.weight"))}
+    assert keys == {
+        f"base_model.model.{m}.{slot}.{w}"
+        for m in cfg["injection"]["modules"]
+        for slot, w in (("preproj", "up.weight"), ("preproj", "down.weight"), ("skip", "proj.weight"))
+    }
     again = PeftModel.from_pretrained(builder(), tmp_path)
     assert torch.equal(_out(again, x), want)
     assert not any(p.requires_grad for p in again.parameters())  # inference by default, as peft
@@ -176,11 +187,11 @@ def test_registration_is_idempotent_and_a_process_without_mmpreproj_cannot_read_
     assert peft.mapping.PEFT_TYPE_TO_CONFIG_MAPPING["PREPROJ"] is PreProjConfig
     get_peft_model(tiny_neox(), PreProjConfig()).save_pretrained(tmp_path)
     read = f"import peft; print(type(peft.PeftConfig.from_pretrained({str(tmp_path)!r})).__name__)"
-    plain = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
-                           timeout=HANG_GUARD_S)
+    plain = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert plain.returncode != 0 and "PREPROJ" in plain.stderr  # what the README says fails without the import
-    ok = subprocess.run([sys.executable, "-c", "import mmpreproj; " + read], capture_output=True, text=True,
-                        timeout=HANG_GUARD_S)
+    ok = subprocess.run(
+        [sys.executable, "-c", "import mmpreproj; " + read], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert ok.returncode == 0 and ok.stdout.strip() == "PreProjConfig", ok.stderr[-2000:]
 
 
@@ -205,12 +216,19 @@ def test_a_foreign_file_key_is_refused_naming_it(tmp_path):
 
 # --- folders written before adapters were peft adapters (fixtures written by mmpreproj at 731f6e8) -------------
 
+
 def _legacy_base():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                        vocab_size=32, max_position_embeddings=64)
+    cfg = GPTNeoXConfig(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vocab_size=32,
+        max_position_embeddings=64,
+    )
     return GPTNeoXForCausalLM(cfg).eval()
 
 
@@ -229,7 +247,9 @@ def _assert_legacy_logits(got: torch.Tensor, folder: str) -> None:
 def test_legacy_fixtures_are_the_old_format():
     old = json.loads((FIXTURES / "preproj_skip" / "adapter_config.json").read_text())
     assert old["adapter_type"] == "mmpreproj" and "peft_type" not in old
-    assert any(k.startswith("blocks.") for k in load_file(str(FIXTURES / "preproj_skip" / "adapter_model.safetensors")))
+    assert any(
+        k.startswith("blocks.") for k in load_file(str(FIXTURES / "preproj_skip" / "adapter_model.safetensors"))
+    )
 
 
 def test_legacy_adapter_folder_loads_bit_exact():

@@ -21,8 +21,16 @@ HALF = [torch.bfloat16, torch.float16]
 
 def tiny_vit(seed: int = 0):
     torch.manual_seed(seed)
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=64,
-                             depth=2, num_heads=4, num_classes=10).eval()
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        embed_dim=64,
+        depth=2,
+        num_heads=4,
+        num_classes=10,
+    ).eval()
 
 
 def neox_inputs():
@@ -48,8 +56,12 @@ def _host(name, dtype, config=None, seed=0):
 
 
 def _injected(model):
-    return {f"{w.block_index}.{n}": p for w in mmpreproj.injected_modules(model) for n, p in w.named_parameters()
-            if p.requires_grad}
+    return {
+        f"{w.block_index}.{n}": p
+        for w in mmpreproj.injected_modules(model)
+        for n, p in w.named_parameters()
+        if p.requires_grad
+    }
 
 
 def _perturb(model, std=0.05, seed=3):
@@ -157,8 +169,12 @@ def test_recomputed_activation_gives_autograd_gradients_and_saves_less(activatio
 
 
 def _cached(model):
-    return {(id(w), k): id(t) for w in mmpreproj.injected_modules(model) for m in (w.preproj, w.skip)
-            for k, (_, t) in m.casts._casts.items()}
+    return {
+        (id(w), k): id(t)
+        for w in mmpreproj.injected_modules(model)
+        for m in (w.preproj, w.skip)
+        for k, (_, t) in m.casts._casts.items()
+    }
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["adamw", "adamw_fused"])

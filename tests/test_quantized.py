@@ -86,11 +86,7 @@ def raw(t: torch.Tensor) -> list[torch.Tensor]:
     if hasattr(t, "__tensor_flatten__") and type(t) is not nn.Parameter:
         return [getattr(t, n).detach().clone() for n in t.__tensor_flatten__()[0]]
     state = getattr(t, "quant_state", None)
-    extra = (
-        [v.clone() for v in state.as_dict().values() if isinstance(v, torch.Tensor)]
-        if state is not None
-        else []
-    )
+    extra = [v.clone() for v in state.as_dict().values() if isinstance(v, torch.Tensor)] if state is not None else []
     return [t.detach().clone(), *extra]
 
 
@@ -227,9 +223,7 @@ def test_int8_backward_equals_torchao_autograd_without_its_float_weight_copies(h
             assert torch.equal(p.grad, grads[n]), n  # the same ops on the same values
     # every int8 layer whose input needs a gradient (all but block 0's MLP, whose input may not): autograd kept
     # a float32 copy of its weight; FrozenInt8Linear keeps none
-    on_path = [
-        m for n, m in model.named_modules() if isinstance(m, FrozenInt8Linear) and "layers.0.mlp" not in n
-    ]
+    on_path = [m for n, m in model.named_modules() if isinstance(m, FrozenInt8Linear) and "layers.0.mlp" not in n]
     assert torchao_kept - kept >= sum(m.weight.numel() * 4 for m in on_path)
 
 
@@ -320,9 +314,7 @@ def test_refusals_name_the_allowed_values():
         quantize_frozen_base(nn.Sequential(nn.LayerNorm(4)), "int8")
     tied = tiny_llama()
     tied.lm_head.weight = tied.model.embed_tokens.weight
-    with pytest.raises(
-        ValueError, match=r"\['model.embed_tokens.weight', 'lm_head.weight'\] share one weight"
-    ):
+    with pytest.raises(ValueError, match=r"\['model.embed_tokens.weight', 'lm_head.weight'\] share one weight"):
         quantize_frozen_base(tied, "int8", skip_modules=())
     with pytest.raises(TypeError, match="skip_modules must be a list"):
         quantize_frozen_base(tiny_neox(), "int8", skip_modules="lm_head")

@@ -44,9 +44,7 @@ def test_only_the_known_message_is_dropped(name):
     try:
         logger.warning(quiet.KNOWN_MESSAGES[name] + " Calling register_constant() ... is deprecated.", _Color)
         logger.warning("another message of the same logger: %s", _Color)
-        logging.getLogger("mmpreproj.test.other").warning(
-            quiet.KNOWN_MESSAGES[name], _Color
-        )  # another logger
+        logging.getLogger("mmpreproj.test.other").warning(quiet.KNOWN_MESSAGES[name], _Color)  # another logger
     finally:
         logger.removeHandler(keep)
     assert keep.messages == [f"another message of the same logger: {_Color}"]
@@ -79,7 +77,5 @@ def test_command_help_and_argument_errors_print_nothing_from_dependencies():
     assert help_.returncode == 0 and help_.stderr == "" and help_.stdout.startswith("usage: mmpreproj")
     bad = _run("-m", "mmpreproj", "train", "--no-such-flag")
     assert bad.returncode == 2
-    assert bad.stderr.splitlines()[-1] == "mmpreproj: error: unrecognized arguments: --no-such-flag", (
-        bad.stderr
-    )
+    assert bad.stderr.splitlines()[-1] == "mmpreproj: error: unrecognized arguments: --no-such-flag", bad.stderr
     assert "_pytree" not in bad.stderr and "gemm_4bit" not in bad.stderr

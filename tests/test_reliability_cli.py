@@ -64,17 +64,13 @@ def test_eval_json_that_is_a_folder_is_refused_before_work(capsys, tmp_path):
         f"--json {tmp_path}: is a folder; pass a file name",
     )
     (tmp_path / "file").write_text("x")
-    _fails(
-        capsys, ["eval", *NO_MODEL, "--json", str(tmp_path / "file" / "r.json")], "is a file, not a folder"
-    )
+    _fails(capsys, ["eval", *NO_MODEL, "--json", str(tmp_path / "file" / "r.json")], "is a file, not a folder")
 
 
 def test_out_that_is_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     for cmd in (["train"], ["demo"], ["analyze", str(tmp_path)]):
-        _fails(
-            capsys, [*cmd, "--out", str(tmp_path / "f")], f"--out {tmp_path / 'f'}: is a file; pass a folder"
-        )
+        _fails(capsys, [*cmd, "--out", str(tmp_path / "f")], f"--out {tmp_path / 'f'}: is a file; pass a folder")
 
 
 def _run_folder(tmp_path, method: str):

@@ -95,7 +95,5 @@ def test_json_read_checks_types_and_names_the_file(tmp_path):
     f.write_bytes(b"\xff\xfe{}")
     with pytest.raises(ValueError, match=r"c.json is not valid JSON"):
         PreProjConfig.from_json(f)
-    with pytest.raises(
-        ValueError, match=r"PreProjConfig: expected a JSON object \(a dict of fields\), got str"
-    ):
+    with pytest.raises(ValueError, match=r"PreProjConfig: expected a JSON object \(a dict of fields\), got str"):
         PreProjConfig.from_dict("preproj")

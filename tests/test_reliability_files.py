@@ -111,8 +111,18 @@ def test_the_run_lock_gets_the_umask_mode(tmp_path, user_umask):
 @pytest.mark.parametrize("user_umask", [0o022, 0o077], indirect=True, ids=["umask022", "umask077"])
 def test_every_file_of_a_training_run_gets_the_umask_mode(tmp_path, user_umask):
     cfg = TrainConfig(
-        method="preproj_skip", model="tiny", steps=2, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=1,
-        precision="fp32", gradient_checkpointing=False, save_every=1, progress=False, out=str(tmp_path / "run"),
+        method="preproj_skip",
+        model="tiny",
+        steps=2,
+        warmup_steps=0,
+        lr=1e-3,
+        batch_size=2,
+        grad_accum=1,
+        precision="fp32",
+        gradient_checkpointing=False,
+        save_every=1,
+        progress=False,
+        out=str(tmp_path / "run"),
         device="cpu",
     )
     train(cfg, tiny_neox(), examples=LMExamples.random(8, 12, 128, seed=0))
@@ -316,6 +326,7 @@ def test_the_model_card_header_holds_exactly_its_keys_whatever_the_base_is_calle
         "tags": ["mmpreproj", "peft", "preproj", "pre-projection", "content-skip"],
     }
     plain = mmpreproj.save_adapter(_blocks(name="org/plain"), tmp_path / "plain", readme=True)
+
     def body(text: str) -> list[str]:  # after the YAML header (the Hub's writer may fold a value over lines)
         return text.split("\n---\n", 1)[1].splitlines()
 

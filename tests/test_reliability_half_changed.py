@@ -41,8 +41,11 @@ def test_parts_over_the_same_blocks_are_refused_before_anything_changes(second):
     model = tiny_neox()
     host = {"name": "twice", "parts": [NEOX_PART, {**NEOX_PART, "name": "again", **second}]}
     snap = snapshot(model)
-    with pytest.raises(ValueError, match=r"part 'language' block 0 and part 'again' block 0 resolve to the same "
-                                         r"attention module 'gpt_neox.layers.0.attention'"):
+    with pytest.raises(
+        ValueError,
+        match=r"part 'language' block 0 and part 'again' block 0 resolve to the same "
+        r"attention module 'gpt_neox.layers.0.attention'",
+    ):
         mmpreproj.inject(model, PreProjConfig(), host=host)
     assert_same_snapshot(snapshot(model), snap)
     assert _no_hooks_left(model)
@@ -53,8 +56,11 @@ def test_parts_sharing_one_attention_module_are_refused():
     model.gpt_neox.layers[1].attention = model.gpt_neox.layers[0].attention  # two blocks, one attention
     host = {"name": "shared", "parts": [{**NEOX_PART, "blocks": "gpt_neox.layers"}]}
     snap = snapshot(model)
-    with pytest.raises(ValueError, match=r"block 0 and part 'language' block 1 resolve to the same attention module "
-                                         r"'gpt_neox.layers.0.attention'"):
+    with pytest.raises(
+        ValueError,
+        match=r"block 0 and part 'language' block 1 resolve to the same attention module "
+        r"'gpt_neox.layers.0.attention'",
+    ):
         mmpreproj.inject(model, PreProjConfig(), host=host)
     assert_same_snapshot(snapshot(model), snap)
 
@@ -80,8 +86,11 @@ def test_inject_into_a_compiled_model_is_refused_with_the_order_that_works():
     model = tiny_neox()
     compiled = torch.compile(model, backend="eager")
     snap = snapshot(model)
-    with pytest.raises(RuntimeError, match=r"torch.compile wrapper \(OptimizedModule\); inject the model before "
-                                           r"compiling it: mmpreproj.inject\(model\), then model = torch.compile"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"torch.compile wrapper \(OptimizedModule\); inject the model before "
+        r"compiling it: mmpreproj.inject\(model\), then model = torch.compile",
+    ):
         mmpreproj.inject(compiled)
     assert_same_snapshot(snapshot(model), snap)
     model.gpt_neox.layers[0] = torch.compile(model.gpt_neox.layers[0], backend="eager")
@@ -105,12 +114,19 @@ def test_a_wrong_output_index_is_refused_naming_the_index_that_fits(output_index
 
     model = tiny_neox(attn_implementation="eager")
     call = {"inputs": [[0, "hidden_states"]], "output_index": output_index}
-    mmpreproj.inject(model, PreProjConfig(preproj=False, skip_init_std=0.5),
-                     host={"name": "neox", "parts": [{**NEOX_PART, "call": call}]})
+    mmpreproj.inject(
+        model,
+        PreProjConfig(preproj=False, skip_init_std=0.5),
+        host={"name": "neox", "parts": [{**NEOX_PART, "call": call}]},
+    )
     tokens = torch.randint(0, 128, (1, 32))  # N == d == 32: weights (1, 4, 32, 32) + skip (1, 32, 32) broadcast
-    with pytest.raises(SeamError, match=rf"part 'language', block 0\): with call.output_index={output_index} the "
-                                        rf"attention returns a tuple of 2 items.{{0,2}}{said}, but the skip must be added to a tensor of the attention "
-                                        r"input's shape \(1, 32, 32\); output_index 0 would fit"):
+    with pytest.raises(
+        SeamError,
+        match=rf"part 'language', block 0\): with call.output_index={output_index} the "
+        rf"attention returns a tuple of 2 items.{{0,2}}{said}, but the skip must be added to a tensor of the "
+        r"attention "
+        r"input's shape \(1, 32, 32\); output_index 0 would fit",
+    ):
         model(tokens)
 
 
@@ -196,8 +212,11 @@ def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tm
         newer.save_pretrained(tmp_path)  # the new base is written, the old adapter stays
     monkeypatch.undo()
     assert "mmpreproj_save_token" not in vars(newer.config)  # the model's config is as it was
-    with pytest.raises(ValueError, match=r"the base and the adapter in its adapter/ were written by different "
-                                         r"save_pretrained calls .* Nothing was loaded"):
+    with pytest.raises(
+        ValueError,
+        match=r"the base and the adapter in its adapter/ were written by different "
+        r"save_pretrained calls .* Nothing was loaded",
+    ):
         mmpreproj.from_pretrained(tmp_path)
     base = tf.GPTNeoXForCausalLM.from_pretrained(tmp_path)  # the base alone still loads the plain way
     snap = snapshot(base)
@@ -208,6 +227,7 @@ def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tm
     # killed inside the adapter's own write: before its commit the old adapter stays (refused), after it the
     # reader finishes the new one (the pair matches again)
     for point, loads in (("written:adapter_model.safetensors", False), ("committed", True)):
+
         def fault(at, point=point):
             if at == point:
                 raise Killed
@@ -263,9 +283,13 @@ def test_a_switch_between_forward_and_backward_is_refused_until_the_backward(two
     loss = model(TOKENS).logits.square().mean()
     with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph\(s\) .* not been backwarded"):
         mmpreproj.set_adapter(model, "b")
-    for refused, what in ((lambda: mmpreproj.delete_adapter(model, "b"), "delete_adapter"),
-                          (lambda: mmpreproj.set_adapter_state_dict(model, mmpreproj.adapter_state_dict(model)),
-                           "set_adapter_state_dict")):
+    for refused, what in (
+        (lambda: mmpreproj.delete_adapter(model, "b"), "delete_adapter"),
+        (
+            lambda: mmpreproj.set_adapter_state_dict(model, mmpreproj.adapter_state_dict(model)),
+            "set_adapter_state_dict",
+        ),
+    ):
         with pytest.raises(RuntimeError, match=f"{what}: a forward/backward is in flight"):
             refused()
     assert mmpreproj.active_adapter(model) == "default"
@@ -321,8 +345,14 @@ def test_a_switch_from_inside_the_forward_is_refused(two_adapters):
         mmpreproj.set_adapter(model, "b")
 
     handle = model.gpt_neox.layers[0].register_forward_hook(switch)
-    with torch.no_grad(), pytest.raises(RuntimeError, match=IN_FLIGHT + r": 'gpt_neox.layers.0' of the injected "
-                                                                        r"model is running \(thread 'MainThread'\)"):
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            RuntimeError,
+            match=IN_FLIGHT + r": 'gpt_neox.layers.0' of the injected "
+            r"model is running \(thread 'MainThread'\)",
+        ),
+    ):
         model(TOKENS)
     handle.remove()
     assert mmpreproj.active_adapter(model) == "default"
@@ -340,6 +370,7 @@ def test_a_switch_while_another_thread_runs_a_forward_is_refused(two_adapters):
         release.wait(30)
 
     handle = model.gpt_neox.layers[0].mlp.register_forward_hook(wait)
+
     def serve():
         with torch.no_grad():  # per thread: no graph, only the running forward tells
             model(TOKENS)

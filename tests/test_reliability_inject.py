@@ -142,16 +142,12 @@ def test_fsdp2_sharded_model_saves_and_unload_refuses_untouched(tmp_path):
         mmpreproj.save_adapter(model, tmp_path / "a")  # gathers full tensors
         assert mmpreproj.trainable_report(model).injected == 2 * (2 * 32 * 40 + 32 * 32)
         wrappers = mmpreproj.injected_modules(model)
-        with pytest.raises(
-            RuntimeError, match="replaced by sharded ones after inject .* nothing was changed"
-        ):
+        with pytest.raises(RuntimeError, match="replaced by sharded ones after inject .* nothing was changed"):
             mmpreproj.unload(model)
         assert mmpreproj.injected_modules(model) == wrappers and "mmpreproj_state" in vars(model)
     finally:
         dist.destroy_process_group()
-    assert set(read_adapter(tmp_path / "a")[1]) == set(
-        mmpreproj.adapter_state_dict(_injected()[0])
-    )
+    assert set(read_adapter(tmp_path / "a")[1]) == set(mmpreproj.adapter_state_dict(_injected()[0]))
 
 
 def test_torch_compile_wrapped_model(tmp_path):
@@ -191,9 +187,7 @@ def test_load_adapter_into_meta_model_is_refused(tmp_path):
 
     with torch.device("meta"):
         meta = GPTNeoXForCausalLM(model.config)
-    with pytest.raises(
-        ValueError, match="load_adapter: the model has .* on the meta device .* materialise it first"
-    ):
+    with pytest.raises(ValueError, match="load_adapter: the model has .* on the meta device .* materialise it first"):
         mmpreproj.load_adapter(meta, tmp_path / "a")
     assert not mmpreproj.is_injected(meta)
 
@@ -222,8 +216,9 @@ def test_overwritten_tensor_bytes_are_refused(tmp_path):
     raw[-4096:] = b"\xff" * 4096  # header intact, the last tensor's bytes are NaN patterns
     weights.write_bytes(bytes(raw))
     with pytest.raises(
-        ValueError, match=r"adapter weights .* tensor base_model\.model\.gpt_neox\.layers\.\d\.attention\.\w+\.(\w+\.)?weight "
-                          r"holds \d+ non-finite"
+        ValueError,
+        match=r"adapter weights .* tensor base_model\.model\.gpt_neox\.layers\.\d\.attention\.\w+\.(\w+\.)?weight "
+        r"holds \d+ non-finite",
     ):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
@@ -234,13 +229,9 @@ def test_save_adapter_refuses_non_finite_weights_and_keeps_the_old_pair(tmp_path
     before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")}
     with torch.no_grad():
         mmpreproj.injected_modules(model)[0].preproj.up.weight[0, 0] = float("nan")
-    with pytest.raises(
-        ValueError, match="save_adapter: refusing to write .* tensor blocks.0.preproj.up.weight"
-    ):
+    with pytest.raises(ValueError, match="save_adapter: refusing to write .* tensor blocks.0.preproj.up.weight"):
         mmpreproj.save_adapter(model, tmp_path / "a")
-    assert {
-        p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")
-    } == before
+    assert {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")} == before
 
 
 def test_adapter_config_whose_config_is_a_string(tmp_path):
@@ -248,9 +239,7 @@ def test_adapter_config_whose_config_is_a_string(tmp_path):
     mmpreproj.save_adapter(model, tmp_path / "a")
     cfg = tmp_path / "a" / "adapter_config.json"
     cfg.write_text(json.dumps(load_desc(cfg) | {"config": "preproj"}))
-    with pytest.raises(
-        ValueError, match=r"corrupt adapter config .*adapter_config.json: 'config' must be an object"
-    ):
+    with pytest.raises(ValueError, match=r"corrupt adapter config .*adapter_config.json: 'config' must be an object"):
         mmpreproj.load_adapter(tiny_neox(), tmp_path / "a")
 
 

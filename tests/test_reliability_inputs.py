@@ -199,7 +199,9 @@ def _described(inputs: list) -> dict:
 
     d = HOSTS["gpt_neox"].describe(tiny_neox())
     d.pop("name", None)
-    d["parts"] = [{**d["parts"][0], "norm": None, "unchecked_seam": True, "call": {"inputs": inputs, "output_index": 0}}]
+    d["parts"] = [
+        {**d["parts"][0], "norm": None, "unchecked_seam": True, "call": {"inputs": inputs, "output_index": 0}}
+    ]
     return d
 
 
@@ -208,7 +210,11 @@ def _described(inputs: list) -> dict:
     [
         ([[3, "position_embeddings"]], TypeError, r"call.inputs entry \[3, 'position_embeddings'\] gives a tuple"),
         ([[5, "position_ids"]], TypeError, r"\[5, 'position_ids'\] gives a torch.int64 tensor of shape \(1, 5\)"),
-        ([[1, "attention_mask"]], RuntimeError, r"found no attention input among call.inputs \[\[1, 'attention_mask'\]\]"),
+        (
+            [[1, "attention_mask"]],
+            RuntimeError,
+            r"found no attention input among call.inputs \[\[1, 'attention_mask'\]\]",
+        ),
     ],
 )
 def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, error, expect):
@@ -224,10 +230,19 @@ def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
     from mmpreproj.tuner.plan import new_adapter_modules
 
     preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
-    wrapper = PreProjAttention(torch.nn.Identity(), AttentionCall(inputs=((1, "mask"),), output_index=None),
-                               preproj, skip, block_index=3, part="vision")
-    with pytest.raises(TypeError, match=r"\(part 'vision', block 3\): .*entry \[1, 'mask'\] gives a torch.float32 "
-                       r"tensor of shape \(2, 5, 7\), not the normed input x\^ \(a float tensor \(\.\.\., N, 8\)\)"):
+    wrapper = PreProjAttention(
+        torch.nn.Identity(),
+        AttentionCall(inputs=((1, "mask"),), output_index=None),
+        preproj,
+        skip,
+        block_index=3,
+        part="vision",
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"\(part 'vision', block 3\): .*entry \[1, 'mask'\] gives a torch.float32 "
+        r"tensor of shape \(2, 5, 7\), not the normed input x\^ \(a float tensor \(\.\.\., N, 8\)\)",
+    ):
         wrapper(torch.zeros(2, 5, 8), torch.zeros(2, 5, 7))
     wrapper.call = AttentionCall(inputs=((0, "x"),), output_index=None)
     assert wrapper(torch.zeros(2, 5, 8)).shape == (2, 5, 8)  # the right slot runs
@@ -244,10 +259,15 @@ def test_a_truncated_base_model_file_is_named(tmp_path):
     base = tiny_neox()
     base.save_pretrained(tmp_path / "st")
     _truncate(tmp_path / "st" / "model.safetensors")
-    for load in (lambda: load_model(str(tmp_path / "st")),
-                 lambda: mmpreproj.from_pretrained(tmp_path / "st", adapter=False)):
-        with pytest.raises(ValueError, match=r"corrupt model weights .*st/model.safetensors: .*truncated or not a "
-                           r"weights file\?"):
+    for load in (
+        lambda: load_model(str(tmp_path / "st")),
+        lambda: mmpreproj.from_pretrained(tmp_path / "st", adapter=False),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"corrupt model weights .*st/model.safetensors: .*truncated or not a "
+            r"weights file\?",
+        ):
             load()
     (tmp_path / "bin").mkdir()
     base.config.save_pretrained(tmp_path / "bin")
@@ -263,8 +283,11 @@ def test_a_bad_4bit_compute_dtype_names_the_field_and_the_allowed_values(dtype):
 
     model = tiny_neox()
     before = {n: type(m) for n, m in model.named_modules()}
-    with pytest.raises(ValueError, match=r"compute_dtype=.*; allowed values: None \(each layer's weight dtype\), "
-                       r"torch.float32, torch.float16, torch.bfloat16"):
+    with pytest.raises(
+        ValueError,
+        match=r"compute_dtype=.*; allowed values: None \(each layer's weight dtype\), "
+        r"torch.float32, torch.float16, torch.bfloat16",
+    ):
         quantize_frozen_base(model, "nf4", compute_dtype=dtype)
     with pytest.raises(ValueError, match=r"compute_dtype applies to the 4-bit schemes"):
         quantize_frozen_base(model, "int8", compute_dtype=torch.bfloat16)
@@ -276,8 +299,11 @@ def test_int8_save_pretrained_is_refused_before_anything_is_written(tmp_path):
     from mmpreproj.integrations.quantized import quantize_frozen_base
 
     model = mmpreproj.inject(quantize_frozen_base(tiny_neox(), "int8"))
-    with pytest.raises(ValueError, match=r"torchao int8 weights .*nothing was written. Save the adapter alone "
-                       r"\(save_pretrained\(DIR, adapter_only=True\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"torchao int8 weights .*nothing was written. Save the adapter alone "
+        r"\(save_pretrained\(DIR, adapter_only=True\)",
+    ):
         model.save_pretrained(tmp_path / "full")
     assert not (tmp_path / "full").exists()
     model.save_pretrained(tmp_path / "only", adapter_only=True)  # what the message says to do works
@@ -298,8 +324,11 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
     files = {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()}
     monkeypatch.setattr("mmpreproj.tuner.files.save_file", _disk_full)
-    with pytest.raises(CheckpointWriteError, match=r"cannot write the adapter to .*adapter: OSError: No space left "
-                       r"on device; nothing there was replaced \(the previous adapter files, if any, are kept\)"):
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"cannot write the adapter to .*adapter: OSError: No space left "
+        r"on device; nothing there was replaced \(the previous adapter files, if any, are kept\)",
+    ):
         save_run_adapter(mmpreproj.inject(tiny_neox(seed=1)), "preproj_skip", tmp_path / "adapter")
     assert {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()} == files
     with pytest.raises(CheckpointWriteError, match=r"cannot write the adapter to .*run/adapter: OSError: No space"):
@@ -356,8 +385,11 @@ def test_non_float_adapter_weights_are_refused_by_key_and_dtype(saved, dtype):
     injected = mmpreproj.inject(tiny_neox())
     before = mmpreproj.adapter_state_dict(injected)[KEY].clone()
     in_memory = dict(mmpreproj.adapter_state_dict(injected), **{KEY: before.to(dtype)})
-    with pytest.raises(ValueError, match=f"{KEY} has dtype {dtype}, expected a floating-point tensor "
-                       r"\(torch.float32\)"):
+    with pytest.raises(
+        ValueError,
+        match=f"{KEY} has dtype {dtype}, expected a floating-point tensor "
+        r"\(torch.float32\)",
+    ):
         mmpreproj.set_adapter_state_dict(injected, in_memory)
     assert torch.equal(mmpreproj.adapter_state_dict(injected)[KEY], before)
 
@@ -383,8 +415,11 @@ def test_a_zero_dim_or_wrong_rank_weight_is_refused_by_shape(saved):
 
 def test_from_pretrained_of_a_folder_without_its_adapter_says_so(tmp_path, monkeypatch):
     tiny_neox().save_pretrained(tmp_path / "base")
-    with pytest.raises(FileNotFoundError, match=r"holds no mmpreproj adapter \(no adapter/adapter_config.json\); "
-                       r"pass adapter=False to load only the base"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"holds no mmpreproj adapter \(no adapter/adapter_config.json\); "
+        r"pass adapter=False to load only the base",
+    ):
         mmpreproj.from_pretrained(tmp_path / "base")
     assert not mmpreproj.is_injected(mmpreproj.from_pretrained(tmp_path / "base", adapter=False))
     mmpreproj.save_adapter(mmpreproj.inject(tiny_neox()), tmp_path / "base" / "adapter")

@@ -92,6 +92,7 @@ def _cfg(**fields):
                 cfg["injection"][k.split(".", 1)[1]] = v
             else:
                 cfg[k] = v
+
     return edit
 
 
@@ -184,8 +185,7 @@ def test_auto_peft_model_refuses_every_case(folders, case):
 def test_a_good_folder_loads_identically_through_every_loader(tmp_path, base_dir):
     folder = _good(base_dir, tmp_path / "good")
     x = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
-    outs = {name: load(_base(base_dir), folder)(x).logits for name, load in
-            {"peft": _peft, "ours": _ours}.items()}
+    outs = {name: load(_base(base_dir), folder)(x).logits for name, load in {"peft": _peft, "ours": _ours}.items()}
     hf = _base(base_dir)
     _hf(hf, folder)
     outs["hf"] = hf(x).logits

@@ -30,8 +30,17 @@ def _data():
 def _trainer(out: Path, model=None, steps: int = 4) -> Trainer:
     torch.manual_seed(0)
     model = model if model is not None else get_peft_model(tiny_neox(), PreProjConfig())
-    args = TrainingArguments(output_dir=str(out), max_steps=steps, save_steps=2, per_device_train_batch_size=2,
-                             learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        save_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     return Trainer(model=model, args=args, train_dataset=_data())
 
 
@@ -94,8 +103,11 @@ def test_a_checkpoint_of_another_method_is_refused_at_resume(run, tmp_path):
     _trainer(lora_run, lora, steps=2).train()
     with pytest.raises(ValueError, match=r"holds a 'LORA' adapter, not PREPROJ"):
         mmpreproj.last_whole_checkpoint(lora_run)
-    with pytest.raises(ValueError, match=r"written by method 'preproj_skip' with skip_rank=None; this run trains "
-                                         r"'preproj_skip' with skip_rank=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"written by method 'preproj_skip' with skip_rank=None; this run trains "
+        r"'preproj_skip' with skip_rank=4",
+    ):
         mmpreproj.last_whole_checkpoint(run, PreProjConfig(skip_rank=4))
     trainer = _trainer(run, get_peft_model(tiny_neox(), PreProjConfig(skip_rank=4)))
     with pytest.raises(ValueError, match="do not match this adapter"):  # the Trainer's resume, through our hook

@@ -61,9 +61,7 @@ def _cfg_of(run: Path, **kw) -> TrainConfig:
 
 @pytest.mark.parametrize("lr", [float("inf"), float("nan"), 0.0, -1e-3])
 def test_a_learning_rate_that_is_not_finite_and_positive_is_refused_before_any_work(tmp_path, lr):
-    with pytest.raises(
-        ValueError, match=r"TrainConfig.lr=(inf|nan|0.0|-0.001)( \(float\))?; must be a finite number"
-    ):
+    with pytest.raises(ValueError, match=r"TrainConfig.lr=(inf|nan|0.0|-0.001)( \(float\))?; must be a finite number"):
         run_config(tmp_path / "run", lr=lr)
     assert not (tmp_path / "run").exists()
 
@@ -177,9 +175,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_started(finished_run,
 def test_non_utf8_data_file_is_named_and_nothing_is_written(tmp_path):
     data = tmp_path / "latin1.txt"
     data.write_bytes(("word " * 20 + "\n").encode() * 3 + "caf\xe9 ".encode("latin-1") * 20 + b"\n")
-    with pytest.raises(
-        DataUnavailableError, match=r"data file .*latin1.txt is not UTF-8 text \(byte b'\\xe9'"
-    ):
+    with pytest.raises(DataUnavailableError, match=r"data file .*latin1.txt is not UTF-8 text \(byte b'\\xe9'"):
         train(
             run_config(tmp_path / "run", data=str(data), data_config=None, max_len=32),
             tiny_neox(vocab_size=257),
@@ -277,9 +273,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     procs = {}
     for point in ("mid-write", "before-rename"):
         (tmp_path / point).mkdir()
-        save_checkpoint(
-            tmp_path / point / "checkpoint.pt", {"step": 1, "trainable": {"w": torch.zeros(1000)}}
-        )
+        save_checkpoint(tmp_path / point / "checkpoint.pt", {"step": 1, "trainable": {"w": torch.zeros(1000)}})
         procs[point] = subprocess.Popen(
             [sys.executable, "-c", KILLER, str(tmp_path / point / "checkpoint.pt"), point],
             stdout=subprocess.PIPE,

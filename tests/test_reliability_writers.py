@@ -51,8 +51,17 @@ def _trainer_checkpoint(model, out: Path) -> Path:
 
     ids = torch.randint(0, 128, (4, 8), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": r, "labels": r} for r in ids]
-    args = TrainingArguments(output_dir=str(out), max_steps=1, save_steps=1, per_device_train_batch_size=2,
-                             learning_rate=0.0, report_to=[], use_cpu=True, disable_tqdm=True, save_only_model=True)
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=1,
+        save_steps=1,
+        per_device_train_batch_size=2,
+        learning_rate=0.0,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_only_model=True,
+    )
     Trainer(model=model, args=args, train_dataset=data).train()
     return out / "checkpoint-1"
 
@@ -142,10 +151,13 @@ def test_a_skip_rank_above_the_width_is_refused_before_any_allocation(rank):
     mmpreproj.inject(tiny_neox(), PreProjConfig(skip_rank=32))  # the top of the range
 
 
-@pytest.mark.parametrize(("field", "value", "match"), [
-    ("skip_rank", 10**12, r"skip_rank=1000000000000 at hidden size 32; allowed: 1\.\.32"),
-    ("expansion", 1e9, r"expansion=1000000000\.0; must be a finite number in \(0, 16\]"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("skip_rank", 10**12, r"skip_rank=1000000000000 at hidden size 32; allowed: 1\.\.32"),
+        ("expansion", 1e9, r"expansion=1000000000\.0; must be a finite number in \(0, 16\]"),
+    ],
+)
 def test_sizes_out_of_range_in_a_file_are_refused_by_every_loader(tmp_path, field, value, match):
     _trained().save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
@@ -156,8 +168,10 @@ def test_sizes_out_of_range_in_a_file_are_refused_by_every_loader(tmp_path, fiel
             load(tmp_path)
 
 
-@pytest.mark.parametrize(("argv", "flag"), [(["train", "--expansion", "1e9"], "--expansion"),
-                                            (["sweep", "--expansion", "17"], "--expansion")])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["train", "--expansion", "1e9"], "--expansion"), (["sweep", "--expansion", "17"], "--expansion")],
+)
 def test_sizes_out_of_range_on_the_command_line_are_refused_naming_the_range(argv, flag, capsys, tmp_path):
     from mmpreproj.cli import main
 
@@ -176,7 +190,8 @@ def test_save_adapter_records_the_digest_so_a_peft_save_cut_short_over_it_is_ref
                 p.mul_(2)
     mmpreproj.save_adapter(first, tmp_path)
     assert json.loads((tmp_path / "adapter_config.json").read_text())["injection"]["weights_digest"].startswith(
-        "blake2b-named:")
+        "blake2b-named:"
+    )
     with monkeypatch.context() as m:  # killed between the weights and the config
         m.setattr(PreProjConfig, "save_pretrained", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
         with pytest.raises(KeyboardInterrupt):
@@ -193,7 +208,9 @@ def test_a_folder_with_the_older_values_only_digest_still_loads(tmp_path):
     model = _trained()
     model.save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
-    cfg["injection"]["weights_digest"] = digest_mod.values_digest(load_file(str(tmp_path / "adapter_model.safetensors")))
+    cfg["injection"]["weights_digest"] = digest_mod.values_digest(
+        load_file(str(tmp_path / "adapter_model.safetensors"))
+    )
     (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
     for name, load in LOADERS.items():
         assert torch.equal(_logits(load(tmp_path), X), _logits(model, X)), name

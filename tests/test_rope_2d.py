@@ -55,9 +55,7 @@ def test_prefix_tokens_unrotated_like_timm_attention_rope():
     q2, k2 = RoPE2D(32)(q, k, grid_positions(h, w), num_prefix_tokens=prefix)
     q_ref = torch.cat((q[:, :, :prefix], apply_rot_embed_cat(q[:, :, prefix:], emb)), dim=2)
     torch.testing.assert_close(q2, q_ref, atol=1e-6, rtol=0)
-    assert torch.equal(q2[:, :, :prefix], q[:, :, :prefix]) and torch.equal(
-        k2[:, :, :prefix], k[:, :, :prefix]
-    )
+    assert torch.equal(q2[:, :, :prefix], q[:, :, :prefix]) and torch.equal(k2[:, :, :prefix], k[:, :, :prefix])
 
 
 def test_half_pairing_matches_timm_rotate_half():
@@ -65,9 +63,7 @@ def test_half_pairing_matches_timm_rotate_half():
     q, k = _qk(1, h * w, 16, seed=3)
     rot = RotaryEmbeddingCat(16, temperature=1e4, in_pixels=False, rotate_half=True)
     q2, _ = RoPE2D(16, pairing="half")(q, k, grid_positions(h, w))
-    torch.testing.assert_close(
-        q2, apply_rot_embed_cat(q, rot.get_embed((h, w)), half=True), atol=1e-6, rtol=0
-    )
+    torch.testing.assert_close(q2, apply_rot_embed_cat(q, rot.get_embed((h, w)), half=True), atol=1e-6, rtol=0)
 
 
 def test_rejects_bad_config_and_positions():

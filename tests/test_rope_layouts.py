@@ -14,7 +14,8 @@ from mmpreproj.rope import InterleavedMultimodalRoPE, MultimodalRoPE, RoPE1D, de
 def test_interleaved_matches_qwen3vl(head_dim, sections):
     cfg = Qwen3VLTextConfig(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=2, head_dim=head_dim,
                             num_hidden_layers=1, intermediate_size=8, vocab_size=8,
-                            rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": list(sections)})  # fmt: skip
+                            rope_parameters={"rope_type": "default", "rope_theta": 5e5,
+                                             "mrope_section": list(sections)})  # fmt: skip
     pos = torch.randint(0, 300, (2, 7, 3), generator=torch.Generator().manual_seed(0))  # (B, N, 3)
     x = torch.zeros(2, 7, head_dim)
     cos_ref, sin_ref = qwen3.Qwen3VLTextRotaryEmbedding(cfg)(x, pos.permute(2, 0, 1))  # (3, B, N) in

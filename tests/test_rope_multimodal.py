@@ -62,9 +62,7 @@ def test_text_positions_equal_rope1d(rotary_fraction):
     text = torch.arange(9)[None] + torch.tensor([[0], [12]])  # (B, N)
     r = int(64 * rotary_fraction) // 2
     sections = (r - 2 * (r // 3), r // 3, r // 3)
-    q2, k2 = MultimodalRoPE(64, sections, rotary_fraction=rotary_fraction)(
-        q, k, text[..., None].expand(-1, -1, 3)
-    )
+    q2, k2 = MultimodalRoPE(64, sections, rotary_fraction=rotary_fraction)(q, k, text[..., None].expand(-1, -1, 3))
     q1, k1 = RoPE1D(64, rotary_fraction=rotary_fraction)(q, k, text)
     assert torch.equal(q2, q1) and torch.equal(k2, k1)
 

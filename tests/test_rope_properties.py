@@ -38,9 +38,7 @@ def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-1, -2)  # (B, H, N, N)
 
 
-def _rotated_like_cos_sin(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str
-) -> torch.Tensor:
+def _rotated_like_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:
     """x (B, H, N, r) turned by cos/sin (B, N, r) laid out for `pairing`: x * cos + partner * [-s | s] per pair."""
     cos, sin = cos[:, None], sin[:, None]
     if pairing == "half":
@@ -113,9 +111,7 @@ class _Fake(nn.Module):
         if self.how == "scales":  # rotates, then stretches the rotated tokens by 1%
             q2, k2 = self.inner(q, k, pos, num_prefix_tokens)
             p = num_prefix_tokens
-            return torch.cat((q2[:, :, :p], 1.01 * q2[:, :, p:]), 2), torch.cat(
-                (k2[:, :, :p], 1.01 * k2[:, :, p:]), 2
-            )
+            return torch.cat((q2[:, :, :p], 1.01 * q2[:, :, p:]), 2), torch.cat((k2[:, :, :p], 1.01 * k2[:, :, p:]), 2)
         if self.how == "fp32_out":
             return self.inner(q.float(), k.float(), pos, num_prefix_tokens)
         if self.how == "rotates_prefix":

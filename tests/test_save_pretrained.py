@@ -88,15 +88,9 @@ def test_round_trip_is_bit_exact_for_the_base_and_the_injected_model(case, tmp_p
 
     cls = type(model)
     back, info = cls.from_pretrained(tmp_path, output_loading_info=True)
-    assert (
-        info["missing_keys"] == set()
-        and info["unexpected_keys"] == set()
-        and info["mismatched_keys"] == set()
-    )
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
     back.eval()
-    _same_state(
-        _state(back), _state(case.build())
-    )  # the base, bit-exact (modules_to_save at their originals)
+    _same_state(_state(back), _state(case.build()))  # the base, bit-exact (modules_to_save at their originals)
     assert torch.equal(case.forward(back, case.inputs()), base_out)
 
     mmpreproj.load_adapter(back, tmp_path)

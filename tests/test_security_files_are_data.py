@@ -109,8 +109,10 @@ def _poison(folder: Path, field: str, attack: str) -> None:
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def _snapshot(model) -> tuple:
@@ -123,8 +125,12 @@ def _snapshot(model) -> tuple:
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and a[2] == b[2] and a[3] == b[3] and a[1].keys() == b[1].keys() and all(
-        torch.equal(a[1][k], b[1][k]) for k in a[1]
+    return (
+        a[0] == b[0]
+        and a[2] == b[2]
+        and a[3] == b[3]
+        and a[1].keys() == b[1].keys()
+        and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
     )
 
 
@@ -150,11 +156,13 @@ def _load_and_check(load, model, tmp_path, monkeypatch, folder) -> None:
 
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_poisoned_path_through_load_adapter_runs_and_changes_nothing(clean_adapter, tmp_path, monkeypatch, field,
-                                                                     attack):
+def test_poisoned_path_through_load_adapter_runs_and_changes_nothing(
+    clean_adapter, tmp_path, monkeypatch, field, attack
+):
     _poison(clean_adapter, field, ATTACKS[attack])
-    _load_and_check(lambda m: mmpreproj.load_adapter(m, clean_adapter), trap_model(), tmp_path, monkeypatch,
-                    clean_adapter)
+    _load_and_check(
+        lambda m: mmpreproj.load_adapter(m, clean_adapter), trap_model(), tmp_path, monkeypatch, clean_adapter
+    )
 
 
 @pytest.mark.parametrize("field", FIELDS)
@@ -170,8 +178,9 @@ def test_poisoned_path_refused_by_name_before_the_model_is_touched(clean_adapter
 
 
 @pytest.mark.parametrize("field", ["blocks", "embeddings", "modules_to_save"])
-@pytest.mark.parametrize("attack", ["call_method_of_model", "dunder_globals", "property",
-                                    "alternative_first_side_effect"])
+@pytest.mark.parametrize(
+    "attack", ["call_method_of_model", "dunder_globals", "property", "alternative_first_side_effect"]
+)
 def test_poisoned_named_adapter_and_run_folder_loaders(clean_adapter, tmp_path, monkeypatch, field, attack):
     _poison(clean_adapter, field, ATTACKS[attack])
     run = tmp_path / "run"  # a train() run folder holding the poisoned adapter in adapter/
@@ -189,8 +198,13 @@ def test_poisoned_named_adapter_and_run_folder_loaders(clean_adapter, tmp_path, 
     _load_and_check(lambda m: mmpreproj.load_adapter(m, ckpt), trap_model(), tmp_path, monkeypatch, ckpt)
     injected = trap_model()
     mmpreproj.inject(injected, mmpreproj.PreProjConfig(), host=_described(injected))
-    _load_and_check(lambda m: mmpreproj.load_adapter(m, clean_adapter, adapter_name="b"), injected, tmp_path,
-                    monkeypatch, clean_adapter)
+    _load_and_check(
+        lambda m: mmpreproj.load_adapter(m, clean_adapter, adapter_name="b"),
+        injected,
+        tmp_path,
+        monkeypatch,
+        clean_adapter,
+    )
 
 
 @pytest.mark.parametrize("field", ["blocks", "embeddings", "modules_to_save"])
@@ -210,8 +224,23 @@ def test_poisoned_adapter_through_from_pretrained_and_cli(tmp_path, monkeypatch,
     files = _tree(tmp_path)
     with pytest.raises(ValueError):
         mmpreproj.from_pretrained(model_dir, adapter=folder)
-    assert main(["eval", "--model", str(model_dir), "--adapter", str(folder), "--tasks", "ppl", "--limit", "1",
-                 "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(model_dir),
+                "--adapter",
+                str(folder),
+                "--tasks",
+                "ppl",
+                "--limit",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert "error" in capsys.readouterr().err
     assert _tree(tmp_path) == files
 
@@ -221,7 +250,8 @@ def test_the_resolver_follows_plain_steps_only():
     TrapNeox.sprung = []
     assert get_path(model, "gpt_neox.layers.1.attention") is model.gpt_neox.layers[1].attention
     assert get_path(model, "gpt_neox.layers.0.attention.query_key_value.weight") is (
-        model.gpt_neox.layers[0].attention.query_key_value.weight)
+        model.gpt_neox.layers[0].attention.query_key_value.weight
+    )
     assert get_path(model, "config") is model.config  # a plain instance attribute
     assert get_path(model, INPUT_EMBEDDINGS) is model.gpt_neox.embed_in  # the keyword, not a string call
     assert get_path(model, "get_input_embeddings()") is model.gpt_neox.embed_in  # old files: read as the keyword
@@ -268,8 +298,11 @@ def test_no_component_of_the_library_turns_file_strings_into_code():
     """The audit, as a test: the package never evaluates, imports by name or unpickles what it reads."""
     banned = re.compile(r"(?<![\w.])(eval|exec|compile|__import__)\(|import_module\(|pickle\.loads?\(")
     root = Path(mmpreproj.__file__).parent
-    lines = [(f"{f.relative_to(root)}:{n}", line.split("#", 1)[0]) for f in sorted(root.rglob("*.py"))
-             for n, line in enumerate(f.read_text().splitlines(), 1)]
+    lines = [
+        (f"{f.relative_to(root)}:{n}", line.split("#", 1)[0])
+        for f in sorted(root.rglob("*.py"))
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+    ]
     found = [where for where, code in lines if banned.search(code)]
     # reviewed: the quantizer's module name is one of the library's constants ("torchao" / "bitsandbytes")
     assert [f for f in found if not f.startswith("integrations/quantized.py:")] == []
@@ -277,10 +310,18 @@ def test_no_component_of_the_library_turns_file_strings_into_code():
     assert loads and all("weights_only=True" in code for _, code in loads), loads  # tensors only, never pickle
 
 
-@pytest.mark.parametrize("entry,value", [
-    ("rope.head_dim", 10**12), ("rope.head_dim", "16"), ("rope.theta", float("inf")), ("rope.pairing", "exec"),
-    ("positions.ref_shape", [10**9, 10**9]), ("positions.xy", "yes"), ("positions.offset", None),
-])
+@pytest.mark.parametrize(
+    "entry,value",
+    [
+        ("rope.head_dim", 10**12),
+        ("rope.head_dim", "16"),
+        ("rope.theta", float("inf")),
+        ("rope.pairing", "exec"),
+        ("positions.ref_shape", [10**9, 10**9]),
+        ("positions.xy", "yes"),
+        ("positions.offset", None),
+    ],
+)
 def test_saved_rope_entry_is_checked_before_anything_is_built(tmp_path, entry, value):
     """The `add_rope` entry rebuilds an encoder from the file: its values are checked first (no huge cache)."""
     from timm.models.vision_transformer import VisionTransformer
@@ -290,8 +331,9 @@ def test_saved_rope_entry_is_checked_before_anything_is_built(tmp_path, entry, v
 
     def tiny_vit():
         torch.manual_seed(0)
-        return VisionTransformer(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                                 num_classes=5, dynamic_img_size=True).eval()
+        return VisionTransformer(
+            img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, dynamic_img_size=True
+        ).eval()
 
     model = add_rope(tiny_vit(), RoPE2D(16, theta=50.0))
     mmpreproj.inject(model)

@@ -144,8 +144,18 @@ def test_saved_adapter_carries_type_method_and_base(tmp_path, tiny_model_dir):
     assert desc["method"] == "preproj_skip" and desc["base_model_name_or_path"] is None  # built in code
 
 
-_V01_CONFIG_FIELDS = ("preproj", "skip", "expansion", "activation", "init", "skip_init_std", "layers", "freeze_base",
-                      "compute_dtype", "library_version")
+_V01_CONFIG_FIELDS = (
+    "preproj",
+    "skip",
+    "expansion",
+    "activation",
+    "init",
+    "skip_init_std",
+    "layers",
+    "freeze_base",
+    "compute_dtype",
+    "library_version",
+)
 
 
 def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path, tokens):
@@ -182,8 +192,11 @@ def test_load_adapter_reads_a_peft_lora_folder_as_peft_and_names_weights_that_do
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
     model = tiny_neox()
-    with pytest.raises(ValueError, match=r"peft adapter at .* does not match its config: missing \[.*lora_A.*\], "
-                       r"unexpected \['x'\] \(nothing was loaded\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"peft adapter at .* does not match its config: missing \[.*lora_A.*\], "
+        r"unexpected \['x'\] \(nothing was loaded\)",
+    ):
         mmpreproj.load_adapter(model, tmp_path)
     assert not any("lora_" in n for n, _ in model.named_modules())  # peft's layers were taken off again
 
@@ -194,10 +207,7 @@ def test_load_adapter_reads_a_peft_lora_folder_as_peft_and_names_weights_that_do
 def test_adapter_keys_are_built_and_read_by_one_pair_of_functions():
     model = mmpreproj.inject(tiny_neox(), PreProjConfig())
     keys = set(mmpreproj.adapter_state_dict(model))
-    assert (
-        "blocks.1.skip.proj.weight" in keys
-        and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
-    )
+    assert "blocks.1.skip.proj.weight" in keys and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
     for k in keys:
         block, module, param = parse_adapter_key(k)
         assert adapter_key(block, module, param) == k

@@ -21,18 +21,10 @@ def test_no_short_clock_limit_on_a_wait():
     short = []
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in WAITS
-            ):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WAITS):
                 continue
             for kw in node.keywords:
-                if (
-                    kw.arg == "timeout"
-                    and isinstance(kw.value, ast.Constant)
-                    and kw.value.value < HANG_GUARD_S
-                ):
+                if kw.arg == "timeout" and isinstance(kw.value, ast.Constant) and kw.value.value < HANG_GUARD_S:
                     short.append(f"{path.relative_to(TESTS)}:{node.lineno} timeout={kw.value.value}")
     assert not short, f"wait on the work, or use tests.helpers.procs.HANG_GUARD_S: {short}"
 
@@ -42,8 +34,6 @@ def test_process_starting_modules_mark_slow_tests():
     unmarked = [
         str(p.relative_to(TESTS))
         for p in _modules()
-        if p.parent == TESTS
-        and any(s in p.read_text() for s in starts)
-        and "pytest.mark.slow" not in p.read_text()
+        if p.parent == TESTS and any(s in p.read_text() for s in starts) and "pytest.mark.slow" not in p.read_text()
     ]
     assert not unmarked, f"modules that start processes without a slow test: {unmarked}"

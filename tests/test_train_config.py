@@ -13,7 +13,11 @@ from mmpreproj.train.schedule import lr_factor
 @pytest.mark.parametrize(
     ("field", "value", "expect"),
     [
-        ("method", "adapter", "allowed values: ['preproj', 'skip', 'preproj_skip', 'lora', 'preproj_lora', 'lora_matched']"),
+        (
+            "method",
+            "adapter",
+            "allowed values: ['preproj', 'skip', 'preproj_skip', 'lora', 'preproj_lora', 'lora_matched']",
+        ),
         ("precision", "fp16", "allowed values: ['bf16', 'fp32']"),
         ("model_dtype", "float16", "allowed values: ['float32', 'bfloat16']"),
         ("schedule", "linear", "allowed values: ['cosine', 'constant']"),
@@ -55,13 +59,20 @@ def test_differences_ignore_resume_free_fields():
 
 
 def test_paper_presets_hold_the_papers_hyperparameters():
-    for name, model, batch, accum in (("pythia-160m", "EleutherAI/pythia-160m", 4, 4), ("pythia-410m", "EleutherAI/pythia-410m", 2, 8)):
+    for name, model, batch, accum in (
+        ("pythia-160m", "EleutherAI/pythia-160m", 4, 4),
+        ("pythia-410m", "EleutherAI/pythia-410m", 2, 8),
+    ):
         c = get_preset(name)
         assert (c.model, c.batch_size, c.grad_accum, c.effective_batch) == (model, batch, accum, 16)
         assert (c.lr, c.steps, c.warmup_steps, c.schedule, c.min_lr_ratio) == (1e-5, 500, 50, "cosine", 0.0)
         assert (c.precision, c.gradient_checkpointing, c.seed, c.max_len, c.packing) == ("bf16", True, 42, 512, False)
         assert (c.data, c.data_config, c.data_split, c.num_lines, c.min_chars) == (
-            "wikitext", "wikitext-103-raw-v1", "train", 2000, 50,
+            "wikitext",
+            "wikitext-103-raw-v1",
+            "train",
+            2000,
+            50,
         )
         # The authors' script uses the transformers Trainer defaults for what the paper does not state.
         assert (c.adam_betas, c.adam_eps, c.weight_decay, c.max_grad_norm) == ((0.9, 0.999), 1e-8, 0.0, 1.0)

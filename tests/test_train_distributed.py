@@ -23,8 +23,18 @@ def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), str(WORKER), str(out), str(side),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(WORKER),
+        str(out),
+        str(side),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
@@ -34,10 +44,18 @@ def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
     assert ranks[0]["loss"] == ranks[1]["loss"]  # the logged loss is the global mean
     # only rank 0 wrote the run folder: one log line per step, no stray temp files
-    assert sorted(p.name for p in out.iterdir()) == ["adapter", "checkpoint.pt", "log.jsonl", "metrics.json", "train_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter",
+        "checkpoint.pt",
+        "log.jsonl",
+        "metrics.json",
+        "train_config.json",
+    ]
     assert len((out / "log.jsonl").read_text().splitlines()) == 3
     # each rank saw half of every step: the same update as one process with twice the batch
-    single = train(TrainConfig(out=str(tmp_path / "single"), **{**CONFIG, "batch_size": 4}), tiny_neox(), examples=DATA)
+    single = train(
+        TrainConfig(out=str(tmp_path / "single"), **{**CONFIG, "batch_size": 4}), tiny_neox(), examples=DATA
+    )
     ref = mmpreproj.adapter_state_dict(single.model)
     # 3 AdamW steps: bounds from lr and the 4 rows x 2 accumulated x 11 next-token terms per step
     assert_adamw_runs_agree(w0, ref, steps=3, lr=1e-3, terms=4 * 2 * 11)
@@ -57,7 +75,9 @@ def test_the_current_cuda_device_set_for_nccl_is_put_back(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, d if isinstance(d, int) else d.index))
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: current.__setitem__(0, d if isinstance(d, int) else d.index)
+    )
     monkeypatch.setattr(dist, "is_initialized", lambda: bool(joined))
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.append(kw["backend"]))
     monkeypatch.setattr(dist, "get_rank", lambda: 1)

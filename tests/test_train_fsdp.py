@@ -26,8 +26,19 @@ def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), str(WORKER), str(out), str(side), "fsdp",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(WORKER),
+        str(out),
+        str(side),
+        "fsdp",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # three processes import torch on a shared CPU: wait for them; the guard is only against a hang

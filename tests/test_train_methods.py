@@ -60,8 +60,12 @@ def test_only_the_methods_weights_train(method):
     model = apply_method(tiny_neox(), method)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     kinds = {k for k in ("preproj", "skip", "lora_") if any(k in n for n in trainable)}
-    want = {"preproj_lora": {"preproj", "lora_"}, "lora": {"lora_"}, "lora_matched": {"lora_"},
-            "preproj_skip": {"preproj", "skip"}}
+    want = {
+        "preproj_lora": {"preproj", "lora_"},
+        "lora": {"lora_"},
+        "lora_matched": {"lora_"},
+        "preproj_skip": {"preproj", "skip"},
+    }
     assert kinds == want.get(method, {method})
     assert trainable == _names(model, ".preproj.") | _names(model, ".skip.") | _names(model, "lora_")
     assert count_trainable(model) == expected_trainable(method, 32, 2)
@@ -76,8 +80,11 @@ def test_preproj_lora_keeps_the_injected_weights_trainable_under_peft():
     wrapped = get_peft_model(plain, LoraConfig(r=4, target_modules=["query_key_value", "dense"]))
     # peft keeps the trainability of existing tuner layers (ours are: modules/slot.py) and freezes the base
     assert len(_names(wrapped, ".preproj.")) == 2 * 2 and len(_names(wrapped, "lora_")) == 2 * 2 * 2
-    assert not {n for n, p in wrapped.named_parameters() if p.requires_grad} - _names(wrapped, ".preproj.") - _names(
-        wrapped, "lora_")
+    assert (
+        not {n for n, p in wrapped.named_parameters() if p.requires_grad}
+        - _names(wrapped, ".preproj.")
+        - _names(wrapped, "lora_")
+    )
     model = apply_method(tiny_neox(), "preproj_lora")
     assert len(_names(model, ".preproj.")) == 2 * 2 and len(_names(model, "lora_")) == 2 * 2 * 2
     assert len(mmpreproj.injected_modules(model)) == 2  # the wrappers are reachable through the PeftModel
@@ -109,8 +116,14 @@ def _llama_gqa():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)  # k/v_proj: 64 -> 32
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # k/v_proj: 64 -> 32
     return LlamaForCausalLM(cfg)
 
 
@@ -118,8 +131,9 @@ def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
-                                      bos_token_id=0, eos_token_id=0))
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32, bos_token_id=0, eos_token_id=0)
+    )
 
 
 LORA_HOSTS = {

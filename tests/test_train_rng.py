@@ -22,8 +22,19 @@ DROPOUT = dict(hidden_dropout=0.2, attention_dropout=0.2)  # the run draws rando
 
 def _cfg(path, **kw) -> TrainConfig:
     base = dict(
-        method="preproj_skip", model="tiny", steps=4, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
-        precision="fp32", gradient_checkpointing=False, save_every=0, progress=False, out=str(path), device="cpu",
+        method="preproj_skip",
+        model="tiny",
+        steps=4,
+        warmup_steps=0,
+        lr=1e-3,
+        batch_size=2,
+        grad_accum=2,
+        precision="fp32",
+        gradient_checkpointing=False,
+        save_every=0,
+        progress=False,
+        out=str(path),
+        device="cpu",
     )
     return TrainConfig(**{**base, **kw})
 

@@ -46,12 +46,19 @@ def test_size_overrides_reach_only_the_methods_with_that_module():
     assert sizes_for_method("preproj_skip", sizes) == sizes
 
 
-@pytest.mark.parametrize(("kw", "field"), [
-    (dict(method="lora", skip_rank=4), "skip_rank"), (dict(method="skip", expansion=0.5), "expansion"),
-    (dict(method="lora", layers=[0]), "layers"), (dict(method="preproj_skip", skip_rank=0), "skip_rank"),
-    (dict(method="preproj_skip", skip_rank=2.0), "skip_rank"), (dict(method="preproj_skip", expansion=0), "expansion"),
-    (dict(method="preproj_skip", layers=[]), "layers"), (dict(method="preproj_skip", parts=["a", "a"]), "parts"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        (dict(method="lora", skip_rank=4), "skip_rank"),
+        (dict(method="skip", expansion=0.5), "expansion"),
+        (dict(method="lora", layers=[0]), "layers"),
+        (dict(method="preproj_skip", skip_rank=0), "skip_rank"),
+        (dict(method="preproj_skip", skip_rank=2.0), "skip_rank"),
+        (dict(method="preproj_skip", expansion=0), "expansion"),
+        (dict(method="preproj_skip", layers=[]), "layers"),
+        (dict(method="preproj_skip", parts=["a", "a"]), "parts"),
+    ],
+)
 def test_train_config_refuses_bad_sizes_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
         get_preset("mini", **kw)
@@ -82,9 +89,17 @@ def test_budget_study_end_to_end(tiny_model_dir, tmp_path):
     the search stops with its best LR inside what it tried or at its extension limit, the other seed trains at
     the best LR, the report compares with LoRA, and a second call reads every point back."""
     out = tmp_path / "budget"
-    kw = dict(budgets=[0.005], methods=["lora", "preproj_skip"], seeds=2, max_extend=1, paper_point=False,
-              start_lrs=[1e-3, 2e-3], eval_settings={"limit": 8}, progress=False,
-              train_overrides={"model": str(tiny_model_dir), "steps": 2, "warmup_steps": 1, "save_every": 0})
+    kw = dict(
+        budgets=[0.005],
+        methods=["lora", "preproj_skip"],
+        seeds=2,
+        max_extend=1,
+        paper_point=False,
+        start_lrs=[1e-3, 2e-3],
+        eval_settings={"limit": 8},
+        progress=False,
+        train_overrides={"model": str(tiny_model_dir), "steps": 2, "warmup_steps": 1, "save_every": 0},
+    )
     doc = budget_study("mini", out, **kw)
     assert doc["dim"] == 32 and doc["layers"] == 2
     rows = {r["method"]: r for r in doc["summary"]}
@@ -121,8 +136,19 @@ def test_a_trained_rank_r_arm_has_the_formulas_count(tiny_model_dir, tmp_path):
     from mmpreproj.train import train
     from mmpreproj.tuner.report import trainable_report
 
-    cfg = get_preset("mini", method="preproj_skip", model=str(tiny_model_dir), steps=1, warmup_steps=0, save_every=0,
-                     expansion=0.25, skip_rank=3, layers=[-1], out=str(tmp_path / "run"), progress=False)
+    cfg = get_preset(
+        "mini",
+        method="preproj_skip",
+        model=str(tiny_model_dir),
+        steps=1,
+        warmup_steps=0,
+        save_every=0,
+        expansion=0.25,
+        skip_rank=3,
+        layers=[-1],
+        out=str(tmp_path / "run"),
+        progress=False,
+    )
     model = train(cfg).model
     r = trainable_report(model)
     assert (r.preproj, r.skip) == (2 * 32 * 8, 2 * 3 * 32)  # one block (-1): width int(0.25 * 32) = 8

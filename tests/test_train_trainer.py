@@ -103,7 +103,11 @@ def test_run_folder_logs_and_metrics(tmp_path):
     out = tmp_path / "run"
     result = train(run_config(out, steps=4, warmup_steps=2, save_every=2), tiny_neox(), examples=DATA)
     assert sorted(p.name for p in out.iterdir()) == [
-        "adapter", "checkpoint.pt", "log.jsonl", "metrics.json", "train_config.json",
+        "adapter",
+        "checkpoint.pt",
+        "log.jsonl",
+        "metrics.json",
+        "train_config.json",
     ]
     records = _read_log(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -198,7 +202,9 @@ def test_loads_model_tokenizer_and_text_from_local_paths(tmp_path):
     tok.save_pretrained(tmp_path / "model")
     text = tmp_path / "train.txt"
     text.write_text("".join(f" line {i} " + "word " * (12 + i) + "\n" for i in range(12)))
-    cfg = run_config(tmp_path / "run", model=str(tmp_path / "model"), data=str(text), data_config=None, max_len=48, steps=2)
+    cfg = run_config(
+        tmp_path / "run", model=str(tmp_path / "model"), data=str(text), data_config=None, max_len=48, steps=2
+    )
     result = train(cfg)
     assert result.steps == 2 and result.metrics["tokens"] > 0
     with pytest.raises(ModelUnavailableError, match="cannot load model 'EleutherAI/not-there' .*--model PATH"):

@@ -85,6 +85,4 @@ def test_version_is_past_the_unversioned_formats_and_in_the_changelog():
     major, minor, _ = (int(x) for x in mmpreproj.__version__.split("."))
     assert (major, minor) > (0, 3)
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    assert re.search(rf"^## \[?{re.escape(mmpreproj.__version__)}\]?", changelog, re.M), (
-        "no CHANGELOG section"
-    )
+    assert re.search(rf"^## \[?{re.escape(mmpreproj.__version__)}\]?", changelog, re.M), "no CHANGELOG section"

@@ -21,8 +21,9 @@ def vit(positions: str, **kw) -> ViT:
 
 def video_vit(positions: str = "rope3d", **kw) -> VideoViT:
     torch.manual_seed(0)
-    return VideoViT(clip_size=(4, 16, 16), patch_size=4, tubelet=2, dim=32, depth=2, num_heads=2,
-                    positions=positions, **kw).eval()
+    return VideoViT(
+        clip_size=(4, 16, 16), patch_size=4, tubelet=2, dim=32, depth=2, num_heads=2, positions=positions, **kw
+    ).eval()
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope2d", "rope1d", "none", "learned+rope2d"])
@@ -62,8 +63,11 @@ class TextDecoder(nn.Module):
 
 def test_one_block_class_for_images_video_and_text_and_identity_injection():
     torch.manual_seed(0)
-    cases = ((vit("rope2d"), torch.randn(2, 3, 16, 16)), (video_vit("rope3d"), torch.randn(2, 3, 4, 16, 16)),
-             (TextDecoder().eval(), torch.randn(2, 7, 32)))
+    cases = (
+        (vit("rope2d"), torch.randn(2, 3, 16, 16)),
+        (video_vit("rope3d"), torch.randn(2, 3, 4, 16, 16)),
+        (TextDecoder().eval(), torch.randn(2, 7, 32)),
+    )
     for model, x in cases:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
         assert len(blocks) == 2 and all(type(b) is Block for b in blocks)

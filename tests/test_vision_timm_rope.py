@@ -29,8 +29,16 @@ def sharpen(model):
 
 def tiny_vit(seed: int = 0, **kw) -> VisionTransformer:
     torch.manual_seed(seed)
-    args = dict(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
-                dynamic_img_size=True, reg_tokens=1)
+    args = dict(
+        img_size=(32, 48),
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=5,
+        dynamic_img_size=True,
+        reg_tokens=1,
+    )
     args.update(kw)
     return sharpen(VisionTransformer(**args).eval())
 
@@ -56,8 +64,9 @@ def capture_rope(model):
     return seen, rope.register_forward_hook(hook, with_kwargs=True)
 
 
-@pytest.mark.parametrize("kw", [{}, {"qk_norm": True, "class_token": False, "reg_tokens": 0, "global_pool": "avg",
-                                 "init_values": 0.1}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"qk_norm": True, "class_token": False, "reg_tokens": 0, "global_pool": "avg", "init_values": 0.1}]
+)
 def test_zero_positions_reproduce_the_host_exactly(kw):
     # rotation by angle 0 is the identity: our forward_features and RotaryAttention compute what timm computes
     model = tiny_vit(**kw)
@@ -92,7 +101,7 @@ def test_patch_scores_depend_only_on_the_displacement(hw):
     q, k = seen["q2"][0, :, npt:], seen["k2"][0, :, npt:]  # (H, h*w, D)
     scores = q @ k.transpose(-1, -2)  # (H, h*w, h*w)
     groups: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for (i, j) in itertools.product(range(h * w), repeat=2):
+    for i, j in itertools.product(range(h * w), repeat=2):
         groups.setdefault((j // w - i // w, j % w - i % w), []).append(scores[:, i, j])
     spreads = [torch.stack(v).std(0).max().item() for v in groups.values() if len(v) > 1]
     assert max(spreads) < 1e-4
@@ -157,11 +166,24 @@ def test_all_parameters_train_and_bad_calls_leave_the_model_untouched():
 
 def tiny_eva(grid_indexing: str, rotate_half: bool, ref_feat_shape, **kw) -> Eva:
     torch.manual_seed(0)
-    return sharpen(Eva(
-        img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, dynamic_img_size=True,
-        use_rot_pos_emb=True, rope_temperature=10000.0, rope_grid_indexing=grid_indexing,
-        rope_rotate_half=rotate_half, ref_feat_shape=ref_feat_shape, num_reg_tokens=1, **kw,
-    ).eval())
+    return sharpen(
+        Eva(
+            img_size=(32, 48),
+            patch_size=8,
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            num_classes=5,
+            dynamic_img_size=True,
+            use_rot_pos_emb=True,
+            rope_temperature=10000.0,
+            rope_grid_indexing=grid_indexing,
+            rope_rotate_half=rotate_half,
+            ref_feat_shape=ref_feat_shape,
+            num_reg_tokens=1,
+            **kw,
+        ).eval()
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,9 +222,12 @@ def test_adapter_round_trip_restores_add_rope(tmp_path, keep_abs_pos):
     model = add_rope(tiny_vit(), RoPE2D(16, theta=50.0), keep_abs_pos=keep_abs_pos)
     path, desc = _saved(tmp_path, model)
     ref = feats(model, image())
-    assert desc["rope"] == {"kind": "vit", "abs_pos_removed": not keep_abs_pos,
-                            "rope": {"class": "RoPE2D", "head_dim": 16, "theta": 50.0, "pairing": "interleaved"},
-                            "positions": {"class": "GridPositions", "ref_shape": None, "offset": 0.0, "xy": False}}
+    assert desc["rope"] == {
+        "kind": "vit",
+        "abs_pos_removed": not keep_abs_pos,
+        "rope": {"class": "RoPE2D", "head_dim": 16, "theta": 50.0, "pairing": "interleaved"},
+        "positions": {"class": "GridPositions", "ref_shape": None, "offset": 0.0, "xy": False},
+    }
     plain = tiny_vit()
     mmpreproj.load_adapter(plain, path)
     assert has_rope(plain) and (plain.pos_embed is None) == (not keep_abs_pos)

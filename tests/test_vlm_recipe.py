@@ -69,15 +69,11 @@ def test_answer_labels_cover_the_class_name_and_the_end_of_turn_only(probe, tiny
     _, processor = probe.load_vlm(str(tiny), "float32")
     chats = probe.build_chats(processor, torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.tensor([0, 9]),
                               ["airplane", *"bcdefghi", "truck"])  # fmt: skip
-    assert chats[0]["answer"] == "airplane<|im_end|>" and chats[0]["prompt"].endswith(
-        "<|im_start|>assistant\n"
-    )
+    assert chats[0]["answer"] == "airplane<|im_end|>" and chats[0]["prompt"].endswith("<|im_start|>assistant\n")
     batch = probe.collate(processor, chats)
     answer = [processor.tokenizer.decode(row[row != -100]) for row in batch["labels"]]
     assert answer == ["airplane<|im_end|>", "truck<|im_end|>"]
-    assert (
-        int(batch["mm_token_type_ids"].sum()) == 2 * 16
-    )  # 32x32 px, 4 px patches, 2x2 merge: 16 tokens each
+    assert int(batch["mm_token_type_ids"].sum()) == 2 * 16  # 32x32 px, 4 px patches, 2x2 merge: 16 tokens each
 
 
 def test_an_unreachable_hub_id_fails_in_one_line_with_a_nonzero_exit(probe, tmp_path, monkeypatch, capsys):

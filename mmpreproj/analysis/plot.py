@@ -39,7 +39,9 @@ def _save(fig, path: str | Path) -> Path:
 
 
 def plot_skip_norms(
-    series: dict[str, list[float]], path: str | Path, title: str = "||W_skip||_F per layer",
+    series: dict[str, list[float]],
+    path: str | Path,
+    title: str = "||W_skip||_F per layer",
     ylabel: str = "Frobenius norm",
 ) -> Path:
     """Plot one line per named series (x = relative depth when depths differ) and save a PNG."""
@@ -81,7 +83,10 @@ def smooth(values: Sequence[float], window: int = 10) -> list[float]:
 
 
 def plot_loss_curve(
-    run_dir: str | Path, path: str | Path | None = None, *, heldout: tuple[int, float] | None = None,
+    run_dir: str | Path,
+    path: str | Path | None = None,
+    *,
+    heldout: tuple[int, float] | None = None,
     title: str | None = None,
 ) -> Path:
     """`run_dir/loss_curve.png`: train loss per step (raw and a 10-step average) and, when given, the held-out
@@ -101,8 +106,11 @@ def plot_loss_curve(
     return _save(fig, Path(run_dir) / "loss_curve.png" if path is None else path)
 
 
-def plot_loss_curves(curves: Mapping[str, Sequence[tuple[Sequence[int], Sequence[float]]]], path: str | Path,
-                     title: str = "train loss (10-step mean)") -> Path:
+def plot_loss_curves(
+    curves: Mapping[str, Sequence[tuple[Sequence[int], Sequence[float]]]],
+    path: str | Path,
+    title: str = "train loss (10-step mean)",
+) -> Path:
     """Every arm on one figure: `{label: [(steps, losses) per seed]}`, one colour per label, one line per seed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
@@ -117,8 +125,12 @@ def plot_loss_curves(curves: Mapping[str, Sequence[tuple[Sequence[int], Sequence
     return _save(fig, path)
 
 
-def plot_results(panels: Mapping[str, Mapping[str, tuple[float, float]]], path: str | Path,
-                 title: str | None = None, refs: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+def plot_results(
+    panels: Mapping[str, Mapping[str, tuple[float, float]]],
+    path: str | Path,
+    title: str | None = None,
+    refs: Mapping[str, Mapping[str, float]] | None = None,
+) -> Path:
     """One bar panel per metric: `{metric label: {method: (mean, std)}}`, error bars = std over seeds.
     `refs` (`{metric label: {method: value}}`) are drawn as black ticks (e.g. the paper's figures)."""
     if not panels:
@@ -147,8 +159,9 @@ def plot_results(panels: Mapping[str, Mapping[str, tuple[float, float]]], path: 
     return _save(fig, path)
 
 
-def plot_skip_growth(series: Mapping[str, Sequence[float]], path: str | Path,
-                     title: str = "||W_skip||_F per layer / its value at init") -> Path:
+def plot_skip_growth(
+    series: Mapping[str, Sequence[float]], path: str | Path, title: str = "||W_skip||_F per layer / its value at init"
+) -> Path:
     """Skip norm per layer divided by its init value, x = relative depth (layer / (L - 1)) so models of
     different depth share the axis; log y (a mini model grows its skip far more than the paper's 160M)."""
     plt = _pyplot()
@@ -156,8 +169,9 @@ def plot_skip_growth(series: Mapping[str, Sequence[float]], path: str | Path,
     for name, values in series.items():
         n = len(values)
         xs = [i / (n - 1) if n > 1 else 0.0 for i in range(n)]
-        ax.plot(xs, values, marker="o", ms=4, label=f"{name} ({n} layers)",
-                ls="--" if name.startswith("paper") else "-")
+        ax.plot(
+            xs, values, marker="o", ms=4, label=f"{name} ({n} layers)", ls="--" if name.startswith("paper") else "-"
+        )
     ax.set_yscale("log")
     ax.set_xlabel("relative depth (layer / (L - 1))")
     ax.set_ylabel("norm / norm at init")
@@ -167,9 +181,15 @@ def plot_skip_growth(series: Mapping[str, Sequence[float]], path: str | Path,
     return _save(fig, path)
 
 
-def plot_lr_sweep(points: Mapping[str, Sequence[tuple[float, float]]], path: str | Path, *,
-                  baseline: float | None = None, ylabel: str = "PPL", title: str = "final PPL vs learning rate",
-                  marks: Mapping[str, float] | None = None) -> Path:
+def plot_lr_sweep(
+    points: Mapping[str, Sequence[tuple[float, float]]],
+    path: str | Path,
+    *,
+    baseline: float | None = None,
+    ylabel: str = "PPL",
+    title: str = "final PPL vs learning rate",
+    marks: Mapping[str, float] | None = None,
+) -> Path:
     """`{method: [(lr, value), ...]}` on log-log axes; `baseline` as a horizontal line, `marks` as vertical
     lines (e.g. {"paper LR": 1e-5, "mini preset": 1e-3})."""
     plt = _pyplot()
@@ -191,15 +211,28 @@ def plot_lr_sweep(points: Mapping[str, Sequence[tuple[float, float]]], path: str
     return _save(fig, path)
 
 
-def plot_pareto(series: Mapping[str, Sequence[tuple[float, float, float]]], path: str | Path, *,
-                baseline: float | None = None, ylabel: str = "PPL", title: str = "PPL vs trainable parameters") -> Path:
+def plot_pareto(
+    series: Mapping[str, Sequence[tuple[float, float, float]]],
+    path: str | Path,
+    *,
+    baseline: float | None = None,
+    ylabel: str = "PPL",
+    title: str = "PPL vs trainable parameters",
+) -> Path:
     """`{method: [(trainable params, mean, std), ...]}`: one line per method, error bars = std over seeds, log x."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name, pts in series.items():
         pts = sorted(pts)
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                    label=name, ls="-" if len(pts) > 1 else "none")
+        ax.errorbar(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            yerr=[p[2] for p in pts],
+            marker="o",
+            capsize=3,
+            label=name,
+            ls="-" if len(pts) > 1 else "none",
+        )
     if baseline is not None:
         ax.axhline(baseline, color="k", ls=":", label="untrained base")
     ax.set_xscale("log")

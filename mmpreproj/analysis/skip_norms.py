@@ -17,9 +17,33 @@ __all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKI
 
 # Figure 2 of the paper: Frobenius norm of W_skip per layer after the frozen-probe run.
 PAPER_SKIP_NORMS = {
-    "pythia-160m": [.1295, .1301, .1283, .1274, .1273, .1279, .1315, .1358, .1507, .1905, .2575, .2959],
-    "pythia-410m": [.2017, .1982, .1973, .1958, .1945, .1927, .1887, .1883, .1893, .1888, .1887, .1911,
-                    .1928, .1949, .1948, .1983, .2048, .2070, .2117, .2153, .2399, .2573, .2785, .2825],
+    "pythia-160m": [0.1295, 0.1301, 0.1283, 0.1274, 0.1273, 0.1279, 0.1315, 0.1358, 0.1507, 0.1905, 0.2575, 0.2959],
+    "pythia-410m": [
+        0.2017,
+        0.1982,
+        0.1973,
+        0.1958,
+        0.1945,
+        0.1927,
+        0.1887,
+        0.1883,
+        0.1893,
+        0.1888,
+        0.1887,
+        0.1911,
+        0.1928,
+        0.1949,
+        0.1948,
+        0.1983,
+        0.2048,
+        0.2070,
+        0.2117,
+        0.2153,
+        0.2399,
+        0.2573,
+        0.2785,
+        0.2825,
+    ],
 }
 
 
@@ -105,6 +129,8 @@ def routing_ratios(
     finally:
         model.train(was_training)
     if not sums:
-        raise RuntimeError("routing_ratios: no injected block with a skip ran on these batches "
-                           "(no batches, the adapter disabled, or the skipped blocks not on the forward path)")
+        raise RuntimeError(
+            "routing_ratios: no injected block with a skip ran on these batches "
+            "(no batches, the adapter disabled, or the skipped blocks not on the forward path)"
+        )
     return {i: s / a if a else float("nan") for i, (s, a) in sorted(sums.items())}

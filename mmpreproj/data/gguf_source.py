@@ -141,6 +141,5 @@ def _convert(src: Path, out: Path, name: str) -> None:
     plain.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     about = GGUF_MODELS[name].about if name in GGUF_MODELS else f"converted from {src.name}"
-    record = {"name": name, "gguf_file": str(src), "gguf_size": src.stat().st_size, "about": about,
-              "dtype": "float32"}
+    record = {"name": name, "gguf_file": str(src), "gguf_size": src.stat().st_size, "about": about, "dtype": "float32"}
     (out / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")

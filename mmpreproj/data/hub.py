@@ -18,9 +18,7 @@ class DataUnavailableError(RuntimeError):
 
 def hub_offline() -> bool:
     """True when `HF_DATASETS_OFFLINE` or `HF_HUB_OFFLINE` asks for offline mode (cache only)."""
-    return any(
-        os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-    )
+    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -47,9 +45,7 @@ def load_hub_split(path: str, name: str | None, split: str, *, timeout: float = 
     try:
         import datasets
     except ImportError as err:
-        raise DataUnavailableError(
-            f"cannot load '{label}': the `datasets` package is not installed; {hint}"
-        ) from err
+        raise DataUnavailableError(f"cannot load '{label}': the `datasets` package is not installed; {hint}") from err
     try:
         return datasets.load_dataset(path, name, split=split)
     except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ... offline

@@ -34,7 +34,8 @@ def wikitext_lines(
 
     Rows match the Hub's `wikitext`/`wikitext-103-raw-v1`: a row keeps its trailing "\\n" and a blank line is
     "" (the validation split has 3,760 rows, test 4,358). `split="heldout"` is the validation rows from
-    `HELDOUT_FROM` on, for choosing learning rates on rows neither trained on nor tested. `source="local"` reads the shipped file (or `path`);
+    `HELDOUT_FROM` on, for choosing learning rates on rows neither trained on nor tested. `source="local"` reads
+    the shipped file (or `path`);
     `source="hub"` downloads with `datasets` (the only way to get `train`).
     """
     split = _split_name(split)
@@ -46,9 +47,7 @@ def wikitext_lines(
         raise ValueError(f"unknown data source {source!r}; expected 'local' or 'hub'")
     if path is None:
         if split not in WIKITEXT_FILES:
-            raise DataUnavailableError(
-                f"WikiText-103 '{split}' is not shipped; use --data-source hub or pass a path"
-            )
+            raise DataUnavailableError(f"WikiText-103 '{split}' is not shipped; use --data-source hub or pass a path")
         path = asset_path("data", "wikitext-103-raw", WIKITEXT_FILES[split])
     with open_text(path) as f:
         return [line if line.strip() else "" for line in f]

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 TASKS = ("ppl", "lambada", "hellaswag", "arc_easy", "doc_ppl")
 PROTOCOLS = ("paper", "lm-eval")
 DATA_SOURCES = ("local", "hub")
-# The paper's sample counts (arXiv 2604.10791, its evaluation protocol; see `evaluate`), used when `limit` is None under protocol="paper".
+# The paper's sample counts (arXiv 2604.10791, its evaluation protocol; see `evaluate`), used when `limit` is None
+# under protocol="paper".
 PAPER_LIMITS: dict[str, int | None] = {
     "ppl": 300,
     "lambada": 500,
@@ -107,9 +108,15 @@ def evaluate(
         raise ValueError(f"no task to evaluate; expected some of {', '.join(TASKS)}")
     for task in tasks:
         _check_choice("task", task, TASKS)
-    for name, value, none_ok in (("limit", limit, True), ("batch_size", batch_size, False),
-                                 ("max_length", max_length, False), ("doc_max_length", doc_max_length, True)):
-        if not ((value is None and none_ok) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+    for name, value, none_ok in (
+        ("limit", limit, True),
+        ("batch_size", batch_size, False),
+        ("max_length", max_length, False),
+        ("doc_max_length", doc_max_length, True),
+    ):
+        if not (
+            (value is None and none_ok) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+        ):
             raise ValueError(f"{name}={value!r}; must be {'None or ' if none_ok else ''}an int >= 1")
     _check_choice("protocol", protocol, PROTOCOLS)
     _check_choice("data source", data_source, DATA_SOURCES)
@@ -140,8 +147,15 @@ def evaluate(
             else:
                 n = limit if limit is not None else PAPER_LIMITS[task]
                 results[task] = _paper_task(
-                    model, tokenizer, task, n, data_source, ppl_split=ppl_split, max_length=max_length,
-                    per_item=per_item, **opts
+                    model,
+                    tokenizer,
+                    task,
+                    n,
+                    data_source,
+                    ppl_split=ppl_split,
+                    max_length=max_length,
+                    per_item=per_item,
+                    **opts,
                 )
         except DataUnavailableError as err:
             unavailable(task, err)

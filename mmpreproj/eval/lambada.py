@@ -51,8 +51,13 @@ def lambada_accuracy(
     correct = sum(s.greedy for s in scores)
     total = len(scores)
     ppl = math.exp(-sum(s.logprob for s in scores) / total) if total else float("nan")
-    out = {"acc": correct / total if total else 0.0, "ppl": ppl, "correct": correct, "total": total,
-           "skipped": skipped}
+    out = {
+        "acc": correct / total if total else 0.0,
+        "ppl": ppl,
+        "correct": correct,
+        "total": total,
+        "skipped": skipped,
+    }
     if per_item:
         out.update(item_logprob=[s.logprob for s in scores], item_correct=[int(s.greedy) for s in scores])
     return out

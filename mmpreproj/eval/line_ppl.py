@@ -26,7 +26,8 @@ def line_perplexity(
     progress: bool = True,
     per_item: bool = False,
 ) -> dict[str, Any]:
-    """Line-level perplexity as in the paper's `evaluate_perplexity` (arXiv 2604.10791; the protocol is spelled out below).
+    """Line-level perplexity as in the paper's `evaluate_perplexity` (arXiv 2604.10791; the protocol is spelled
+    out below).
 
     Pass the first N rows (paper: 300 of `wikitext-103-raw-v1` validation). A row with fewer than
     `min_chars` characters once stripped, or fewer than `min_tokens` tokens, is skipped; the rest are

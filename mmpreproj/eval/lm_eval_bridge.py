@@ -55,9 +55,7 @@ def _local_config(task: str, task_manager: Any) -> dict[str, Any]:
     for key in ("tag", "group"):
         cfg.pop(key, None)
     split = "validation" if task == "hellaswag" else "test"
-    cfg.update(
-        custom_dataset=_local_dataset(task), training_split=None, validation_split=None, test_split=None
-    )
+    cfg.update(custom_dataset=_local_dataset(task), training_split=None, validation_split=None, test_split=None)
     cfg["validation_split" if split == "validation" else "test_split"] = split
     return cfg
 
@@ -85,9 +83,7 @@ def make_hflm(model: nn.Module, tokenizer, *, batch_size: int = 8, max_length: i
 def _flatten(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for task, metrics in results.items():
-        out[task] = {
-            k.split(",")[0]: v for k, v in metrics.items() if k != "alias" and isinstance(v, (int, float))
-        }
+        out[task] = {k.split(",")[0]: v for k, v in metrics.items() if k != "alias" and isinstance(v, (int, float))}
     return out
 
 

@@ -13,9 +13,7 @@ from .scoring import score_continuations
 __all__ = ["arc_easy_accuracy", "choice_requests", "hellaswag_accuracy", "multiple_choice_accuracy"]
 
 
-def choice_requests(
-    tokenizer, context: str, choice: str, max_length: int = 512
-) -> tuple[list[int], list[int]]:
+def choice_requests(tokenizer, context: str, choice: str, max_length: int = 512) -> tuple[list[int], list[int]]:
     """`(context_ids, choice_ids)` the way the paper's evaluators split `context + " " + choice`.
 
     The joined text is tokenized once and cut to `max_length`; the first len(tokenize(context)) ids are the
@@ -76,9 +74,7 @@ def arc_easy_accuracy(
 ) -> dict[str, Any]:
     """The paper's ARC-Easy: `question + " " + choice`, mean token log-prob of the choice. Questions whose
     answer key is not among the choice labels (`label` None) are skipped, as in the paper."""
-    items = [
-        (ex["question"], ex["choices"], int(ex["label"])) for ex in examples if ex.get("label") is not None
-    ]
+    items = [(ex["question"], ex["choices"], int(ex["label"])) for ex in examples if ex.get("label") is not None]
     result = multiple_choice_accuracy(model, tokenizer, items, desc="arc_easy", **kwargs)
     result["skipped"] = len(examples) - len(items)
     return result

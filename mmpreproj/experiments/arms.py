@@ -36,8 +36,11 @@ def arm_key(cfg: TrainConfig | None, eval_settings: dict[str, Any]) -> dict[str,
     """What an arm's numbers depend on: the training config (less bookkeeping fields) and the evaluation."""
     train_part = None
     if cfg is not None:  # a size field at its default is left out: arms saved before the field existed still match
-        train_part = {k: v for k, v in cfg.to_dict().items() if k not in RESUME_FREE_FIELDS | {"library_version"}
-                      and not (k in SIZE_DEFAULTS and v == SIZE_DEFAULTS[k])}
+        train_part = {
+            k: v
+            for k, v in cfg.to_dict().items()
+            if k not in RESUME_FREE_FIELDS | {"library_version"} and not (k in SIZE_DEFAULTS and v == SIZE_DEFAULTS[k])
+        }
     return json.loads(json.dumps({"train": train_part, "eval": eval_settings}, default=str))
 
 
@@ -73,12 +76,22 @@ def run_arm(
     return row, items, False
 
 
-def eval_arm(model: nn.Module, tokenizer, settings: dict[str, Any], *, data_source: str, protocol: str,
-             progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def eval_arm(
+    model: nn.Module, tokenizer, settings: dict[str, Any], *, data_source: str, protocol: str, progress: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Evaluate; returns (flat metrics `{"task.metric": value}`, per-item scores `{task: {key: list}}`)."""
     t0 = time.time()
-    res = evaluate(model, tokenizer, settings["tasks"], protocol=protocol, limit=settings["limit"],
-                   data_source=data_source, ppl_split=settings["ppl_split"], progress=progress, per_item=True)
+    res = evaluate(
+        model,
+        tokenizer,
+        settings["tasks"],
+        protocol=protocol,
+        limit=settings["limit"],
+        data_source=data_source,
+        ppl_split=settings["ppl_split"],
+        progress=progress,
+        per_item=True,
+    )
     flat, items = {}, {}
     for task, metrics in res.items():
         for k, v in metrics.items():
@@ -90,9 +103,15 @@ def eval_arm(model: nn.Module, tokenizer, settings: dict[str, Any], *, data_sour
     return flat, items
 
 
-def baseline_arm(out: Path, model_id: str, base: nn.Module, eval_key: dict[str, Any],
-                 run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+def baseline_arm(
+    out: Path,
+    model_id: str,
+    base: nn.Module,
+    eval_key: dict[str, Any],
+    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
+) -> dict[str, Any]:
     """The untrained base's row (`out/baseline`, read back when finished with the same `eval_key`)."""
+
     def baseline(fresh: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         row, its = run_eval(base)
         return {"method": "baseline", "params": 0, **row}, its
@@ -109,9 +128,14 @@ def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> t
     result = train(cfg, model=copy.deepcopy(base), tokenizer=tokenizer)
     model = result.model
     row: dict[str, Any] = {
-        "method": cfg.method, "seed": cfg.seed, "lr": cfg.lr, "params": trainable_report(model).trainable,
-        "train_loss": result.final_loss, "train_loss_mean10": result.metrics.get("final_loss_mean10"),
-        "train_seconds": result.metrics.get("train_seconds"), "train_wall_seconds": time.time() - t0,
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "lr": cfg.lr,
+        "params": trainable_report(model).trainable,
+        "train_loss": result.final_loss,
+        "train_loss_mean10": result.metrics.get("final_loss_mean10"),
+        "train_seconds": result.metrics.get("train_seconds"),
+        "train_wall_seconds": time.time() - t0,
     }
     sn = skip_norms(model)
     if sn:

@@ -43,14 +43,16 @@ DEFAULT_BUDGETS = (0.01, 0.03, 0.1, 0.3)
 # Where each method's search starts on mini: 2x around its best LR at the full size (docs/evidence/mini-lr-sweep:
 # LoRA 3e-3, pre-projection + skip 1e-2, skip 3e-2; pre-projection alone unmeasured, started as preproj_skip).
 START_LRS: Mapping[str, tuple[float, ...]] = {
-    "lora": (1.5e-3, 3e-3, 6e-3), "preproj_skip": (5e-3, 1e-2, 2e-2), "preproj": (5e-3, 1e-2, 2e-2),
+    "lora": (1.5e-3, 3e-3, 6e-3),
+    "preproj_skip": (5e-3, 1e-2, 2e-2),
+    "preproj": (5e-3, 1e-2, 2e-2),
     "skip": (1.5e-2, 3e-2, 6e-2),
 }
 LR_BOUNDS = (1e-5, 0.5)  # the search never leaves these
 
 
 def parse_budgets(text: str | Sequence[float], *, flag: str = "budgets") -> list[float]:
-    """"0.01,0.1" -> [0.01, 0.1]: distinct fractions of the base's parameters in (0, 1]."""
+    """ "0.01,0.1" -> [0.01, 0.1]: distinct fractions of the base's parameters in (0, 1]."""
     items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
     out: list[float] = []
     for s in items:
@@ -59,8 +61,10 @@ def parse_budgets(text: str | Sequence[float], *, flag: str = "budgets") -> list
         except (TypeError, ValueError):
             raise ValueError(f"{flag}: {s!r} is not a number; pass fractions in (0, 1], e.g. 0.01,0.1") from None
         if not (math.isfinite(b) and 0 < b <= 1) or b in out:
-            raise ValueError(f"{flag}: {s!r} is {'repeated' if b in out else 'not in (0, 1]'}; "
-                             "pass distinct fractions of the base's parameters, e.g. 0.01,0.1")
+            raise ValueError(
+                f"{flag}: {s!r} is {'repeated' if b in out else 'not in (0, 1]'}; "
+                "pass distinct fractions of the base's parameters, e.g. 0.01,0.1"
+            )
         out.append(b)
     if not out:
         raise ValueError(f"{flag}: no budget given; pass fractions in (0, 1], e.g. 0.01,0.1")
@@ -133,16 +137,36 @@ def budget_study(
         return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
 
     base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
-    state: dict[str, Any] = {"preset": preset, "command": command, "dim": dim, "layers": layers,
-                             "base_params": base_params, "baseline": base_row, "seeds": seed_list,
-                             "ppl_split": settings["ppl_split"], "points": [], "unreachable": [], "not_run": [],
-                             "reused": 0}
+    state: dict[str, Any] = {
+        "preset": preset,
+        "command": command,
+        "dim": dim,
+        "layers": layers,
+        "base_params": base_params,
+        "baseline": base_row,
+        "seeds": seed_list,
+        "ppl_split": settings["ppl_split"],
+        "points": [],
+        "unreachable": [],
+        "not_run": [],
+        "reused": 0,
+    }
     items: dict[tuple, dict] = {}
 
     def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any] | None:
         """The point's row (trained, or read back); None when `read_only` and it has not finished."""
-        cfg = get_preset(preset, **{**overrides, "method": method, "lr": lr, "seed": seed, **sizes,
-                                    "out": str(out / label / method / f"lr-{lr:g}-seed-{seed}"), "progress": progress})
+        cfg = get_preset(
+            preset,
+            **{
+                **overrides,
+                "method": method,
+                "lr": lr,
+                "seed": seed,
+                **sizes,
+                "out": str(out / label / method / f"lr-{lr:g}-seed-{seed}"),
+                "progress": progress,
+            },
+        )
         run_dir = Path(cfg.out)
 
         def compute(fresh: bool):
@@ -161,7 +185,11 @@ def budget_study(
         except Exception as err:  # a diverged point is a result, not a crash of the study
             if type(err).__name__ != "NonFiniteLossError":
                 raise
-            row, its, reused = {"method": method, "lr": lr, "seed": seed, "ppl.ppl": None, "diverged": str(err)}, {}, False
+            row, its, reused = (
+                {"method": method, "lr": lr, "seed": seed, "ppl.ppl": None, "diverged": str(err)},
+                {},
+                False,
+            )
         state["reused"] += reused
         row = {**row, "budget": label, "sizes": sizes}
         state["points"].append(row)
@@ -224,11 +252,22 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
         at_best = {r["seed"]: r["ppl.ppl"] for r in pts if r["lr"] == best and r.get("ppl.ppl") is not None}
         mean, std, n = mean_std(list(at_best.values())) if at_best else (None, None, 0)
         params = next((r.get("params") for r in pts if r.get("params")), None)
-        rows.append({"budget": label, "method": method, "sizes": pts[0]["sizes"], "params": params,
-                     "percent": 100 * params / state["base_params"] if params else None,
-                     "curve": {f"{lr:g}": v for lr, v in sorted(curve.items())}, "best_lr": best,
-                     "ppl": at_best, "mean": mean, "std": std, "n": n,
-                     "edge": best is not None and best in (min(curve), max(curve))})
+        rows.append(
+            {
+                "budget": label,
+                "method": method,
+                "sizes": pts[0]["sizes"],
+                "params": params,
+                "percent": 100 * params / state["base_params"] if params else None,
+                "curve": {f"{lr:g}": v for lr, v in sorted(curve.items())},
+                "best_lr": best,
+                "ppl": at_best,
+                "mean": mean,
+                "std": std,
+                "n": n,
+                "edge": best is not None and best in (min(curve), max(curve)),
+            }
+        )
     for row in rows:  # paired by seed against LoRA at the same budget, each at its own best LR
         lora = next((r for r in rows if r["budget"] == row["budget"] and r["method"] == "lora"), None)
         if lora is None or row["method"] == "lora" or not row["ppl"] or not lora["ppl"]:
@@ -238,8 +277,15 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
         its = {s: key(row, s) for s in seeds_both}
         ref_its = {s: key(lora, s) for s in seeds_both}
         have_items = all(v is not None for v in (*its.values(), *ref_its.values()))
-        c = compare(row["ppl"], lora["ppl"], method=row["method"], reference="lora", metric="ppl.ppl",
-                    items=its if have_items else None, ref_items=ref_its if have_items else None)
+        c = compare(
+            row["ppl"],
+            lora["ppl"],
+            method=row["method"],
+            reference="lora",
+            metric="ppl.ppl",
+            items=its if have_items else None,
+            ref_items=ref_its if have_items else None,
+        )
         row["vs_lora"] = {"diff": c.diff, "seeds": c.seeds, "items": c.items, "reading": c.words()}
     return rows
 
@@ -255,32 +301,63 @@ def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg,
     for r in rows:
         if r["mean"] is not None and r["budget"] != "paper":
             by_method.setdefault(r["method"], []).append((r["params"], r["mean"], r["std"] or 0.0))
-    extra = {"preproj_skip, paper size": [(r["params"], r["mean"], r["std"] or 0.0) for r in rows
-                                          if r["budget"] == "paper" and r["mean"] is not None]}
-    plot_pareto({**by_method, **{k: v for k, v in extra.items() if v}}, out / "pareto.png",  # no base line: it
-                title=f"{state['preset']}: PPL at each method's best LR vs trainable parameters "  # flattens the rest
-                f"(untrained base {baseline:.0f})")
+    extra = {
+        "preproj_skip, paper size": [
+            (r["params"], r["mean"], r["std"] or 0.0) for r in rows if r["budget"] == "paper" and r["mean"] is not None
+        ]
+    }
+    plot_pareto(
+        {**by_method, **{k: v for k, v in extra.items() if v}},
+        out / "pareto.png",  # no base line: it
+        title=f"{state['preset']}: PPL at each method's best LR vs trainable parameters "  # flattens the rest
+        f"(untrained base {baseline:.0f})",
+    )
     figures = []
     for label in dict.fromkeys(r["budget"] for r in rows):
-        series = {r["method"]: [(float(lr), v) for lr, v in r["curve"].items() if v is not None]
-                  for r in rows if r["budget"] == label}
+        series = {
+            r["method"]: [(float(lr), v) for lr, v in r["curve"].items() if v is not None]
+            for r in rows
+            if r["budget"] == label
+        }
         name = f"lr-{label}.png"
-        plot_lr_sweep(series, out / name, baseline=baseline,
-                      title=f"{state['preset']} {label}: PPL vs peak LR, seed {state['seeds'][0]}")
+        plot_lr_sweep(
+            series,
+            out / name,
+            baseline=baseline,
+            title=f"{state['preset']} {label}: PPL vs peak LR, seed {state['seeds'][0]}",
+        )
         figures.append(name)
     table = format_budget_table(rows, state["base_params"])
-    lines = [f"# Parameter budget study: {state['preset']}", "",
-             f"Command: `{state['command'] or 'mmpreproj budget --preset ' + state['preset']}`", "",
-             f"Time: {seconds / 60:.1f} min wall for the last invocation ({state['reused']} point(s) read back); "
-             f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.", "",
-             f"Settings: the {state['preset']} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
-             f"{base_cfg.schedule}, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens), base "
-             f"{state['base_params']:,} parameters (d={state['dim']}, {state['layers']} blocks); only the sizes, the "
-             f"peak LR and the seed change. PPL = the paper's line PPL on {state['ppl_split']} rows; "
-             f"untrained base {baseline:.1f}.", "", table, "",
-             *([f"Out of reach (a skip rank would reach d={state['dim']}, where the full d x d skip is cheaper): "
-                + ", ".join(state["unreachable"]) + ".", ""] if state["unreachable"] else []),
-             *([f"Not run (no finished point): {', '.join(state['not_run'])}.", ""] if state.get("not_run") else []),
-             "![pareto.png](pareto.png)", "",
-             *[f"![{f}]({f})" for f in figures], ""]
+    lines = [
+        f"# Parameter budget study: {state['preset']}",
+        "",
+        f"Command: `{state['command'] or 'mmpreproj budget --preset ' + state['preset']}`",
+        "",
+        f"Time: {seconds / 60:.1f} min wall for the last invocation ({state['reused']} point(s) read back); "
+        f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.",
+        "",
+        f"Settings: the {state['preset']} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
+        f"{base_cfg.schedule}, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens), base "
+        f"{state['base_params']:,} parameters (d={state['dim']}, {state['layers']} blocks); only the sizes, the "
+        f"peak LR and the seed change. PPL = the paper's line PPL on {state['ppl_split']} rows; "
+        f"untrained base {baseline:.1f}.",
+        "",
+        table,
+        "",
+        *(
+            [
+                f"Out of reach (a skip rank would reach d={state['dim']}, where the full d x d skip is cheaper): "
+                + ", ".join(state["unreachable"])
+                + ".",
+                "",
+            ]
+            if state["unreachable"]
+            else []
+        ),
+        *([f"Not run (no finished point): {', '.join(state['not_run'])}.", ""] if state.get("not_run") else []),
+        "![pareto.png](pareto.png)",
+        "",
+        *[f"![{f}]({f})" for f in figures],
+        "",
+    ]
     (out / "report.md").write_text("\n".join(lines))

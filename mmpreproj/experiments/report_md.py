@@ -9,11 +9,22 @@ from typing import Any
 from ..analysis.stats import Comparison
 from .paper import PAPER_TABLE2, TABLE_METRICS
 
-__all__ = ["METRIC_LABELS", "format_budget_table", "format_comparisons", "format_summary_table", "format_sweep_table",
-           "noise_sentences"]
+__all__ = [
+    "METRIC_LABELS",
+    "format_budget_table",
+    "format_comparisons",
+    "format_summary_table",
+    "format_sweep_table",
+    "noise_sentences",
+]
 
-METRIC_LABELS = {"lambada.acc": "LAMBADA acc", "hellaswag.acc": "HellaSwag acc", "arc_easy.acc": "ARC-E acc",
-                 "ppl.ppl": "PPL", "lambada.ppl": "LAMBADA ppl"}
+METRIC_LABELS = {
+    "lambada.acc": "LAMBADA acc",
+    "hellaswag.acc": "HellaSwag acc",
+    "arc_easy.acc": "ARC-E acc",
+    "ppl.ppl": "PPL",
+    "lambada.ppl": "LAMBADA ppl",
+}
 _COLUMNS = [f"{task}.{metric}" for task, metric in TABLE_METRICS] + ["lambada.ppl"]
 
 
@@ -32,15 +43,18 @@ def format_summary_table(summary: Mapping[str, Mapping[str, Any]], preset: str) 
     """`summary[method]` = {"params": int, metric: (mean, std, n) or None}. Paper figures (Table 2) in brackets
     for the presets that have them; "± std" (over seeds) where there is more than one seed."""
     paper = PAPER_TABLE2.get(preset, {})
-    lines = ["| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL | LAMBADA ppl |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL | LAMBADA ppl |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for method, s in summary.items():
         cells = [_cell(s.get(m), m) for m in _COLUMNS]
         params = f"{s['params'] / 1e6:.1f}M" if s.get("params") else "-"
         ref = paper.get(method)
         if ref:
-            cells[:4] = [f"{c} ({'n/a' if p is None else format(p, _fmt(m))})"
-                         for c, p, m in zip(cells[:4], ref[1:], _COLUMNS)]
+            cells[:4] = [
+                f"{c} ({'n/a' if p is None else format(p, _fmt(m))})" for c, p, m in zip(cells[:4], ref[1:], _COLUMNS)
+            ]
             params += f" ({ref[0] or '-'})"
         lines.append(f"| {preset} | {method} | {params} | " + " | ".join(cells) + " |")
     if paper:
@@ -59,12 +73,18 @@ def format_comparisons(comparisons: Sequence[Comparison]) -> str:
     for metric in dict.fromkeys(c.metric for c in comparisons):
         label = METRIC_LABELS.get(metric, metric)
         f = _fmt(metric) if metric != "lambada.ppl" else ".3g"
-        lines = [f"**{label}** (method minus reference; paired by seed)", "",
-                 f"| method | vs | Δ {label} | 95% over seeds | 95% over items | reading |", "|---|---|---|---|---|---|"]
+        lines = [
+            f"**{label}** (method minus reference; paired by seed)",
+            "",
+            f"| method | vs | Δ {label} | 95% over seeds | 95% over items | reading |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in (c for c in comparisons if c.metric == metric):
             reading = c.words()
-            lines.append(f"| {c.method} | {c.reference} | {format(c.diff, '+' + f)} | {_interval(c.seeds, metric)} | "
-                         f"{_interval(c.items, metric)} | {'**' + reading + '**' if c.beyond_noise else reading} |")
+            lines.append(
+                f"| {c.method} | {c.reference} | {format(c.diff, '+' + f)} | {_interval(c.seeds, metric)} | "
+                f"{_interval(c.items, metric)} | {'**' + reading + '**' if c.beyond_noise else reading} |"
+            )
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -87,8 +107,10 @@ def noise_sentences(comparisons: Sequence[Comparison]) -> list[str]:
 def format_sweep_table(points: Mapping[str, Mapping[float, Mapping[str, Any]]], baseline: float | None) -> str:
     """`points[method][lr]` = row with "ppl.ppl" and "train_loss_mean10": PPL per LR, one column per LR."""
     lrs = sorted({lr for by_lr in points.values() for lr in by_lr})
-    lines = ["| method | " + " | ".join(f"LR {lr:g}" for lr in lrs) + " | best LR |",
-             "|---|" + "---|" * (len(lrs) + 1)]
+    lines = [
+        "| method | " + " | ".join(f"LR {lr:g}" for lr in lrs) + " | best LR |",
+        "|---|" + "---|" * (len(lrs) + 1),
+    ]
     for method, by_lr in points.items():
         ppl = {lr: by_lr[lr].get("ppl.ppl") for lr in lrs if lr in by_lr}
         ok = {lr: v for lr, v in ppl.items() if v is not None}
@@ -116,12 +138,19 @@ def _sizes_words(method: str, sizes: Mapping[str, Any], dim: int | None = None) 
 def format_budget_table(rows: Sequence[Mapping[str, Any]], base_params: int) -> str:
     """One row per (budget, method): sizes, trainable params (% of base), LRs tried (seed 1), best LR, PPL mean ±
     std over the seeds at the best LR, and PPL minus LoRA's at the same budget with its 95% intervals."""
-    lines = ["| budget | method | sizes | params | LRs tried: PPL (first seed) | best LR | PPL at best LR "
-             "| vs LoRA (diff, seeds interval, items interval) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| budget | method | sizes | params | LRs tried: PPL (first seed) | best LR | PPL at best LR "
+        "| vs LoRA (diff, seeds interval, items interval) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         curve = ", ".join(f"{lr}: {'diverged' if v is None else f'{v:.1f}'}" for lr, v in r["curve"].items())
         params = f"{r['params']:,} ({r['percent']:.2f}%)" if r.get("params") else "n/a"
-        ppl = "n/a" if r["mean"] is None else f"{r['mean']:.1f}" + (f" ± {r['std']:.1f} (n={r['n']})" if r["n"] > 1 else " (n=1)")
+        ppl = (
+            "n/a"
+            if r["mean"] is None
+            else f"{r['mean']:.1f}" + (f" ± {r['std']:.1f} (n={r['n']})" if r["n"] > 1 else " (n=1)")
+        )
         best = "n/a" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r["edge"] else "")
         v = r.get("vs_lora")
         if v is None:
@@ -129,7 +158,9 @@ def format_budget_table(rows: Sequence[Mapping[str, Any]], base_params: int) -> 
         else:
             iv = lambda x: "n/a" if x is None else f"[{x[0]:.1f}, {x[1]:.1f}]"  # noqa: E731
             vs = f"{v['diff']:+.1f}, {iv(v['seeds'])}, {iv(v['items'])}: {v['reading']}"
-        lines.append(f"| {r['budget']} | {r['method']} | {_sizes_words(r['method'], r['sizes'])} | {params} | {curve} "
-                     f"| {best} | {ppl} | {vs} |")
+        lines.append(
+            f"| {r['budget']} | {r['method']} | {_sizes_words(r['method'], r['sizes'])} | {params} | {curve} "
+            f"| {best} | {ppl} | {vs} |"
+        )
     lines.append("\n`(edge)`: the best LR is the highest or lowest tried (the search stopped at its limit).")
     return "\n".join(lines)

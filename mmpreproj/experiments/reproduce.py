@@ -45,7 +45,11 @@ DEFAULT_METHODS = METHODS  # every method (train/methods.py)
 DEMO_METHODS = PAPER_METHODS  # the paper's five: `demo` stays ~10 min
 # What the offline demo evaluates: train on WikiText valid lines, so PPL is measured on test rows.
 DEMO_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag"), "ppl_split": "test", "limit": None}
-PAPER_EVAL: dict[str, Any] = {"tasks": ("ppl", "lambada", "hellaswag", "arc_easy"), "ppl_split": "validation", "limit": None}
+PAPER_EVAL: dict[str, Any] = {
+    "tasks": ("ppl", "lambada", "hellaswag", "arc_easy"),
+    "ppl_split": "validation",
+    "limit": None,
+}
 METRICS = ("lambada.acc", "hellaswag.acc", "arc_easy.acc", "ppl.ppl", "lambada.ppl")
 REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared with these (when present)
 # Paper Figure-2 widths, to divide its norms by their init value (std 1e-4 * d for a d x d weight).
@@ -53,7 +57,7 @@ PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
 
 
 def parse_seeds(text: str | int | Sequence[int] | None, default: int, *, flag: str = "seeds") -> list[int]:
-    """"3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default].
+    """ "3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default].
 
     Every seed is checked before any arm trains: integers in [0, 2**32), distinct; a count K >= 1. `flag` names
     the option in the error ("--seeds" from the command line)."""
@@ -93,8 +97,13 @@ def parse_seeds(text: str | int | Sequence[int] | None, default: int, *, flag: s
 
 def format_table(rows: list[dict[str, Any]], preset: str) -> str:
     """The Table-2 layout for one row per method (one seed), paper figures in brackets for paper presets."""
-    summary = {r["method"]: {"params": r.get("params"),
-                             **{m: (r[m], 0.0, 1) if r.get(m) is not None else None for m in METRICS}} for r in rows}
+    summary = {
+        r["method"]: {
+            "params": r.get("params"),
+            **{m: (r[m], 0.0, 1) if r.get(m) is not None else None for m in METRICS},
+        }
+        for r in rows
+    }
     return format_summary_table(summary, preset)
 
 
@@ -113,9 +122,11 @@ def summarize(rows: list[dict[str, Any]], methods: Sequence[str]) -> dict[str, d
     return out
 
 
-def comparisons(rows: list[dict[str, Any]], items: dict[tuple[str, int | None], dict], methods: Sequence[str],
-                seeds: Sequence[int]) -> list[Comparison]:
+def comparisons(
+    rows: list[dict[str, Any]], items: dict[tuple[str, int | None], dict], methods: Sequence[str], seeds: Sequence[int]
+) -> list[Comparison]:
     """Every method against baseline and the LoRA arms, on every metric with per-item scores."""
+
     def values(method: str, metric: str) -> dict[int, float]:
         if method == "baseline":
             base = next(r for r in rows if r["method"] == "baseline")
@@ -137,8 +148,17 @@ def comparisons(rows: list[dict[str, Any]], items: dict[tuple[str, int | None], 
             for ref in (r for r in refs if r == "baseline" or r in methods):
                 a, b = values(method, metric), values(ref, metric)
                 if a and b:
-                    out.append(compare(a, b, method=method, reference=ref, metric=metric,
-                                       items=item_scores(method, metric), ref_items=item_scores(ref, metric)))
+                    out.append(
+                        compare(
+                            a,
+                            b,
+                            method=method,
+                            reference=ref,
+                            metric=metric,
+                            items=item_scores(method, metric),
+                            ref_items=item_scores(ref, metric),
+                        )
+                    )
     return out
 
 
@@ -177,9 +197,18 @@ def reproduce(
     settings["tasks"] = list(settings["tasks"])
     base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)
-    cfgs = {(seed, method): get_preset(preset, method=method, seed=seed, out=str(out / method / f"seed-{seed}"),
-                                       progress=progress, **sizes_for_method(method, train_overrides or {}))
-            for seed in seed_list for method in methods}  # every arm checked before the first one trains
+    cfgs = {
+        (seed, method): get_preset(
+            preset,
+            method=method,
+            seed=seed,
+            out=str(out / method / f"seed-{seed}"),
+            progress=progress,
+            **sizes_for_method(method, train_overrides or {}),
+        )
+        for seed in seed_list
+        for method in methods
+    }  # every arm checked before the first one trains
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     device = next(base.parameters()).device
@@ -216,20 +245,47 @@ def reproduce(
             log.info("%s seed %d: %s", method, seed, "read back" if reused else "trained and evaluated")
             rows.append(row)
             items[(method, seed)] = its
-    _write_outputs(out, preset, rows, items, methods, seed_list, settings, base_cfg, base,
-                   seconds=time.time() - t0, reused=reused_arms, command=command)
+    _write_outputs(
+        out,
+        preset,
+        rows,
+        items,
+        methods,
+        seed_list,
+        settings,
+        base_cfg,
+        base,
+        seconds=time.time() - t0,
+        reused=reused_arms,
+        command=command,
+    )
     return rows
 
 
-def _figures(out: Path, preset: str, rows: list[dict[str, Any]], methods: Sequence[str],
-             summary: dict[str, dict[str, Any]], hidden: int, init_std: float) -> list[tuple[str, str]]:
+def _figures(
+    out: Path,
+    preset: str,
+    rows: list[dict[str, Any]],
+    methods: Sequence[str],
+    summary: dict[str, dict[str, Any]],
+    hidden: int,
+    init_std: float,
+) -> list[tuple[str, str]]:
     """Write the figures; returns (file name, caption) of each."""
     figs = []
-    curves = {m: [read_losses(out / m / f"seed-{r['seed']}") for r in rows if r["method"] == m
-                  and (out / m / f"seed-{r['seed']}" / "log.jsonl").is_file()] for m in methods}
+    curves = {
+        m: [
+            read_losses(out / m / f"seed-{r['seed']}")
+            for r in rows
+            if r["method"] == m and (out / m / f"seed-{r['seed']}" / "log.jsonl").is_file()
+        ]
+        for m in methods
+    }
     curves = {m: c for m, c in curves.items() if c}
     if curves:
-        plot_loss_curves(curves, out / "loss_curves.png", title=f"train loss, 10-step mean ({preset}; one line per seed)")
+        plot_loss_curves(
+            curves, out / "loss_curves.png", title=f"train loss, 10-step mean ({preset}; one line per seed)"
+        )
         figs.append(("loss_curves.png", "Train loss of every arm (10-step mean), one line per seed."))
     panels = {}
     for m in ("ppl.ppl", "lambada.ppl", "hellaswag.acc", "arc_easy.acc", "lambada.acc"):
@@ -237,13 +293,19 @@ def _figures(out: Path, preset: str, rows: list[dict[str, Any]], methods: Sequen
         if vals and not (m == "lambada.acc" and all(v[0] == 0 for v in vals.values())):
             panels[METRIC_LABELS[m]] = vals
     paper = PAPER_TABLE2.get(preset, {})
-    refs = {METRIC_LABELS[m]: {k: v[i] for k, v in paper.items() if v[i] is not None}
-            for m, i in (("lambada.acc", 1), ("hellaswag.acc", 2), ("arc_easy.acc", 3), ("ppl.ppl", 4))}
+    refs = {
+        METRIC_LABELS[m]: {k: v[i] for k, v in paper.items() if v[i] is not None}
+        for m, i in (("lambada.acc", 1), ("hellaswag.acc", 2), ("arc_easy.acc", 3), ("ppl.ppl", 4))
+    }
     if panels:
         n = len({r.get("seed") for r in rows if r["method"] != "baseline"})
-        plot_results(panels, out / "results.png", refs=refs,
-                     title=f"{preset}: mean over {n} seed(s), error bars = std over seeds"
-                     + ("; black ticks = paper" if paper else ""))
+        plot_results(
+            panels,
+            out / "results.png",
+            refs=refs,
+            title=f"{preset}: mean over {n} seed(s), error bars = std over seeds"
+            + ("; black ticks = paper" if paper else ""),
+        )
         figs.append(("results.png", "Each metric per method; error bars are the standard deviation over seeds."))
     norms = {m: [r["skip_norms"] for r in rows if r["method"] == m and r.get("skip_norms")] for m in methods}
     norms = {m: [sum(col) / len(col) for col in zip(*v)] for m, v in norms.items() if v}
@@ -257,54 +319,121 @@ def _figures(out: Path, preset: str, rows: list[dict[str, Any]], methods: Sequen
         for p, width in PAPER_WIDTHS.items():
             growth[f"paper {p.removeprefix('pythia-')}"] = [v / (1e-4 * width) for v in PAPER_SKIP_NORMS[p]]
         plot_skip_growth(growth, out / "skip_growth.png")
-        figs.append(("skip_growth.png", f"||W_skip||_F per layer divided by its value at init (std x d = "
-                     f"{init_std:g} x {hidden}; the paper's: 1e-4 x 768 and 1e-4 x 1024), against relative depth."))
+        figs.append(
+            (
+                "skip_growth.png",
+                f"||W_skip||_F per layer divided by its value at init (std x d = "
+                f"{init_std:g} x {hidden}; the paper's: 1e-4 x 768 and 1e-4 x 1024), against relative depth.",
+            )
+        )
     return figs
 
 
 def _arm_times(rows: list[dict[str, Any]]) -> str:
-    """"baseline eval 1.0 min; a trained arm 2.1-2.6 min" (train + eval wall per arm)."""
+    """ "baseline eval 1.0 min; a trained arm 2.1-2.6 min" (train + eval wall per arm)."""
     base = next((r for r in rows if r["method"] == "baseline"), {})
-    arms = [(r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows if r["method"] != "baseline"]
+    arms = [
+        (r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows if r["method"] != "baseline"
+    ]
     text = f"baseline eval {(base.get('eval_seconds') or 0) / 60:.1f} min"
     return text + (f"; a trained arm {min(arms) / 60:.1f}-{max(arms) / 60:.1f} min" if arms else "")
 
 
-def _write_outputs(out: Path, preset: str, rows: list[dict[str, Any]], items: dict, methods: Sequence[str],
-                   seeds: list[int], settings: dict[str, Any], base_cfg, base, *, seconds: float,
-                   reused: list[str], command: str | None) -> None:
+def _write_outputs(
+    out: Path,
+    preset: str,
+    rows: list[dict[str, Any]],
+    items: dict,
+    methods: Sequence[str],
+    seeds: list[int],
+    settings: dict[str, Any],
+    base_cfg,
+    base,
+    *,
+    seconds: float,
+    reused: list[str],
+    command: str | None,
+) -> None:
     summary = summarize(rows, methods)
     comps = comparisons(rows, items, methods, seeds)
     table = format_summary_table(summary, preset)
     reading = [f"- {s}" for s in noise_sentences(comps)]
-    (out / "table.md").write_text(table + ("\n\nLarger than the noise (95% paired intervals, see report.md):\n"
-                                           + "\n".join(reading) if reading else "") + "\n")
+    (out / "table.md").write_text(
+        table
+        + (
+            "\n\nLarger than the noise (95% paired intervals, see report.md):\n" + "\n".join(reading)
+            if reading
+            else ""
+        )
+        + "\n"
+    )
     compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows)
-    results = {"preset": preset, "seeds": seeds, "methods": list(methods), "eval": settings,
-               "seconds": seconds, "compute_seconds": compute_s, "reused": reused, "command": command,
-               "rows": rows, "summary": summary,
-               "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps]}
+    results = {
+        "preset": preset,
+        "seeds": seeds,
+        "methods": list(methods),
+        "eval": settings,
+        "seconds": seconds,
+        "compute_seconds": compute_s,
+        "reused": reused,
+        "command": command,
+        "rows": rows,
+        "summary": summary,
+        "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps],
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     init_std = PreProjConfig().skip_init_std
     figs = _figures(out, preset, rows, methods, summary, int(base.config.hidden_size), init_std)
-    train = {k: v for k, v in base_cfg.to_dict().items()
-             if k in ("model", "data", "num_lines", "max_len", "steps", "warmup_steps", "lr", "schedule", "batch_size",
-                      "grad_accum", "precision", "max_grad_norm")}
-    lines = [f"# Reproduction: {preset}, {len(seeds)} seed(s)", "",
-             f"Command: `{command or f'mmpreproj reproduce --preset {preset}'}`", "",
-             f"Seeds: {', '.join(map(str, seeds))} (each seed drives the adapter init and the data order; the "
-             "untrained baseline does not depend on it).", "",
-             f"Time: {compute_s / 60:.1f} min summed over the arms' own train + eval wall times ({_arm_times(rows)}); "
-             f"{seconds / 60:.1f} min wall for this invocation" + (f", which read {len(reused)} arm(s) back from an "
-                                                                   "earlier run" if reused else "") + ".", "",
-             "Training: " + ", ".join(f"{k}={v}" for k, v in train.items()) + ".", "",
-             "Evaluation: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " (the paper's evaluators).", "",
-             "## Table", "", table, ""]
+    train = {
+        k: v
+        for k, v in base_cfg.to_dict().items()
+        if k
+        in (
+            "model",
+            "data",
+            "num_lines",
+            "max_len",
+            "steps",
+            "warmup_steps",
+            "lr",
+            "schedule",
+            "batch_size",
+            "grad_accum",
+            "precision",
+            "max_grad_norm",
+        )
+    }
+    lines = [
+        f"# Reproduction: {preset}, {len(seeds)} seed(s)",
+        "",
+        f"Command: `{command or f'mmpreproj reproduce --preset {preset}'}`",
+        "",
+        f"Seeds: {', '.join(map(str, seeds))} (each seed drives the adapter init and the data order; the "
+        "untrained baseline does not depend on it).",
+        "",
+        f"Time: {compute_s / 60:.1f} min summed over the arms' own train + eval wall times ({_arm_times(rows)}); "
+        f"{seconds / 60:.1f} min wall for this invocation"
+        + (f", which read {len(reused)} arm(s) back from an earlier run" if reused else "")
+        + ".",
+        "",
+        "Training: " + ", ".join(f"{k}={v}" for k, v in train.items()) + ".",
+        "",
+        "Evaluation: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " (the paper's evaluators).",
+        "",
+        "## Table",
+        "",
+        table,
+        "",
+    ]
     if comps:
-        lines += ["## Differences and noise", "",
-                  "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
-                  "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
-                  "replicates). A difference is called beyond the noise when every interval excludes zero.", ""]
+        lines += [
+            "## Differences and noise",
+            "",
+            "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
+            "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
+            "replicates). A difference is called beyond the noise when every interval excludes zero.",
+            "",
+        ]
         lines += reading + ["", format_comparisons(comps), ""]
     if figs:
         lines += ["## Figures", ""]
@@ -312,12 +441,21 @@ def _write_outputs(out: Path, preset: str, rows: list[dict[str, Any]], items: di
             lines += [f"![{name}]({name})", "", caption, ""]
     skips = [r for r in rows if r.get("skip_norms")]
     if skips:
-        lines += ["## Skip norms and routing ratios (per seed)", "", "| method | seed | ||W_skip||_F per layer | "
-                  "||W_skip x~|| / ||attn_out|| |", "|---|---|---|---|"]
+        lines += [
+            "## Skip norms and routing ratios (per seed)",
+            "",
+            "| method | seed | ||W_skip||_F per layer | ||W_skip x~|| / ||attn_out|| |",
+            "|---|---|---|---|",
+        ]
         for r in skips:
             ratios = ", ".join(f"{v:.2f}" for v in r.get("routing_ratios", []))
-            lines.append(f"| {r['method']} | {r['seed']} | {', '.join(f'{v:.3f}' for v in r['skip_norms'])} | {ratios} |")
+            lines.append(
+                f"| {r['method']} | {r['seed']} | {', '.join(f'{v:.3f}' for v in r['skip_norms'])} | {ratios} |"
+            )
         lines.append("")
-    lines += ["Each run folder (`<method>/seed-<s>/`) holds the adapter, `log.jsonl`, `metrics.json`, `eval.json` "
-              "(metrics and per-item scores) and `loss_curve.png`.", ""]
+    lines += [
+        "Each run folder (`<method>/seed-<s>/`) holds the adapter, `log.jsonl`, `metrics.json`, `eval.json` "
+        "(metrics and per-item scores) and `loss_curve.png`.",
+        "",
+    ]
     (out / "report.md").write_text("\n".join(lines))

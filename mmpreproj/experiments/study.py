@@ -53,15 +53,29 @@ from ..train.sizes import sizes_for_budget
 from ..tuner.load import load_adapter
 from .arms import arm_key, train_arm
 
-__all__ = ["LR_LADDER", "Group", "Step", "Study", "best_lr", "open_study", "plan", "read_baseline", "study", "table2_groups"]
+__all__ = [
+    "LR_LADDER",
+    "Group",
+    "Step",
+    "Study",
+    "best_lr",
+    "open_study",
+    "plan",
+    "read_baseline",
+    "study",
+    "table2_groups",
+]
 
 log = logging.getLogger("mmpreproj.study")
 
 LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
 SELECT_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "heldout", "limit": None}
-FULL_EVAL: dict[str, Any] = {"tasks": ["ppl", "lambada", "hellaswag"], "ppl_split": "test",
-                             "limits": {"ppl": 300, "lambada": 500, "hellaswag": 200},
-                             "routing_rows": 32}
+FULL_EVAL: dict[str, Any] = {
+    "tasks": ["ppl", "lambada", "hellaswag"],
+    "ppl_split": "test",
+    "limits": {"ppl": 300, "lambada": 500, "hellaswag": 200},
+    "routing_rows": 32,
+}
 SELECT_FILE, FULL_FILE, CLAIM_FILE = "select.json", "full.json", ".claim"
 
 
@@ -97,16 +111,26 @@ def table2_groups(base: nn.Module, *, budget: float = 0.01, seeds: int = 3) -> l
     Ordered so the paper's central comparison finishes first."""
     dim, layers = host_shape(base)
     target = round(budget * sum(p.numel() for p in base.parameters()))
-    at = {m: tuple(sorted((sizes_for_budget(m, target, dim=dim, layers=layers,
-                                            lora_per_rank=lora_per_rank(base)) or {}).items()))
-          for m in ("preproj_skip", "lora")}
+    at = {
+        m: tuple(
+            sorted(
+                (sizes_for_budget(m, target, dim=dim, layers=layers, lora_per_rank=lora_per_rank(base)) or {}).items()
+            )
+        )
+        for m in ("preproj_skip", "lora")
+    }
     ours, loras = (1e-3, 3e-3), (3e-4, 1e-3)
     b = f"b{budget:g}"
-    return [Group("preproj_skip", "preproj_skip", ours, seeds), Group("lora", "lora", loras, seeds),
-            Group("lora_matched", "lora_matched", loras, seeds),
-            Group(f"{b}/preproj_skip", "preproj_skip", (3e-3, 1e-2), seeds, at["preproj_skip"], budget),
-            Group(f"{b}/lora", "lora", loras, seeds, at["lora"], budget),
-            Group("preproj", "preproj", ours), Group("skip", "skip", ours), Group("preproj_lora", "preproj_lora", loras)]
+    return [
+        Group("preproj_skip", "preproj_skip", ours, seeds),
+        Group("lora", "lora", loras, seeds),
+        Group("lora_matched", "lora_matched", loras, seeds),
+        Group(f"{b}/preproj_skip", "preproj_skip", (3e-3, 1e-2), seeds, at["preproj_skip"], budget),
+        Group(f"{b}/lora", "lora", loras, seeds, at["lora"], budget),
+        Group("preproj", "preproj", ours),
+        Group("skip", "skip", ours),
+        Group("preproj_lora", "preproj_lora", loras),
+    ]
 
 
 def _next_lr(tried: dict[float, float | None]) -> float | None:
@@ -125,13 +149,26 @@ def _next_lr(tried: dict[float, float | None]) -> float | None:
 class Study:
     """Where a study's files are, and what is finished (everything read from disk on each call)."""
 
-    def __init__(self, preset: str, out: str | Path, runs: str | Path, groups: Sequence[Group], *,
-                 max_extend: int = 2, overrides: dict[str, Any] | None = None, base_params: int = 0,
-                 hidden: int = 0, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        preset: str,
+        out: str | Path,
+        runs: str | Path,
+        groups: Sequence[Group],
+        *,
+        max_extend: int = 2,
+        overrides: dict[str, Any] | None = None,
+        base_params: int = 0,
+        hidden: int = 0,
+        limit: int | None = None,
+    ) -> None:
         # `limit` replaces every evaluation count (a dry run); the settings are part of every step's key
         self.select_eval = SELECT_EVAL if limit is None else {**SELECT_EVAL, "limit": limit}
-        self.full_eval = FULL_EVAL if limit is None else {
-            **FULL_EVAL, "limits": dict.fromkeys(FULL_EVAL["limits"], limit), "routing_rows": min(limit, 32)}
+        self.full_eval = (
+            FULL_EVAL
+            if limit is None
+            else {**FULL_EVAL, "limits": dict.fromkeys(FULL_EVAL["limits"], limit), "routing_rows": min(limit, 32)}
+        )
         self.base_params, self.hidden = base_params, hidden  # the base's parameter count and width, for the report
         self.preset, self.out, self.runs, self.groups = preset, Path(out), Path(runs), list(groups)
         self.max_extend, self.overrides = max_extend, dict(overrides or {})
@@ -139,9 +176,18 @@ class Study:
         self.seeds = [self.base_cfg.seed + i for i in range(max(g.seeds for g in self.groups))]
 
     def cfg(self, step: Step):
-        return get_preset(self.preset, **{**self.overrides, "method": step.group.method, "lr": step.lr,
-                                          "seed": step.seed, **dict(step.group.sizes),
-                                          "out": str(self.runs / step.arm), "progress": False})
+        return get_preset(
+            self.preset,
+            **{
+                **self.overrides,
+                "method": step.group.method,
+                "lr": step.lr,
+                "seed": step.seed,
+                **dict(step.group.sizes),
+                "out": str(self.runs / step.arm),
+                "progress": False,
+            },
+        )
 
     def select_key(self, step: Step) -> dict[str, Any]:
         return arm_key(self.cfg(step), {**self.select_eval, "model": self.base_cfg.model})
@@ -260,12 +306,15 @@ def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str
             model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
         except NonFiniteLossError as err:
             row, items = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "diverged": str(err)}, {}
-            write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items})
+            write_json(
+                arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items}
+            )
             return
         items: dict[str, Any] = {}
         t0 = time.time()
-        res = evaluate(model, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False,
-                       per_item=True)["ppl"]
+        res = evaluate(
+            model, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False, per_item=True
+        )["ppl"]
         row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
         row["select_seconds"] = time.time() - t0
         items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
@@ -299,8 +348,15 @@ def _full_eval(model: nn.Module, tokenizer, settings: dict[str, Any]) -> tuple[d
     row: dict[str, Any] = {}
     items: dict[str, Any] = {}
     for task in settings["tasks"]:
-        res = evaluate(model, tokenizer, [task], limit=settings["limits"].get(task), ppl_split=settings["ppl_split"],
-                       progress=False, per_item=True)[task]
+        res = evaluate(
+            model,
+            tokenizer,
+            [task],
+            limit=settings["limits"].get(task),
+            ppl_split=settings["ppl_split"],
+            progress=False,
+            per_item=True,
+        )[task]
         row.update({f"{task}.{k}": v for k, v in res.items() if not isinstance(v, list)})
         items[task] = {k: v for k, v in res.items() if isinstance(v, list)}
     return row, items
@@ -314,8 +370,9 @@ def baseline(s: Study, base: nn.Module, tokenizer) -> None:
     row: dict[str, Any] = {"method": "baseline", "params": 0}
     items: dict[str, Any] = {}
     t0 = time.time()
-    res = evaluate(base, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False,
-                       per_item=True)["ppl"]
+    res = evaluate(
+        base, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False, per_item=True
+    )["ppl"]
     row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
     items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
     full, full_items = _full_eval(base, tokenizer, s.full_eval)
@@ -333,17 +390,43 @@ def read_baseline(s: Study) -> dict[str, Any] | None:
     return _read(s.out / "baseline.json", baseline_key(s))
 
 
-def open_study(preset: str, out: str | Path, runs: str | Path, base: nn.Module, *,
-               groups: Sequence[Group] | None = None, max_extend: int = 2,
-               overrides: dict[str, Any] | None = None, limit: int | None = None) -> Study:
+def open_study(
+    preset: str,
+    out: str | Path,
+    runs: str | Path,
+    base: nn.Module,
+    *,
+    groups: Sequence[Group] | None = None,
+    max_extend: int = 2,
+    overrides: dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> Study:
     """The `Study` over `base` (the default groups: `table2_groups(base)`)."""
-    return Study(preset, out, runs, groups or table2_groups(base), max_extend=max_extend, overrides=overrides,
-                 base_params=sum(p.numel() for p in base.parameters()), hidden=host_shape(base)[0], limit=limit)
+    return Study(
+        preset,
+        out,
+        runs,
+        groups or table2_groups(base),
+        max_extend=max_extend,
+        overrides=overrides,
+        base_params=sum(p.numel() for p in base.parameters()),
+        hidden=host_shape(base)[0],
+        limit=limit,
+    )
 
 
-def study(preset: str, out: str | Path, runs: str | Path, *, groups: Sequence[Group] | None = None,
-          max_extend: int = 2, overrides: dict[str, Any] | None = None, poll_seconds: float = 30.0,
-          on_finish: Callable[[Step | None], None] | None = None, limit: int | None = None) -> Study:
+def study(
+    preset: str,
+    out: str | Path,
+    runs: str | Path,
+    *,
+    groups: Sequence[Group] | None = None,
+    max_extend: int = 2,
+    overrides: dict[str, Any] | None = None,
+    poll_seconds: float = 30.0,
+    on_finish: Callable[[Step | None], None] | None = None,
+    limit: int | None = None,
+) -> Study:
     """Work through the plan until nothing is left, waiting while other workers hold the last steps.
     `on_finish(step)` is called after each finished step (None for the baseline), e.g. to commit its files."""
     base_cfg = get_preset(preset, **dict(overrides or {}))

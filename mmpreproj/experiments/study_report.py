@@ -21,11 +21,17 @@ __all__ = ["METRICS", "PAPER_CLAIMS", "compute_seconds", "gather", "setting_line
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
 # The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.
 PAPER_CLAIMS = {
-    "lambada.acc": "+40.6% (0.128 -> 0.180)", "ppl.ppl": "-39% (78.4 -> 47.9)",
+    "lambada.acc": "+40.6% (0.128 -> 0.180)",
+    "ppl.ppl": "-39% (78.4 -> 47.9)",
     "hellaswag.acc": "+3.7% (0.326 -> 0.338)",
 }
-PAPER_160M = {"baseline": (0.128, 0.326, 78.4), "preproj": (0.154, 0.318, 73.0), "lora": (0.126, 0.326, 63.8),
-              "preproj_lora": (0.162, 0.324, 60.8), "preproj_skip": (0.180, 0.338, 47.9)}
+PAPER_160M = {
+    "baseline": (0.128, 0.326, 78.4),
+    "preproj": (0.154, 0.318, 73.0),
+    "lora": (0.126, 0.326, 63.8),
+    "preproj_lora": (0.162, 0.324, 60.8),
+    "preproj_skip": (0.180, 0.338, 47.9),
+}
 
 
 def gather(s: Study) -> dict[str, Any]:
@@ -50,10 +56,20 @@ def gather(s: Study) -> dict[str, Any]:
                     continue
                 seeds[seed] = {**sel["row"], **full["row"]}
                 items[(g.label, seed)] = {**sel["items"], **full["items"]}
-        groups.append({"label": g.label, "method": g.method, "sizes": dict(g.sizes), "budget": g.budget,
-                       "want_seeds": g.seeds, "settled": settled, "best_lr": best,
-                       "edge": best is not None and best in (min(tried), max(tried)),
-                       "curve": {f"{lr:g}": v for lr, v in curve.items()}, "seeds": seeds})
+        groups.append(
+            {
+                "label": g.label,
+                "method": g.method,
+                "sizes": dict(g.sizes),
+                "budget": g.budget,
+                "want_seeds": g.seeds,
+                "settled": settled,
+                "best_lr": best,
+                "edge": best is not None and best in (min(tried), max(tried)),
+                "curve": {f"{lr:g}": v for lr, v in curve.items()},
+                "seeds": seeds,
+            }
+        )
     return {"baseline": base["row"] if base else None, "groups": groups, "items": items}
 
 
@@ -89,15 +105,25 @@ def comparisons(data: dict[str, Any]) -> list[Comparison]:
                 continue
             seeds = sorted(set(a) & set(b))
 
-            out.append(compare({k: a[k] for k in seeds}, {k: b[k] for k in seeds}, method=label, reference=ref,
-                               metric=metric, items=_items(data, label, seeds, task, key),
-                               ref_items=_items(data, ref, seeds, task, key)))
+            out.append(
+                compare(
+                    {k: a[k] for k in seeds},
+                    {k: b[k] for k in seeds},
+                    method=label,
+                    reference=ref,
+                    metric=metric,
+                    items=_items(data, label, seeds, task, key),
+                    ref_items=_items(data, ref, seeds, task, key),
+                )
+            )
     return out
 
 
 def _items(data: dict[str, Any], label: str, seeds: list[int], task: str, key: str) -> dict[int, list] | None:
     """{seed: per-item scores of `task`/`key`} of a group (the baseline's under every seed), or None if any lacks."""
-    got = {sd: data["items"].get((label, None if label == "baseline" else sd), {}).get(task, {}).get(key) for sd in seeds}
+    got = {
+        sd: data["items"].get((label, None if label == "baseline" else sd), {}).get(task, {}).get(key) for sd in seeds
+    }
     return None if any(v is None for v in got.values()) else got
 
 
@@ -111,11 +137,17 @@ def _cell(values: list[float], fmt: str) -> str:
 def summary_table(data: dict[str, Any], base_params: int) -> str:
     """Baseline and each group at its best LR: params, LR, seeds, the four metrics (mean ± std over seeds)."""
     fmts = {"lambada.acc": ".3f", "lambada.ppl": ".2f", "hellaswag.acc": ".3f", "ppl.ppl": ".2f"}
-    lines = ["| method | trainable | LR (held-out pick) | seeds | LAMBADA acc | LAMBADA target PPL | HellaSwag acc "
-             "| line PPL (test) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | trainable | LR (held-out pick) | seeds | LAMBADA acc | LAMBADA target PPL | HellaSwag acc "
+        "| line PPL (test) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     b = data["baseline"] or {}
-    lines.append("| baseline (untrained) | - | - | - | " + " | ".join(
-        format(b[m], fmts[m]) if b.get(m) is not None else "n/a" for m in METRICS) + " |")
+    lines.append(
+        "| baseline (untrained) | - | - | - | "
+        + " | ".join(format(b[m], fmts[m]) if b.get(m) is not None else "n/a" for m in METRICS)
+        + " |"
+    )
     for g in data["groups"]:
         rows = list(g["seeds"].values())
         params = rows[0].get("params") if rows else None
@@ -173,18 +205,20 @@ def setting_lines(s: Study) -> list[str]:
     """What was trained and measured, from the preset (and the evaluation settings in the steps' keys)."""
     c = s.base_cfg
     full = s.full_eval
-    return [f"Model: `{c.model}`, {s.base_params / 1e6:.1f}M parameters, width {s.hidden}. Training (preset "
-            f"`{s.preset}`): {c.steps} steps of {c.batch_size * c.grad_accum} lines x {c.max_len} tokens, warmup "
-            f"{c.warmup_steps}, {c.schedule}, AdamW (weight decay {c.weight_decay}), clip {c.max_grad_norm}, "
-            f"{c.precision}, base frozen; data: the first {c.num_lines} lines longer than {c.min_chars} characters "
-            f"of `{Path(c.data).name}`.",
-            f"Learning rates: each group's own, the lowest held-out line PPL (WikiText validation rows 3,240 on, "
-            f"never trained on nor tested) among a ladder search from its start LRs, {s.max_extend} rung(s) past an "
-            "edge at most. Seeds train at the picked LR; the untrained baseline has no seed.",
-            "Evaluation (the paper's evaluators): line PPL on the first "
-            f"{full['limits']['ppl']} WikiText test rows (rows under 50 characters or 10 tokens skipped), LAMBADA "
-            f"accuracy and target PPL on the first {full['limits']['lambada']}, HellaSwag on the first "
-            f"{full['limits']['hellaswag']}; the routing ratio on {full['routing_rows']} test rows."]
+    return [
+        f"Model: `{c.model}`, {s.base_params / 1e6:.1f}M parameters, width {s.hidden}. Training (preset "
+        f"`{s.preset}`): {c.steps} steps of {c.batch_size * c.grad_accum} lines x {c.max_len} tokens, warmup "
+        f"{c.warmup_steps}, {c.schedule}, AdamW (weight decay {c.weight_decay}), clip {c.max_grad_norm}, "
+        f"{c.precision}, base frozen; data: the first {c.num_lines} lines longer than {c.min_chars} characters "
+        f"of `{Path(c.data).name}`.",
+        f"Learning rates: each group's own, the lowest held-out line PPL (WikiText validation rows 3,240 on, "
+        f"never trained on nor tested) among a ladder search from its start LRs, {s.max_extend} rung(s) past an "
+        "edge at most. Seeds train at the picked LR; the untrained baseline has no seed.",
+        "Evaluation (the paper's evaluators): line PPL on the first "
+        f"{full['limits']['ppl']} WikiText test rows (rows under 50 characters or 10 tokens skipped), LAMBADA "
+        f"accuracy and target PPL on the first {full['limits']['lambada']}, HellaSwag on the first "
+        f"{full['limits']['hellaswag']}; the routing ratio on {full['routing_rows']} test rows.",
+    ]
 
 
 def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
@@ -193,52 +227,99 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     data = gather(s)
     comps = comparisons(data)
     base_params, hidden = s.base_params, s.hidden
-    doc = {"preset": s.preset, "baseline": data["baseline"], "groups": data["groups"],
-           "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps]}
+    doc = {
+        "preset": s.preset,
+        "baseline": data["baseline"],
+        "groups": data["groups"],
+        "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps],
+    }
     (s.out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     figs = []
-    curves = {g["label"]: [(float(lr), v["heldout"]) for lr, v in g["curve"].items() if v and v["heldout"]]
-              for g in data["groups"]}
+    curves = {
+        g["label"]: [(float(lr), v["heldout"]) for lr, v in g["curve"].items() if v and v["heldout"]]
+        for g in data["groups"]
+    }
     curves = {k: v for k, v in curves.items() if v}
     if curves:
-        plot_lr_sweep(curves, s.out / "lr_search.png", baseline=(data["baseline"] or {}).get("select.ppl"),
-                      title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})")
+        plot_lr_sweep(
+            curves,
+            s.out / "lr_search.png",
+            baseline=(data["baseline"] or {}).get("select.ppl"),
+            title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})",
+        )
         figs.append(("lr_search.png", "Held-out line PPL against the peak LR, seed 0 of each group."))
     norms = {k: v for k, v in _per_layer(data, "skip_norms").items() if "/" not in k}  # full d x d skips
     if norms:
         init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
         plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
         growth = {f"{k} (SmolLM2-135M)": [v / init for v in vals] for k, vals in norms.items()}
-        growth.update({f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
-                       for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))})
+        growth.update(
+            {
+                f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
+                for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
+            }
+        )
         plot_skip_growth(growth, s.out / "skip_growth.png")
-        figs += [("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
-                 ("skip_growth.png", f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
-                  "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024).")]
+        figs += [
+            ("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
+            (
+                "skip_growth.png",
+                f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
+                "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024).",
+            ),
+        ]
     ratios = _per_layer(data, "routing_ratios")
     if ratios:
-        plot_skip_norms(ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer",
-                        ylabel="routing ratio")
+        plot_skip_norms(
+            ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer", ylabel="routing ratio"
+        )
         figs.append(("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds)."))
     spent = compute_seconds(s)
     hours = sum(spent.values()) / 3600
-    lines = [f"# Table 2 on {s.preset}", "", "Written by `mmpreproj.experiments.study_report` from the finished steps "
-             "under `arms/`. Continue the study with `make smollm2 && .venv/bin/python recipes/smollm2/table2.py "
-             "--workers 2 --commit` (finished steps are read back, never trained again); rewrite this report alone "
-             "with `--report`. Unfinished groups are marked as such in the table.", "",
-             "## Setting", "", *setting_lines(s), "", *[f"- {n}" for n in notes], "",
-             f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
-             f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
-             f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps.", "",
-             "## Table", "", summary_table(data, base_params), "",
-             "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)", "", lr_table(data), ""]
+    lines = [
+        f"# Table 2 on {s.preset}",
+        "",
+        "Written by `mmpreproj.experiments.study_report` from the finished steps "
+        "under `arms/`. Continue the study with `make smollm2 && .venv/bin/python recipes/smollm2/table2.py "
+        "--workers 2 --commit` (finished steps are read back, never trained again); rewrite this report alone "
+        "with `--report`. Unfinished groups are marked as such in the table.",
+        "",
+        "## Setting",
+        "",
+        *setting_lines(s),
+        "",
+        *[f"- {n}" for n in notes],
+        "",
+        f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
+        f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
+        f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps.",
+        "",
+        "## Table",
+        "",
+        summary_table(data, base_params),
+        "",
+        "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)",
+        "",
+        lr_table(data),
+        "",
+    ]
     if comps:
-        lines += ["## Differences and noise", "", *[f"- {t}" for t in noise_sentences(comps)], "",
-                  format_comparisons(comps), ""]
+        lines += [
+            "## Differences and noise",
+            "",
+            *[f"- {t}" for t in noise_sentences(comps)],
+            "",
+            format_comparisons(comps),
+            "",
+        ]
     for name, caption in figs:
         lines += [f"![{name}]({name})", "", caption, ""]
-    lines += ["Paper's claims at Pythia-160M for comparison: " + "; ".join(
-        f"{METRIC_LABELS.get(m, m)} {v}" for m, v in PAPER_CLAIMS.items()) + ".", ""]
+    lines += [
+        "Paper's claims at Pythia-160M for comparison: "
+        + "; ".join(f"{METRIC_LABELS.get(m, m)} {v}" for m, v in PAPER_CLAIMS.items())
+        + ".",
+        "",
+    ]
     path = s.out / "report.md"
     path.write_text("\n".join(lines))
     return path

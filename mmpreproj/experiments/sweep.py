@@ -38,7 +38,7 @@ LRS_HINT = "pass distinct finite numbers > 0, e.g. 1e-5,1e-4,1e-3"
 
 
 def parse_lrs(text: str, *, flag: str = "lrs") -> list[float]:
-    """"1e-5,1e-3" -> [1e-05, 0.001]; each a finite number > 0, all distinct (`check_lrs`). `flag` names the
+    """ "1e-5,1e-3" -> [1e-05, 0.001]; each a finite number > 0, all distinct (`check_lrs`). `flag` names the
     option in the error ("--lrs" from the command line)."""
     label = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
     lrs = []
@@ -91,9 +91,18 @@ def lr_sweep(
     if seed is not None:
         overrides["seed"] = seed
     base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    cfgs = {(lr, method): get_preset(preset, method=method, lr=lr, out=str(out / method / f"lr-{lr:g}"),
-                                     progress=progress, **sizes_for_method(method, overrides))
-            for lr in lrs for method in methods}
+    cfgs = {
+        (lr, method): get_preset(
+            preset,
+            method=method,
+            lr=lr,
+            out=str(out / method / f"lr-{lr:g}"),
+            progress=progress,
+            **sizes_for_method(method, overrides),
+        )
+        for lr in lrs
+        for method in methods
+    }
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
@@ -131,24 +140,58 @@ def lr_sweep(
     baseline_ppl = base_row.get("ppl.ppl")
     table = format_sweep_table(points, baseline_ppl)
     (out / "sweep.md").write_text(table + "\n")
-    compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0)
-                    for by_lr in points.values() for r in by_lr.values())
-    (out / "sweep.json").write_text(json.dumps(
-        {"preset": preset, "seed": base_cfg.seed, "lrs": list(lrs), "seconds": seconds, "compute_seconds": compute_s,
-         "command": command, "baseline": base_row, "points": {m: {f"{lr:g}": r for lr, r in p.items()}
-                                                               for m, p in points.items()}}, indent=2) + "\n")
-    series = {m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()}
+    compute_s = sum(
+        (r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0)
+        for by_lr in points.values()
+        for r in by_lr.values()
+    )
+    (out / "sweep.json").write_text(
+        json.dumps(
+            {
+                "preset": preset,
+                "seed": base_cfg.seed,
+                "lrs": list(lrs),
+                "seconds": seconds,
+                "compute_seconds": compute_s,
+                "command": command,
+                "baseline": base_row,
+                "points": {m: {f"{lr:g}": r for lr, r in p.items()} for m, p in points.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    series = {
+        m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()
+    }
     marks = {"paper's LR (1e-5)": 1e-5, f"preset's LR ({get_preset(preset).lr:g})": get_preset(preset).lr}
-    plot_lr_sweep(series, out / "lr_sweep.png", baseline=baseline_ppl, marks=marks,
-                  title=f"{preset}: final line PPL ({settings['ppl_split']}) vs peak LR, "
-                  f"{base_cfg.steps} steps, seed {base_cfg.seed}")
-    report = [f"# Learning-rate sweep: {preset}", "", f"Command: `{command or 'mmpreproj sweep --preset ' + preset}`", "",
-              f"Time: {seconds / 60:.1f} min wall for this invocation ({reused_n} point(s) read back); "
-              f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.", "",
-              f"Settings: the {preset} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
-              f"{base_cfg.schedule} schedule, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens, "
-              f"seed {base_cfg.seed}), only the peak LR changes; PPL = the paper's line PPL on {settings['ppl_split']} "
-              "rows.", "", table, "", "![lr_sweep.png](lr_sweep.png)", "",
-              "Each point's run folder (`<method>/lr-<lr>/`) holds its `loss_curve.png`.", ""]
+    plot_lr_sweep(
+        series,
+        out / "lr_sweep.png",
+        baseline=baseline_ppl,
+        marks=marks,
+        title=f"{preset}: final line PPL ({settings['ppl_split']}) vs peak LR, "
+        f"{base_cfg.steps} steps, seed {base_cfg.seed}",
+    )
+    report = [
+        f"# Learning-rate sweep: {preset}",
+        "",
+        f"Command: `{command or 'mmpreproj sweep --preset ' + preset}`",
+        "",
+        f"Time: {seconds / 60:.1f} min wall for this invocation ({reused_n} point(s) read back); "
+        f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.",
+        "",
+        f"Settings: the {preset} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
+        f"{base_cfg.schedule} schedule, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens, "
+        f"seed {base_cfg.seed}), only the peak LR changes; PPL = the paper's line PPL on {settings['ppl_split']} "
+        "rows.",
+        "",
+        table,
+        "",
+        "![lr_sweep.png](lr_sweep.png)",
+        "",
+        "Each point's run folder (`<method>/lr-<lr>/`) holds its `loss_curve.png`.",
+        "",
+    ]
     (out / "report.md").write_text("\n".join(report))
     return points

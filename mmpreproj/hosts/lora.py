@@ -50,18 +50,14 @@ def lora_modules(model: nn.Module, spec: HostSpec) -> dict[str, nn.Module]:
                 found.add(id(module))
     out = {name: m for name, m in model.named_modules() if id(m) in found}
     if not out:
-        raise HostError(
-            f"host {spec.name!r}: none of its LoRA targets {list(spec.lora_targets)} is in its attention"
-        )
+        raise HostError(f"host {spec.name!r}: none of its LoRA targets {list(spec.lora_targets)} is in its attention")
     return out
 
 
 def _rank_params(name: str, module: nn.Module) -> int:
     weight = getattr(module, "weight", None)
     if weight is None or weight.dim() != 2:
-        raise HostError(
-            f"LoRA target {name!r} ({type(module).__name__}) has no 2-D weight; cannot count its LoRA"
-        )
+        raise HostError(f"LoRA target {name!r} ({type(module).__name__}) has no 2-D weight; cannot count its LoRA")
     return int(weight.shape[0] + weight.shape[1])  # in + out, whichever way the weight is stored
 
 

@@ -112,8 +112,7 @@ def _vision_stack(visual: nn.Module, host: str) -> nn.Module:
         "ModifiedResNet": "it has no attention blocks; inject the text tower on its own",
     }.get(type(visual).__name__, "inject the text tower on its own")
     raise HostError(
-        f"host {host!r}: the vision tower is a {type(visual).__name__}, not an open_clip "
-        f"VisionTransformer; {hint}"
+        f"host {host!r}: the vision tower is a {type(visual).__name__}, not an open_clip VisionTransformer; {hint}"
     )
 
 
@@ -207,7 +206,8 @@ OPEN_CLIP_TEXT = register_host(
 OPEN_CLIP_TRANSFORMER = register_host(
     HostSpec(
         name="open_clip_transformer",
-        description="open_clip Transformer / CustomTransformer block stack (e.g. clip.transformer, a plain CLIP's text tower)",
+        description="open_clip Transformer / CustomTransformer block stack "
+        "(e.g. clip.transformer, a plain CLIP's text tower)",
         matches=_is_stack,
         check=lambda model: _check_stack(model, "open_clip_transformer", "transformer"),
         parts=(_part("blocks", "resblocks"),),

@@ -26,7 +26,13 @@ from typing import Any
 from torch import nn
 
 __all__ = [
-    "INPUT_EMBEDDINGS", "LEGACY_KEYWORDS", "PATH_KEYWORDS", "HostError", "PathError", "check_path", "get_path",
+    "INPUT_EMBEDDINGS",
+    "LEGACY_KEYWORDS",
+    "PATH_KEYWORDS",
+    "HostError",
+    "PathError",
+    "check_path",
+    "get_path",
 ]
 
 

@@ -59,12 +59,14 @@ def _no_row(model: nn.Module, found: StructureMatch) -> str:
     what = type(model).__name__ + (f" (model_type {model_type!r})" if model_type else "")
     if len(found.fitting) > 1:
         groups = "; ".join(" = ".join(g) for g in found.fitting)
-        hint = (f" By structure it fits rows that inject differently ({groups}): force one with host=<row name>"
-                " after checking which layout the model has.")
+        hint = (
+            f" By structure it fits rows that inject differently ({groups}): force one with host=<row name>"
+            " after checking which layout the model has."
+        )
     elif found.forceable:
         key = str(model_type or type(model).__name__).lower()
         near = max(found.forceable, key=lambda n: (shared_prefix(n, key), -list(found.forceable).index(n)))
-        hint = (f" The nearest row is {near!r}: host={near!r} injects its blocks, but it {found.forceable[near]}.")
+        hint = f" The nearest row is {near!r}: host={near!r} injects its blocks, but it {found.forceable[near]}."
     else:
         hint = ""
     return f"mmpreproj has no host row for {what}; supported rows: {supported()}.{hint} Or {DESCRIBE_HINT}"

@@ -44,6 +44,7 @@ __all__ = [
     "resolve_sites",
 ]
 
+
 def call_to_dict(call: AttentionCall) -> dict:
     return {"inputs": [list(i) for i in call.inputs], "output_index": call.output_index}
 
@@ -53,9 +54,13 @@ def call_from_dict(d: Any, where: str = "call") -> AttentionCall:
     if not isinstance(d, dict) or set(d) - {"inputs", "output_index"}:
         raise HostError(f"{where} must be an object with keys 'inputs' and 'output_index', got {d!r}")
     inputs = d.get("inputs", [[0, "hidden_states"]])
-    ok = isinstance(inputs, (list, tuple)) and inputs and all(
-        isinstance(i, (list, tuple)) and len(i) == 2 and type(i[0]) is int and i[0] >= 0 and isinstance(i[1], str)
-        for i in inputs
+    ok = (
+        isinstance(inputs, (list, tuple))
+        and inputs
+        and all(
+            isinstance(i, (list, tuple)) and len(i) == 2 and type(i[0]) is int and i[0] >= 0 and isinstance(i[1], str)
+            for i in inputs
+        )
     )
     if not ok:
         raise HostError(
@@ -130,8 +135,18 @@ class PartSpec:
         """A part from its JSON form; every field is checked and named in the error."""
         if not isinstance(d, dict):
             raise HostError(f"{where} must be an object, got {type(d).__name__}")
-        allowed = {"name", "blocks", "attention", "norm", "call", "width", "block_types", "num_blocks", "unchecked_seam",
-                   "contains"}
+        allowed = {
+            "name",
+            "blocks",
+            "attention",
+            "norm",
+            "call",
+            "width",
+            "block_types",
+            "num_blocks",
+            "unchecked_seam",
+            "contains",
+        }
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise HostError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -141,7 +156,9 @@ class PartSpec:
         blocks = d["blocks"]
         blocks = (blocks,) if isinstance(blocks, str) else blocks
         if not isinstance(blocks, (list, tuple)) or not blocks or not all(isinstance(b, str) and b for b in blocks):
-            raise HostError(f"{where}.blocks must be a path such as 'model.layers' (or a list of them), got {blocks!r}")
+            raise HostError(
+                f"{where}.blocks must be a path such as 'model.layers' (or a list of them), got {blocks!r}"
+            )
         for key in ("name", "attention"):
             if not isinstance(d[key], str) or not d[key]:
                 raise HostError(f"{where}.{key} must be a non-empty string, got {d[key]!r}")
@@ -254,7 +271,9 @@ class HostSpec:
 
     def __post_init__(self) -> None:
         if self.checkpointing not in CHECKPOINTING:
-            raise HostError(f"host {self.name!r}: checkpointing={self.checkpointing!r}; allowed: {list(CHECKPOINTING)}")
+            raise HostError(
+                f"host {self.name!r}: checkpointing={self.checkpointing!r}; allowed: {list(CHECKPOINTING)}"
+            )
 
     def matches_model(self, model: nn.Module) -> bool:
         if self.matches is not None:
@@ -293,7 +312,9 @@ class HostSpec:
         """A host described in data (a user's unknown model, or the description saved with an adapter)."""
         if not isinstance(d, dict):
             raise HostError(f"a host description must be an object with 'name' and 'parts', got {type(d).__name__}")
-        unknown = sorted(set(d) - {"name", "parts", "embeddings", "description", "left_out"})  # left_out: a trace's note
+        unknown = sorted(
+            set(d) - {"name", "parts", "embeddings", "description", "left_out"}
+        )  # left_out: a trace's note
         if unknown:
             raise HostError(f"host description has unknown keys {unknown}; allowed: name, parts, embeddings")
         name = d.get("name", "custom")
@@ -317,8 +338,9 @@ class HostSpec:
         description = d.get("description", f"described host {name!r}")
         if not isinstance(description, str):
             raise HostError(f"host description 'description' must be a string, got {type(description).__name__}")
-        return cls(name=name, description=description, parts=specs, matches=lambda model: True, embeddings=emb,
-                   described=True)
+        return cls(
+            name=name, description=description, parts=specs, matches=lambda model: True, embeddings=emb, described=True
+        )
 
 
 def _block_list(model: nn.Module, path: str) -> list[nn.Module]:
@@ -415,8 +437,10 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
     if spec.check is not None:
         spec.check(model)
     if spec.described and spec.embeddings and spec.input_embeddings(model) is None:
-        raise HostError(f"host {spec.name!r}: embeddings={spec.embeddings!r} names no module of "
-                        f"{type(model).__name__}; give a path to the module that starts the residual stream, or null")
+        raise HostError(
+            f"host {spec.name!r}: embeddings={spec.embeddings!r} names no module of "
+            f"{type(model).__name__}; give a path to the module that starts the residual stream, or null"
+        )
     sites: list[Site] = []
     for part, path, _ in _resolved_parts(model, spec):
         for j, (i, block) in enumerate(_part_blocks(model, path, part)):

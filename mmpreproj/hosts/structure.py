@@ -56,8 +56,10 @@ def _is_attention(module: nn.Module) -> bool:
     a layer or block's (Jamba's `JambaAttentionDecoderLayer` holds an attention, it is not one)."""
     if isinstance(module, nn.MultiheadAttention):
         return True
-    return any(("Attention" in c.__name__ or "Attn" in c.__name__) and not c.__name__.endswith(("Layer", "Block"))
-               for c in type(module).__mro__[:-1])
+    return any(
+        ("Attention" in c.__name__ or "Attn" in c.__name__) and not c.__name__.endswith(("Layer", "Block"))
+        for c in type(module).__mro__[:-1]
+    )
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -111,8 +113,10 @@ def resolve_row(model: nn.Module, row: HostSpec) -> HostSpec:
     """`row` itself when its parts resolve on `model` as written, else with its block paths under the base
     model (what `host=name` forces); `row` when neither resolves (so the error names the row's paths)."""
     found = [_first_path(model, part.blocks) is not None for part in row.parts]
-    if row.matches is not None or row.described or (
-        any(found) and all(ok or part.optional for ok, part in zip(found, row.parts))
+    if (
+        row.matches is not None
+        or row.described
+        or (any(found) and all(ok or part.optional for ok, part in zip(found, row.parts)))
     ):
         return row
     return _prefixed(model, row) or row
@@ -137,7 +141,11 @@ def _why_not(
         if s.norm is not None and not _is_norm(s.norm):
             return None, sites, f"{where}: {type(s.norm).__name__} is not a norm"
         if not _takes(s.attention, s.call.inputs):
-            return None, sites, f"{where}: {type(s.attention).__name__}.forward takes no {[k for _, k in s.call.inputs]}"
+            return (
+                None,
+                sites,
+                f"{where}: {type(s.attention).__name__}.forward takes no {[k for _, k in s.call.inputs]}",
+            )
     covered = {id(s.attention) for s in sites}
     left = [n for i, n in attentions.items() if i not in covered]
     if left:
@@ -200,7 +208,11 @@ def match_structure(model: nn.Module, rows: Iterable[HostSpec]) -> StructureMatc
 
     def rank(i: int) -> tuple:  # the row whose LoRA targets the model has, then the closest name, then the first
         targets = group[i][0].lora_targets
-        return (sum(t in names for t in targets) / max(len(targets), 1), shared_prefix(group[i][0].name, model_type), -i)
+        return (
+            sum(t in names for t in targets) / max(len(targets), 1),
+            shared_prefix(group[i][0].name, model_type),
+            -i,
+        )
 
     row, spec = group[max(range(len(group)), key=rank)]
     lora = tuple(t for t in row.lora_targets if t in names)
@@ -220,4 +232,3 @@ def _resolves(model: nn.Module, path: str) -> bool:
     except HostError:
         return False
     return True
-

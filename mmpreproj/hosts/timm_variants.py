@@ -112,9 +112,7 @@ TIMM_VIT_SAM = register_host(
     HostSpec(
         name="timm_vit_sam",
         description="timm VisionTransformerSAM (windowed + global attention, decomposed rel-pos or RoPE)",
-        matches=lambda model: is_timm_instance(
-            model, "timm.models.vision_transformer_sam", "VisionTransformerSAM"
-        ),
+        matches=lambda model: is_timm_instance(model, "timm.models.vision_transformer_sam", "VisionTransformerSAM"),
         check=check_blocks(
             "timm_vit_sam",
             {"timm.models.vision_transformer_sam": ("Block",)},

@@ -76,8 +76,12 @@ def _matches(model: nn.Module, module: str, name: str, blocks: tuple[str, ...]) 
         return True
     features = _timm_class("timm.models._features", "FeatureListNet")
     classes = tuple(c for b in blocks if (c := _timm_class(module, b)) is not None)
-    return (features is not None and bool(classes) and isinstance(model, features)
-            and any(type(m) in classes for m in model.modules()))
+    return (
+        features is not None
+        and bool(classes)
+        and isinstance(model, features)
+        and any(type(m) in classes for m in model.modules())
+    )
 
 
 def _check_maxvit(model: nn.Module) -> None:
@@ -104,7 +108,9 @@ TIMM_SWIN = register_host(
         name="timm_swin",
         description="timm SwinTransformer (shifted window attention; the seam is not identity-checked, see the "
         "module doc)",
-        matches=lambda model: _matches(model, "timm.models.swin_transformer", "SwinTransformer", ("SwinTransformerBlock",)),
+        matches=lambda model: _matches(
+            model, "timm.models.swin_transformer", "SwinTransformer", ("SwinTransformerBlock",)
+        ),
         check=_check_swin,
         # attention receives window_partition(pad(roll(norm1(x)))) (B*nW, ws*ws, d): no identity seam check
         parts=(timm_part(blocks=("*:SwinTransformerBlock",), norm=None, unchecked_seam=True, width="norm1.weight"),),

@@ -23,8 +23,8 @@ sequential one, and the new architecture with one norm) and `ln_attn` (the new a
 Falcon-40B). Bamba's attention layers share their class with its Mamba layers: the part keeps the blocks that
 have `self_attn` (`PartSpec.contains`).
 
-Refused with the reason: OLMo 2, OLMo 3, EXAONE 4 (post-norm: attention receives the raw residual stream, its norm runs after
-attention) and OPT with `do_layer_norm_before=False` (OPT-350m).
+Refused with the reason: OLMo 2, OLMo 3, EXAONE 4 (post-norm: attention receives the raw residual stream, its norm
+runs after attention) and OPT with `do_layer_norm_before=False` (OPT-350m).
 """
 
 from __future__ import annotations
@@ -112,8 +112,13 @@ DECODER_ROWS = [
     _row("cohere", ("cohere",), hf_decoder_part()),
     _row("gpt2", ("gpt2",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=("c_attn", "c_proj")),
     _row("gptj", ("gptj",), hf_decoder_part(("transformer.h", "h"), "attn", "ln_1"), lora=QKVO[:3] + ("out_proj",)),
-    _row("opt", ("opt",), hf_decoder_part(("model.decoder.layers", "decoder.layers"), "self_attn",
-                                          "self_attn_layer_norm"), lora=QKVO[:3] + ("out_proj",), check=_check_opt),
+    _row(
+        "opt",
+        ("opt",),
+        hf_decoder_part(("model.decoder.layers", "decoder.layers"), "self_attn", "self_attn_layer_norm"),
+        lora=QKVO[:3] + ("out_proj",),
+        check=_check_opt,
+    ),
     *(
         _row(name, (name,), hf_decoder_part(norm="post_attention_layernorm"), check=_refuse_post_norm(family))
         for name, family in (("olmo2", "OLMo 2"), ("olmo3", "OLMo 3"), ("exaone4", "EXAONE 4"))
@@ -121,33 +126,67 @@ DECODER_ROWS = [
     # Apertus: Llama's layout under other norm names
     _row("apertus", ("apertus",), hf_decoder_part(norm="attention_layernorm")),
     # LFM2: convolution and attention layers are one class; the attention layers are those with `self_attn`
-    _row("lfm2", ("lfm2",), PartSpec("language", blocks=("model.layers", "layers"), attention="self_attn",
-                                     norm="operator_norm", call=HF_CALL, contains="self_attn"),
-         lora=QKVO[:3] + ("out_proj",)),
+    _row(
+        "lfm2",
+        ("lfm2",),
+        PartSpec(
+            "language",
+            blocks=("model.layers", "layers"),
+            attention="self_attn",
+            norm="operator_norm",
+            call=HF_CALL,
+            contains="self_attn",
+        ),
+        lora=QKVO[:3] + ("out_proj",),
+    ),
     # Phi: partial rotary inside attention, attention and MLP in parallel on one normed input (as GPT-J)
     _row("phi", ("phi",), hf_decoder_part(), lora=QKVO[:3] + ("dense",)),
     # DeepSeek-V2/V3 multi-head latent attention: x~ feeds q_a_proj (q_proj without q_lora_rank) and kv_a_proj
-    _row("deepseek_v2", ("deepseek_v2", "deepseek_v3"), hf_decoder_part(),
-         lora=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+    _row(
+        "deepseek_v2",
+        ("deepseek_v2", "deepseek_v3"),
+        hf_decoder_part(),
+        lora=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+    ),
     # Bamba: attention and Mamba layers are one class; the attention layers are those with `self_attn`
-    _row("bamba", ("bamba",), PartSpec("language", blocks=("model.layers", "layers"), attention="self_attn",
-                                       norm="input_layernorm", call=HF_CALL, contains="self_attn")),
+    _row(
+        "bamba",
+        ("bamba",),
+        PartSpec(
+            "language",
+            blocks=("model.layers", "layers"),
+            attention="self_attn",
+            norm="input_layernorm",
+            call=HF_CALL,
+            contains="self_attn",
+        ),
+    ),
     *(
-        register_host(HostSpec(
-            name=name,
-            description=f"transformers Falcon decoders, {what}",
-            matches=partial(_is_falcon, ln_attn=ln_attn),
-            parts=(hf_decoder_part(("transformer.h", "h"), "self_attention", norm),),
-            embeddings=INPUT_EMBEDDINGS,
-            lora_targets=("query_key_value", "dense"),
-            checkpointing="transformers",
-            output_heads=("lm_head",),
-        ))
+        register_host(
+            HostSpec(
+                name=name,
+                description=f"transformers Falcon decoders, {what}",
+                matches=partial(_is_falcon, ln_attn=ln_attn),
+                parts=(hf_decoder_part(("transformer.h", "h"), "self_attention", norm),),
+                embeddings=INPUT_EMBEDDINGS,
+                lora_targets=("query_key_value", "dense"),
+                checkpointing="transformers",
+                output_heads=("lm_head",),
+            )
+        )
         for name, what, norm, ln_attn in (
-            ("falcon", "input_layernorm -> self_attention (sequential, parallel, new architecture with one norm)",
-             "input_layernorm", False),
-            ("falcon_ln_attn", "new architecture with two norms (ln_attn -> self_attention, ln_mlp -> mlp)",
-             "ln_attn", True),
+            (
+                "falcon",
+                "input_layernorm -> self_attention (sequential, parallel, new architecture with one norm)",
+                "input_layernorm",
+                False,
+            ),
+            (
+                "falcon_ln_attn",
+                "new architecture with two norms (ln_attn -> self_attention, ln_mlp -> mlp)",
+                "ln_attn",
+                True,
+            ),
         )
     ),
 ]

@@ -24,47 +24,70 @@ __all__ = ["ENCODER_ROWS"]
 
 
 def _t5_part(name: str) -> PartSpec:
-    return PartSpec(name, blocks=(f"{name}.block",), attention="layer.0.SelfAttention", norm="layer.0.layer_norm",
-                    call=HF_CALL, optional=True)
+    return PartSpec(
+        name,
+        blocks=(f"{name}.block",),
+        attention="layer.0.SelfAttention",
+        norm="layer.0.layer_norm",
+        call=HF_CALL,
+        optional=True,
+    )
 
 
 ENCODER_ROWS = [
-    register_host(HostSpec(
-        name="t5",
-        description="transformers T5 / mT5 (encoder and decoder self-attention; cross-attention untouched)",
-        model_types=("t5", "mt5"),
-        parts=(_t5_part("encoder"), _t5_part("decoder")),
-        embeddings=INPUT_EMBEDDINGS,
-        lora_targets=("q", "k", "v", "o"),
-        checkpointing="transformers",
-        output_heads=("lm_head",),
-    )),
-    register_host(HostSpec(
-        name="modernbert",
-        description="transformers ModernBERT encoders",
-        model_types=("modernbert",),
-        parts=(PartSpec("language", blocks=("model.layers", "layers"), attention="attn", norm="attn_norm",
-                        call=HF_CALL),),
-        embeddings=INPUT_EMBEDDINGS,
-        lora_targets=("Wqkv", "Wo"),
-        checkpointing="transformers",
-    )),
+    register_host(
+        HostSpec(
+            name="t5",
+            description="transformers T5 / mT5 (encoder and decoder self-attention; cross-attention untouched)",
+            model_types=("t5", "mt5"),
+            parts=(_t5_part("encoder"), _t5_part("decoder")),
+            embeddings=INPUT_EMBEDDINGS,
+            lora_targets=("q", "k", "v", "o"),
+            checkpointing="transformers",
+            output_heads=("lm_head",),
+        )
+    ),
+    register_host(
+        HostSpec(
+            name="modernbert",
+            description="transformers ModernBERT encoders",
+            model_types=("modernbert",),
+            parts=(
+                PartSpec(
+                    "language", blocks=("model.layers", "layers"), attention="attn", norm="attn_norm", call=HF_CALL
+                ),
+            ),
+            embeddings=INPUT_EMBEDDINGS,
+            lora_targets=("Wqkv", "Wo"),
+            checkpointing="transformers",
+        )
+    ),
 ]
 
 
 def _whisper_part(name: str, optional: bool = False) -> PartSpec:
-    return PartSpec(name, blocks=(f"model.{name}.layers", f"{name}.layers", "layers"), attention="self_attn",
-                    norm="self_attn_layer_norm", call=HF_CALL, optional=optional)
+    return PartSpec(
+        name,
+        blocks=(f"model.{name}.layers", f"{name}.layers", "layers"),
+        attention="self_attn",
+        norm="self_attn_layer_norm",
+        call=HF_CALL,
+        optional=optional,
+    )
 
 
-ENCODER_ROWS.append(register_host(HostSpec(
-    name="whisper",
-    description="transformers Whisper (encoder and decoder self-attention; cross-attention untouched)",
-    model_types=("whisper",),
-    parts=(_whisper_part("encoder", optional=True), _whisper_part("decoder", optional=True)),
-    # the encoder's stream starts at its first convolution (a frozen base under reentrant checkpointing)
-    embeddings="model.encoder.conv1|encoder.conv1|conv1",
-    lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
-    checkpointing="transformers",
-    output_heads=("proj_out",),
-)))
+ENCODER_ROWS.append(
+    register_host(
+        HostSpec(
+            name="whisper",
+            description="transformers Whisper (encoder and decoder self-attention; cross-attention untouched)",
+            model_types=("whisper",),
+            parts=(_whisper_part("encoder", optional=True), _whisper_part("decoder", optional=True)),
+            # the encoder's stream starts at its first convolution (a frozen base under reentrant checkpointing)
+            embeddings="model.encoder.conv1|encoder.conv1|conv1",
+            lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+            checkpointing="transformers",
+            output_heads=("proj_out",),
+        )
+    )
+)

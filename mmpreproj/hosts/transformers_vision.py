@@ -51,8 +51,13 @@ def _qwen_vl(name: str, model_types: tuple[str, ...]) -> HostSpec:
             description=f"transformers {name} vision-language models (vision tower + language model)",
             model_types=model_types,
             parts=(
-                PartSpec("vision", blocks=("model.visual.blocks", "visual.blocks"), attention="attn", norm="norm1",
-                         call=TENSOR_CALL),
+                PartSpec(
+                    "vision",
+                    blocks=("model.visual.blocks", "visual.blocks"),
+                    attention="attn",
+                    norm="norm1",
+                    call=TENSOR_CALL,
+                ),
                 hf_decoder_part(("model.language_model.layers", "language_model.layers")),
             ),
             embeddings=INPUT_EMBEDDINGS,
@@ -117,11 +122,22 @@ VISION_ROWS = [
             description="transformers TimeSformer (spatial attention; temporal attention too when divided)",
             model_types=("timesformer",),
             parts=(
-                _encoder_part("spatial", "timesformer.encoder.layer", "encoder.layer", attention="attention",
-                              norm="layernorm_before"),
-                PartSpec("temporal", blocks=("timesformer.encoder.layer", "encoder.layer"),
-                         attention="temporal_attention", norm="temporal_layernorm", call=HF_CALL, optional=True,
-                         contains="temporal_attention"),
+                _encoder_part(
+                    "spatial",
+                    "timesformer.encoder.layer",
+                    "encoder.layer",
+                    attention="attention",
+                    norm="layernorm_before",
+                ),
+                PartSpec(
+                    "temporal",
+                    blocks=("timesformer.encoder.layer", "encoder.layer"),
+                    attention="temporal_attention",
+                    norm="temporal_layernorm",
+                    call=HF_CALL,
+                    optional=True,
+                    contains="temporal_attention",
+                ),
             ),
             lora_targets=("qkv",),
             checkpointing="transformers",
@@ -132,8 +148,15 @@ VISION_ROWS = [
             name="pixtral",
             description="transformers PixtralVisionModel (Mistral3's tower alone; 2D RoPE inside attention)",
             model_types=("pixtral",),
-            parts=(PartSpec("vision", blocks=("transformer.layers",), attention="attention", norm="attention_norm",
-                            call=HF_CALL),),
+            parts=(
+                PartSpec(
+                    "vision",
+                    blocks=("transformer.layers",),
+                    attention="attention",
+                    norm="attention_norm",
+                    call=HF_CALL,
+                ),
+            ),
             lora_targets=QKVO,
             checkpointing="transformers",
         )
@@ -143,8 +166,11 @@ VISION_ROWS = [
             name="swinv2",
             description="transformers Swin V2: refused (res-post-norm: its norms run after attention)",
             model_types=("swinv2",),
-            parts=(PartSpec("vision", blocks=("*:Swinv2Layer",), attention="attention", norm="layernorm_before",
-                            call=HF_CALL),),
+            parts=(
+                PartSpec(
+                    "vision", blocks=("*:Swinv2Layer",), attention="attention", norm="layernorm_before", call=HF_CALL
+                ),
+            ),
             check=_refuse_swinv2,
         )
     ),
@@ -153,8 +179,17 @@ VISION_ROWS = [
             name="swin",
             description="transformers Swin (window attention; the seam is not identity-checked, see the module doc)",
             model_types=("swin",),
-            parts=(PartSpec("vision", blocks=("*:SwinLayer",), attention="attention", norm=None, call=HF_CALL,
-                            width="layernorm_before.weight", unchecked_seam=True),),
+            parts=(
+                PartSpec(
+                    "vision",
+                    blocks=("*:SwinLayer",),
+                    attention="attention",
+                    norm=None,
+                    call=HF_CALL,
+                    width="layernorm_before.weight",
+                    unchecked_seam=True,
+                ),
+            ),
             lora_targets=("query", "key", "value"),
             checkpointing="transformers",
         )

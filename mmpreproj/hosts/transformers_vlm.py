@@ -1,11 +1,14 @@
 """transformers VLMs built from a vision encoder and a decoder: LLaVA, Idefics3, SmolVLM.
 
-    LlavaForConditionalGeneration.model   vision_tower (CLIP/SigLIP VisionModel) -> multi_modal_projector -> language_model
+    LlavaForConditionalGeneration.model   vision_tower (CLIP/SigLIP VisionModel) -> multi_modal_projector
+        -> language_model
     Idefics3/SmolVLMForConditionalGeneration.model   vision_model (SigLIP-like) -> connector -> text_model
 
-    Mistral3ForConditionalGeneration.model   vision_tower (PixtralVisionModel) -> multi_modal_projector -> language_model
+    Mistral3ForConditionalGeneration.model   vision_tower (PixtralVisionModel) -> multi_modal_projector
+        -> language_model
 
-    Qwen2AudioForConditionalGeneration.model   audio_tower (Whisper-style encoder) -> multi_modal_projector -> language_model
+    Qwen2AudioForConditionalGeneration.model   audio_tower (Whisper-style encoder) -> multi_modal_projector
+        -> language_model
         (its audio layers call `self_attn(hidden_states=self_attn_layer_norm(x))` -> (out, weights), as Whisper's)
 
 LLaVA-NeXT, LLaVA-OneVision, Gemma 3 (multimodal) and PaliGemma have LLaVA's layout and are recognised by
@@ -82,9 +85,7 @@ def _encoder_part(*blocks: str) -> PartSpec:
     return PartSpec("vision", blocks=blocks, attention="self_attn", norm="layer_norm1", call=HF_CALL)
 
 
-def _vlm(
-    name: str, family: str, vision: PartSpec, language: PartSpec, projector: str, towers=None
-) -> HostSpec:
+def _vlm(name: str, family: str, vision: PartSpec, language: PartSpec, projector: str, towers=None) -> HostSpec:
     return register_host(
         HostSpec(
             name=name,
@@ -129,8 +130,13 @@ VLM_ROWS = [
     _vlm(
         "mistral3",
         "Mistral3 (Pixtral vision tower with 2D RoPE)",
-        PartSpec("vision", blocks=("model.vision_tower.transformer.layers", "vision_tower.transformer.layers"),
-                 attention="attention", norm="attention_norm", call=HF_CALL),
+        PartSpec(
+            "vision",
+            blocks=("model.vision_tower.transformer.layers", "vision_tower.transformer.layers"),
+            attention="attention",
+            norm="attention_norm",
+            call=HF_CALL,
+        ),
         hf_decoder_part(("model.language_model.layers", "language_model.layers")),
         "model.multi_modal_projector",
         towers=("pixtral",),
@@ -138,8 +144,13 @@ VLM_ROWS = [
     _vlm(
         "qwen2_audio",
         "Qwen2-Audio (Whisper-style audio tower + Qwen2)",
-        PartSpec("audio", blocks=("model.audio_tower.layers", "audio_tower.layers"), attention="self_attn",
-                 norm="self_attn_layer_norm", call=HF_CALL),
+        PartSpec(
+            "audio",
+            blocks=("model.audio_tower.layers", "audio_tower.layers"),
+            attention="self_attn",
+            norm="self_attn_layer_norm",
+            call=HF_CALL,
+        ),
         hf_decoder_part(("model.language_model.layers", "language_model.layers")),
         "model.multi_modal_projector",
     ),

@@ -68,9 +68,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
     state = getattr(t, "quant_state", None)
     if state is not None:
         n += sum(
-            v.numel() * v.element_size()
-            for v in state.as_dict(packed=True).values()
-            if isinstance(v, torch.Tensor)
+            v.numel() * v.element_size() for v in state.as_dict(packed=True).values() if isinstance(v, torch.Tensor)
         )
     return n
 
@@ -129,7 +127,9 @@ def quantize_frozen_base(
     """
     if scheme not in QUANT_SCHEMES:
         raise ValueError(f"quantize_frozen_base: scheme={scheme!r}; allowed values: {sorted(QUANT_SCHEMES)}")
-    if compute_dtype is not None and (not isinstance(compute_dtype, torch.dtype) or compute_dtype not in COMPUTE_DTYPES):
+    if compute_dtype is not None and (
+        not isinstance(compute_dtype, torch.dtype) or compute_dtype not in COMPUTE_DTYPES
+    ):
         raise ValueError(
             f"quantize_frozen_base: compute_dtype={compute_dtype!r}; allowed values: None (each layer's weight "
             f"dtype), {', '.join(map(str, COMPUTE_DTYPES))}"
@@ -142,9 +142,7 @@ def quantize_frozen_base(
     if skip_modules is None:
         skip_modules = _output_heads(model)
     if isinstance(skip_modules, str) or not all(isinstance(s, str) for s in skip_modules):
-        raise TypeError(
-            f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}"
-        )
+        raise TypeError(f"quantize_frozen_base: skip_modules must be a list of attribute names, got {skip_modules!r}")
     if is_injected(model):
         raise RuntimeError(
             "quantize_frozen_base: this model is injected; quantize the base first, then inject "
@@ -153,9 +151,7 @@ def quantize_frozen_base(
     targets = _targets(model, tuple(skip_modules))
     quantized = [n for n, p in model.named_parameters() if is_quantized_tensor(p)]
     if quantized:
-        raise ValueError(
-            f"quantize_frozen_base: the model already holds quantized weights (e.g. {quantized[0]})"
-        )
+        raise ValueError(f"quantize_frozen_base: the model already holds quantized weights (e.g. {quantized[0]})")
     uses: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         uses.setdefault(id(p), []).append(n)
@@ -192,14 +188,11 @@ def disable_cpu_4bit_packing(model: nn.Module) -> int:
     Refuses (nothing changed) a model whose weights a forward already repacked: reload or re-quantize it.
     """
     layers = [(n, m) for n, m in model.named_modules() if hasattr(m, "support_avx512bf16_for_cpu")]
-    packed = [
-        n
-        for n, m in layers
-        if getattr(getattr(m.weight, "quant_state", None), "packing_format_for_cpu", False)
-    ]
+    packed = [n for n, m in layers if getattr(getattr(m.weight, "quant_state", None), "packing_format_for_cpu", False)]
     if packed:
         raise RuntimeError(
-            f"disable_cpu_4bit_packing: {len(packed)} layer(s) (e.g. {packed[0]}) were already repacked by an eval-mode "
+            f"disable_cpu_4bit_packing: {len(packed)} layer(s) (e.g. {packed[0]}) were already repacked by an "
+            "eval-mode "
             "forward on CPU; they cannot pass gradients. Load or quantize the model again and call this first"
         )
     for _, m in layers:
@@ -212,9 +205,7 @@ def _int8(model: nn.Module, targets: list[tuple[nn.Module, str, nn.Linear]]) -> 
 
     chosen = {id(linear) for _, _, linear in targets}
     # set_inductor_config=False: a library never changes process-wide (torch._inductor) settings
-    quantize_(
-        model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: id(m) in chosen
-    )
+    quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: id(m) in chosen)
     for _, _, linear in targets:
         linear.__class__ = FrozenInt8Linear  # same state, a forward whose backward keeps no float weight copy
 
@@ -231,12 +222,7 @@ class FrozenInt8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         plain = getattr(w, "act_quant_kwargs", 1) is None and getattr(w, "act_pre_scale", 1) is None
-        if (
-            plain
-            and not w.requires_grad
-            and tuple(w.block_size)[-1] == w.qdata.shape[-1]
-            and torch.is_grad_enabled()
-        ):
+        if plain and not w.requires_grad and tuple(w.block_size)[-1] == w.qdata.shape[-1] and torch.is_grad_enabled():
             return _Int8Linear.apply(x, w, self.bias)
         return F.linear(x, w, self.bias)
 

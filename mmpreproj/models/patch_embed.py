@@ -33,8 +33,10 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         if x.ndim != len(self.patch) + 2:
-            raise ValueError(f"expected a {len(self.patch) + 2}-D input (B, C, {'T, ' * (len(self.patch) == 3)}H, W), "
-                             f"got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"expected a {len(self.patch) + 2}-D input (B, C, {'T, ' * (len(self.patch) == 3)}H, W), "
+                f"got shape {tuple(x.shape)}"
+            )
         small = [s for s, p in zip(x.shape[2:], self.patch) if s < p]
         if small:
             raise ValueError(f"input {tuple(x.shape[2:])} is smaller than one patch {self.patch}")

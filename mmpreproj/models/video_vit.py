@@ -51,7 +51,12 @@ class VideoViT(nn.Module):
         self.patch_embed = PatchEmbed(in_chans, dim, patch)
         self.encoder = TokenEncoder(
             TokenPositions(positions, dim, num_heads, ref_grid, theta=theta, rope3d_sections=rope3d_sections),
-            dim, depth, num_heads, mlp_ratio, class_token=class_token, num_classes=num_classes,
+            dim,
+            depth,
+            num_heads,
+            mlp_ratio,
+            class_token=class_token,
+            num_classes=num_classes,
         )
 
     def forward_features(self, clips: torch.Tensor) -> torch.Tensor:

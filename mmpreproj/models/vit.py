@@ -48,7 +48,12 @@ class ViT(nn.Module):
         self.patch_embed = PatchEmbed(in_chans, dim, patch)
         self.encoder = TokenEncoder(
             TokenPositions(positions, dim, num_heads, ref_grid, theta=theta),
-            dim, depth, num_heads, mlp_ratio, class_token=class_token, num_classes=num_classes,
+            dim,
+            depth,
+            num_heads,
+            mlp_ratio,
+            class_token=class_token,
+            num_classes=num_classes,
         )
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

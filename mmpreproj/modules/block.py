@@ -169,5 +169,7 @@ class Block(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         # x: (B, N, dim)
-        x = x + self.attn(self.norm1(x), pos=pos, num_prefix_tokens=num_prefix_tokens, attn_mask=attn_mask, cache=cache)
+        x = x + self.attn(
+            self.norm1(x), pos=pos, num_prefix_tokens=num_prefix_tokens, attn_mask=attn_mask, cache=cache
+        )
         return x + self.mlp(self.norm2(x))

@@ -33,7 +33,8 @@ class WeightCasts:
     follows it (fused AdamW updates in place without bumping version counters). Otherwise (inference,
     `generate`) each weight is cast once per dtype and kept, keyed on the parameter's storage, in-place version
     and device: `load_state_dict`/`load_adapter` (in-place copies) and foreach/for-loop optimizer steps make a
-    new cast, and the modules drop their casts on `.to()`. Writes that bypass version counters without a training forward first
+    new cast, and the modules drop their casts on `.to()`. Writes that bypass version counters without a training
+    forward first
     (through `.data`, a fused optimizer stepping on gradients set by hand) need `clear()`. While torch.compile
     or torch.export traces, the cast is a traced op (nothing kept, no guard per weight). A plain attribute,
     never in a state dict.

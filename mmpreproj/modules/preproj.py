@@ -108,8 +108,10 @@ class PreProjection(nn.Module, TunerSlot):
         return F.linear(self.act(F.linear(h, w_up)), w_down)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, inner_dim={self.inner_dim}, activation={self.activation_name!r}, "
-                f"compute_dtype={self.compute_dtype!r}")
+        return (
+            f"dim={self.dim}, inner_dim={self.inner_dim}, activation={self.activation_name!r}, "
+            f"compute_dtype={self.compute_dtype!r}"
+        )
 
 
 class _Bottleneck(torch.autograd.Function):

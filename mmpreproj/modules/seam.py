@@ -81,6 +81,11 @@ class SeamCheck:
         twin = SeamCheck.__new__(SeamCheck)
         memo[id(self)] = twin
         twin.where, twin.norm_path, twin._last, twin.done, twin.armed, twin._handles = (
-            self.where, self.norm_path, None, self.done, False, []
+            self.where,
+            self.norm_path,
+            None,
+            self.done,
+            False,
+            [],
         )
         return twin

@@ -50,7 +50,9 @@ class ContentSkip(nn.Module, TunerSlot):
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
             raise ValueError(f"rank={rank!r}; must be None (the full d x d matrix) or an int >= 1")
         if compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype={compute_dtype!r} is not supported; allowed values: {list(COMPUTE_DTYPES)}")
+            raise ValueError(
+                f"compute_dtype={compute_dtype!r} is not supported; allowed values: {list(COMPUTE_DTYPES)}"
+            )
         self.dim = dim
         self.rank = rank
         self.compute_dtype = compute_dtype

@@ -158,9 +158,7 @@ class PreProjAttention(BaseLayerWrapper):
         self._observers[handle.id] = fn
         return handle
 
-    def _swap_inputs(
-        self, args: tuple, kwargs: dict
-    ) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
+    def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
         """Replace every `x^` argument by `x~`; return the new args, the first `x^` and its `x~` (for the skip)."""
         args = list(args)
         done: dict[int, torch.Tensor] = {}  # id(x^) -> x~, so q = k = v is pre-projected once
@@ -195,12 +193,14 @@ class PreProjAttention(BaseLayerWrapper):
             self.flight.arm(made)
 
     def _check_input(self, x: Any, pos: int, key: str) -> None:
-        """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's width."""
+        """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's
+        width."""
         width = (self.preproj if self.preproj is not None else self.skip).dim
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2 and x.shape[-1] == width:
             return
-        got = (f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
-               else f"a {type(x).__name__}")
+        got = (
+            f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+        )
         raise TypeError(
             f"PreProjAttention (part {self.part!r}, block {self.block_index}): the host description's call.inputs "
             f"entry [{pos}, {key!r}] gives {got}, not the normed input x^ (a float tensor (..., N, {width})); fix "
@@ -256,7 +256,8 @@ class PreProjAttention(BaseLayerWrapper):
                 f"PreProjAttention (part {self.part!r}, block {self.block_index}){seam}: the host attention failed "
                 f"on its first call with the pre-projected input: {type(e).__name__}: {e}. The host description "
                 "does not fit this block (see 'attention', 'norm' and 'call'); unload the model "
-                "(mmpreproj.unload), fix the description, and pass inject(..., example_input=...) to check it at inject"
+                "(mmpreproj.unload), fix the description, and pass inject(..., example_input=...) to check it at "
+                "inject"
             ) from e
         self._ran = True
         return out
@@ -336,8 +337,9 @@ class PreProjAttention(BaseLayerWrapper):
         if not len(self.stored_adapters):
             del self.stored_adapters
 
-    def unload_and_optionally_merge_module(self, merge: bool = False, safe_merge: bool = False,
-                                           adapter_names: list[str] | None = None) -> PreProjAttention:
+    def unload_and_optionally_merge_module(
+        self, merge: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
+    ) -> PreProjAttention:
         """peft's unload hook: keep this wrapper (it is ours, not peft's).
 
         peft's `unload()` / `merge_and_unload()` treat any module with a `base_layer` as one of their tuner

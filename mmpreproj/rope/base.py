@@ -120,15 +120,11 @@ class RotaryEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k (B, H, N, D) by the positions of their last N - num_prefix_tokens tokens."""
         if q.ndim != 4 or k.ndim != 4:
-            raise ValueError(
-                f"q and k must be (B, H, N, D), got shapes {tuple(q.shape)} and {tuple(k.shape)}"
-            )
+            raise ValueError(f"q and k must be (B, H, N, D), got shapes {tuple(q.shape)} and {tuple(k.shape)}")
         if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
             raise ValueError(f"q and k must share B, N and D, got {tuple(q.shape)} and {tuple(k.shape)}")
         if q.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"q and k have head dim {q.shape[-1]}, this encoder has head_dim={self.head_dim}"
-            )
+            raise ValueError(f"q and k have head dim {q.shape[-1]}, this encoder has head_dim={self.head_dim}")
         n_tokens = q.shape[2]
         if not 0 <= num_prefix_tokens <= n_tokens:
             raise ValueError(f"num_prefix_tokens must be in [0, N={n_tokens}], got {num_prefix_tokens}")
@@ -178,26 +174,17 @@ class RotaryEncoder(nn.Module):
             allowed = "(N,), (B, N), (N, 1) or (B, N, 1)" if a == 1 else f"(N, {a}) or (B, N, {a})"
             raise ValueError(f"pos must have shape {allowed}, got {tuple(pos.shape)}")
         if num_tokens is not None and pos.shape[1] != num_tokens:
-            raise ValueError(
-                f"pos describes {pos.shape[1]} tokens, expected N - num_prefix_tokens = {num_tokens}"
-            )
+            raise ValueError(f"pos describes {pos.shape[1]} tokens, expected N - num_prefix_tokens = {num_tokens}")
         return pos
 
-    def _tables(
-        self, ref: torch.Tensor, pos: torch.Tensor, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tables(self, ref: torch.Tensor, pos: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached float32 (cos, sin) of the pair angles, each (B, N, f), for pos (B, N, A), a view of `ref`."""
         if pos.requires_grad or device.type == "meta":  # learned positions keep their graph; meta has no data
             return self._build(pos, device)
         c = self._cache
         stale_inference = c is not None and c.cos.is_inference() and not torch.is_inference_mode_enabled()
         if c is not None and c.device == device and not stale_inference:
-            if (
-                c.ref is ref
-                and c.version is not None
-                and c.version == _version(ref)
-                and c.pos.shape == pos.shape
-            ):
+            if c.ref is ref and c.version is not None and c.version == _version(ref) and c.pos.shape == pos.shape:
                 return c.cos, c.sin
             pos_dev = pos.to(device)
             if c.pos.shape == pos_dev.shape and c.pos.dtype == pos_dev.dtype and torch.equal(c.pos, pos_dev):

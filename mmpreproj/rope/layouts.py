@@ -34,9 +34,7 @@ def default_sections(rotary_dim: int, layout: str = "chunked") -> tuple[int, int
     pairs = rotary_dim // 2
     hw = (3 * pairs) // 8 if layout == "chunked" else pairs // 3
     if hw == 0 or pairs - 2 * hw <= 0:
-        raise ValueError(
-            f"rotary_dim={rotary_dim} has too few frequency pairs ({pairs}) to split over t, h, w"
-        )
+        raise ValueError(f"rotary_dim={rotary_dim} has too few frequency pairs ({pairs}) to split over t, h, w")
     return pairs - 2 * hw, hw, hw
 
 
@@ -88,9 +86,7 @@ def make_mrope(
     rotary_fraction: float = 1.0,
 ) -> RotaryEncoder:
     """A 3-axis M-RoPE of the given layout (`MultimodalRoPE` for "chunked")."""
-    sections = tuple(
-        sections or default_sections(rotary_dim_from_fraction(head_dim, rotary_fraction), layout)
-    )
+    sections = tuple(sections or default_sections(rotary_dim_from_fraction(head_dim, rotary_fraction), layout))
     if layout == "chunked":
         return MultimodalRoPE(head_dim, sections, theta, rotary_fraction)
     if layout == "interleaved":

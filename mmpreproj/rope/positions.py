@@ -23,9 +23,7 @@ def grid_positions(*sizes: int, device: torch.device | str | None = None) -> tor
     grid_positions(t, h, w) -> LongTensor (t*h*w, 3) of (t, row, column).
     """
     if not sizes or not all(_is_positive_int(s) for s in sizes):
-        raise ValueError(
-            f"grid_positions needs positive integer sizes, e.g. (h, w) or (t, h, w), got {sizes}"
-        )
+        raise ValueError(f"grid_positions needs positive integer sizes, e.g. (h, w) or (t, h, w), got {sizes}")
     axes = torch.meshgrid(*[torch.arange(s, device=device) for s in sizes], indexing="ij")
     return torch.stack(axes, dim=-1).reshape(-1, len(sizes))  # (prod(sizes), A)
 
@@ -41,9 +39,7 @@ def _check_segments(segments: Sequence[tuple[str, object]]) -> None:
             raise ValueError(f"segments[{i}] kind must be one of {SEGMENT_KINDS}, got {kind!r}")
         if kind == "text":
             if not _is_positive_int(size):
-                raise ValueError(
-                    f"segments[{i}] ('text', n_tokens): n_tokens must be a positive int, got {size!r}"
-                )
+                raise ValueError(f"segments[{i}] ('text', n_tokens): n_tokens must be a positive int, got {size!r}")
             continue
         axes = _GRID_AXES[kind]
         ok = isinstance(size, (tuple, list)) and len(size) == len(axes) and all(map(_is_positive_int, size))

@@ -106,8 +106,10 @@ def _check(model: nn.Module, kind: str, rope: nn.Module | None) -> None:
         parent, name = _attn_slot(block)
         attn = getattr(parent, name)
         if not supported_attention(attn):
-            raise ValueError(f"add_rope: block {i} attention is a {type(attn).__name__}; only timm Attention / "
-                             "EvaAttention (no DiffAttention, no grouped-query AttentionRope) is supported")
+            raise ValueError(
+                f"add_rope: block {i} attention is a {type(attn).__name__}; only timm Attention / "
+                "EvaAttention (no DiffAttention, no grouped-query AttentionRope) is supported"
+            )
         if rope is not None and getattr(rope, "head_dim", attn.head_dim) != attn.head_dim:
             raise ValueError(f"add_rope: rope head_dim={rope.head_dim}, block {i} has head_dim={attn.head_dim}")
     patch_drop = getattr(model, "patch_drop", None)

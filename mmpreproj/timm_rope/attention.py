@@ -63,7 +63,9 @@ class RotaryAttention(BaseLayerWrapper):
         base = self.base_layer
         heads = base.num_heads
         if getattr(base, "qkv", None) is None:  # EvaAttention(qkv_fused=False)
-            q, k, v = (rearrange(p(x), "b n (h d) -> b h n d", h=heads) for p in (base.q_proj, base.k_proj, base.v_proj))
+            q, k, v = (
+                rearrange(p(x), "b n (h d) -> b h n d", h=heads) for p in (base.q_proj, base.k_proj, base.v_proj)
+            )
             return q, k, v
         q_bias = getattr(base, "q_bias", None)  # EvaAttention(qkv_fused=True, qkv_bias=True): no k bias
         if q_bias is None:

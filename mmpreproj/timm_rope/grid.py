@@ -1,8 +1,8 @@
 """Patch-grid coordinates for 2D RoPE, and the settings that make our `RoPE2D` match a timm rotary embedding.
 
-    GridPositions()(3, 5)                       # (15, 2) float32 (row, column), row-major
-    GridPositions(ref_shape=(16, 16))(8, 8)     # EVA's rescaling: row * 16 / 8, column * 16 / 8
-    rope, positions = rope_from_timm(eva.rope)  # our RoPE2D + positions equal to timm's RotaryEmbeddingCat
+GridPositions()(3, 5)                       # (15, 2) float32 (row, column), row-major
+GridPositions(ref_shape=(16, 16))(8, 8)     # EVA's rescaling: row * 16 / 8, column * 16 / 8
+rope, positions = rope_from_timm(eva.rope)  # our RoPE2D + positions equal to timm's RotaryEmbeddingCat
 """
 
 from __future__ import annotations

@@ -59,13 +59,26 @@ def _check_saved_values(rope_d: dict, pos_d: dict, model: nn.Module, where: str)
     head_dims = {getattr(b.attn, "head_dim", None) for b in getattr(model, "blocks", [])}
     ref = pos_d.get("ref_shape")
     rules = [
-        ("rope.head_dim", rope_d.get("head_dim"), type(rope_d.get("head_dim")) is int and rope_d["head_dim"] in head_dims,
-         f"the model's head_dim {sorted(h for h in head_dims if h is not None)}"),
+        (
+            "rope.head_dim",
+            rope_d.get("head_dim"),
+            type(rope_d.get("head_dim")) is int and rope_d["head_dim"] in head_dims,
+            f"the model's head_dim {sorted(h for h in head_dims if h is not None)}",
+        ),
         ("rope.theta", rope_d.get("theta"), _finite(rope_d.get("theta")) and rope_d["theta"] > 0, "a number > 0"),
-        ("rope.pairing", rope_d.get("pairing"), rope_d.get("pairing") in ("interleaved", "half"),
-         "'interleaved' or 'half'"),
-        ("positions.ref_shape", ref, ref is None or (isinstance(ref, list) and len(ref) == 2 and all(
-            type(v) is int and 0 < v <= 1 << 16 for v in ref)), "null or two ints in 1..65536"),
+        (
+            "rope.pairing",
+            rope_d.get("pairing"),
+            rope_d.get("pairing") in ("interleaved", "half"),
+            "'interleaved' or 'half'",
+        ),
+        (
+            "positions.ref_shape",
+            ref,
+            ref is None
+            or (isinstance(ref, list) and len(ref) == 2 and all(type(v) is int and 0 < v <= 1 << 16 for v in ref)),
+            "null or two ints in 1..65536",
+        ),
         ("positions.offset", pos_d.get("offset"), _finite(pos_d.get("offset")), "a finite number"),
         ("positions.xy", pos_d.get("xy"), type(pos_d.get("xy")) is bool, "true or false"),
     ]
@@ -90,9 +103,15 @@ def rope_for_load(model: nn.Module, saved: dict[str, Any] | None, where: str) ->
             raise ValueError(f"{where} was saved from a model without add_rope positions, this model has them; "
                              "call mmpreproj.timm_rope.remove_rope(model) first")  # fmt: skip
         return None
-    if not isinstance(saved, dict) or not {"kind", "rope", "positions", "abs_pos_removed"} <= set(saved) or not (
-        isinstance(saved["rope"], dict) and isinstance(saved["positions"], dict)
-        and type(saved["abs_pos_removed"]) is bool and saved["kind"] in ("vit", "eva")
+    if (
+        not isinstance(saved, dict)
+        or not {"kind", "rope", "positions", "abs_pos_removed"} <= set(saved)
+        or not (
+            isinstance(saved["rope"], dict)
+            and isinstance(saved["positions"], dict)
+            and type(saved["abs_pos_removed"]) is bool
+            and saved["kind"] in ("vit", "eva")
+        )
     ):
         raise ValueError(f"{where}: corrupt 'rope' entry {str(saved)[:200]}")
     if have is not None:

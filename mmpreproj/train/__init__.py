@@ -4,7 +4,8 @@
     result = train(get_preset("pythia-160m", method="preproj_skip", out="runs/160m-preproj-skip"))
     print(result.metrics["final_loss"], result.out / "adapter")
 
-Files: config (TrainConfig), presets, sources (local file / hub lines), data (lines -> padded/packed examples), order (sharded shuffled order),
+Files: config (TrainConfig), presets, sources (local file / hub lines), data (lines -> padded/packed examples),
+order (sharded shuffled order),
 methods (apply_method, parameter counts), precision (autocast, bf16 weights), models (loading, checkpointing),
 schedule, checkpoint (resumable state), rng (the run's own seeded RNG stream), distributed (torchrun: DDP or
 FSDP2), runlog (run folder), adapters (save/load trained weights), trainer (train).

@@ -52,9 +52,7 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
 
-def save_run_adapter(
-    model: nn.Module, method: str, path: str | Path, *, state: dict[str, Any] | None = None
-) -> Path:
+def save_run_adapter(model: nn.Module, method: str, path: str | Path, *, state: dict[str, Any] | None = None) -> Path:
     """Write the trainable weights of `model` (trained with `method`) to the folder `path`.
 
     `state`: what `gather_run_adapter` returned (needed for a sharded model); default: read from `model`.
@@ -80,7 +78,9 @@ def save_run_adapter(
                 f"cannot write the LoRA adapter to {lora_dir}: {_why(err)}; peft's files there may be incomplete. "
                 "Free space (or choose another output folder) and run again"
             ) from err
-        set_new_file_modes(lora_dir, (_adapter.ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
+        set_new_file_modes(
+            lora_dir, (_adapter.ADAPTER_WEIGHTS_NAME,)
+        )  # peft's safetensors are 0600 whatever the umask
     return path
 
 

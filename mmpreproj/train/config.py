@@ -144,7 +144,9 @@ class TrainConfig(JsonConfig):
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         _check(all(0.0 <= b < 1.0 for b in self.adam_betas), "adam_betas", self.adam_betas, "two floats in [0, 1)")
         _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
-        _check(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0")
+        _check(
+            self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0"
+        )
         _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
         if self.parallel == "fsdp" and (self.save_every or self.resume):
             name = "save_every" if self.save_every else "resume"
@@ -153,7 +155,10 @@ class TrainConfig(JsonConfig):
                 "not supported under FSDP; set save_every=0 and resume=False (the adapter is still saved)"
             )
         _check(
-            self.stop_at is None or 1 <= self.stop_at <= self.steps, "stop_at", self.stop_at, f"None or in [1, {self.steps}]"
+            self.stop_at is None or 1 <= self.stop_at <= self.steps,
+            "stop_at",
+            self.stop_at,
+            f"None or in [1, {self.steps}]",
         )
         for name in ("lora_r", "lora_alpha"):
             value = getattr(self, name)
@@ -177,21 +182,29 @@ class TrainConfig(JsonConfig):
         spec = METHOD_SPECS[self.method]
         _check(self.expansion > 0, "expansion", self.expansion, "a finite number > 0")
         _check(self.skip_rank is None or self.skip_rank >= 1, "skip_rank", self.skip_rank, "None or an int >= 1")
-        sized = {"expansion": (self.expansion != SIZE_DEFAULTS["expansion"], spec.preproj, "a pre-projection"),
-                 "skip_rank": (self.skip_rank is not None, spec.skip, "a skip"),
-                 "layers": (self.layers is not None, spec.preproj or spec.skip, "injected modules"),
-                 "parts": (self.parts is not None, spec.preproj or spec.skip, "injected modules")}
+        sized = {
+            "expansion": (self.expansion != SIZE_DEFAULTS["expansion"], spec.preproj, "a pre-projection"),
+            "skip_rank": (self.skip_rank is not None, spec.skip, "a skip"),
+            "layers": (self.layers is not None, spec.preproj or spec.skip, "injected modules"),
+            "parts": (self.parts is not None, spec.preproj or spec.skip, "injected modules"),
+        }
         for name, (set_, applies, what) in sized.items():
             if set_ and not applies:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} sizes {what}, which method="
-                                 f"{self.method!r} does not have; leave it at its default")
+                raise ValueError(
+                    f"TrainConfig.{name}={getattr(self, name)!r} sizes {what}, which method="
+                    f"{self.method!r} does not have; leave it at its default"
+                )
         if self.layers is not None or self.parts is not None:
             self.preproj_sizes(spec.preproj, spec.skip)  # PreProjConfig's own checks (empty, duplicates)
 
     def preproj_sizes(self, preproj: bool = True, skip: bool = True) -> dict[str, Any]:
         """The size fields as `PreProjConfig` keyword arguments (checked by building one)."""
-        sizes = {"expansion": self.expansion, "skip_rank": self.skip_rank if skip else None,
-                 "layers": self.layers, "parts": self.parts}
+        sizes = {
+            "expansion": self.expansion,
+            "skip_rank": self.skip_rank if skip else None,
+            "layers": self.layers,
+            "parts": self.parts,
+        }
         try:
             PreProjConfig(preproj=preproj, skip=skip, **sizes)
         except ValueError as e:

@@ -60,7 +60,9 @@ class LMExamples:
     def __post_init__(self) -> None:
         shapes = {tuple(t.shape) for t in (self.input_ids, self.attention_mask, self.labels)}
         if len(shapes) != 1 or self.input_ids.dim() != 2:
-            raise ValueError(f"LMExamples: input_ids, attention_mask, labels must share one (N, L) shape, got {shapes}")
+            raise ValueError(
+                f"LMExamples: input_ids, attention_mask, labels must share one (N, L) shape, got {shapes}"
+            )
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -74,8 +74,9 @@ METHOD_SPECS: dict[str, MethodSpec] = {
     "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
     "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
     "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
-    "lora_matched": MethodSpec("lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched",
-                               in_paper=False),
+    "lora_matched": MethodSpec(
+        "lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched", in_paper=False
+    ),
 }
 METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
 PAPER_METHODS: tuple[str, ...] = tuple(n for n, s in METHOD_SPECS.items() if s.in_paper)

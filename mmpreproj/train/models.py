@@ -72,7 +72,7 @@ def load_model_and_tokenizer(config: Any) -> tuple[nn.Module, Any]:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda:LOCAL_RANK when CUDA is available, else cpu; anything else is used as given."""
+    """ "auto" -> cuda:LOCAL_RANK when CUDA is available, else cpu; anything else is used as given."""
     if device == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     return torch.device(device)

@@ -49,7 +49,9 @@ class ShardedOrder:
         """This rank's indices for epoch `e`."""
         if e not in self._cache:
             if self.shuffle:
-                perm = torch.randperm(self.num_examples, generator=torch.Generator().manual_seed(self.seed + e)).tolist()
+                perm = torch.randperm(
+                    self.num_examples, generator=torch.Generator().manual_seed(self.seed + e)
+                ).tolist()
             else:
                 perm = list(range(self.num_examples))
             total = self.per_rank * self.world_size

@@ -1,11 +1,11 @@
 """The run folder's text files: JSON written atomically, and the per-step JSONL log.
 
-    out/
-      adapter/            the trained weights (mmpreproj adapter; peft adapter for LoRA, in adapter/lora/ for preproj_lora)
-      train_config.json   the TrainConfig, with the library version
-      metrics.json        summary: steps, losses, tokens, time, parameter counts
-      log.jsonl           one line per optimizer step: step, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s
-      checkpoint.pt       resumable state (see checkpoint.py)
+out/
+  adapter/            the trained weights (mmpreproj adapter; peft adapter for LoRA, in adapter/lora/ for preproj_lora)
+  train_config.json   the TrainConfig, with the library version
+  metrics.json        summary: steps, losses, tokens, time, parameter counts
+  log.jsonl           one line per optimizer step: step, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s
+  checkpoint.pt       resumable state (see checkpoint.py)
 """
 
 from __future__ import annotations

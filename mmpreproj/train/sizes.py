@@ -25,13 +25,18 @@ def sizes_for_method(method: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """`overrides` less the size fields `method` has no module for (a sweep or reproduction over several
     methods: `skip_rank` sizes the skip of those with one and leaves LoRA alone)."""
     spec = METHOD_SPECS[method]
-    has = {"expansion": spec.preproj, "skip_rank": spec.skip, "layers": spec.preproj or spec.skip,
-           "parts": spec.preproj or spec.skip}
+    has = {
+        "expansion": spec.preproj,
+        "skip_rank": spec.skip,
+        "layers": spec.preproj or spec.skip,
+        "parts": spec.preproj or spec.skip,
+    }
     return {k: v for k, v in overrides.items() if k not in has or has[k]}
 
 
-def sizes_for_budget(method: str, budget: int, *, dim: int, layers: int, lora_per_rank: int | None = None
-                     ) -> dict[str, Any] | None:
+def sizes_for_budget(
+    method: str, budget: int, *, dim: int, layers: int, lora_per_rank: int | None = None
+) -> dict[str, Any] | None:
     """TrainConfig size overrides putting `method` at about `budget` trainable weights; None where it cannot
     (a skip whose rank would reach d). `lora_per_rank`: LoRA weights per unit of rank (None = 6 d L)."""
     if method not in BUDGET_METHODS:
@@ -44,8 +49,9 @@ def sizes_for_budget(method: str, budget: int, *, dim: int, layers: int, lora_pe
     return preproj_sizes(budget, dim=dim, layers=layers, preproj=spec.preproj, skip=spec.skip)
 
 
-def budget_params(sizes: dict[str, Any], method: str, *, dim: int, layers: int, lora_per_rank: int | None = None
-                  ) -> int:
+def budget_params(
+    sizes: dict[str, Any], method: str, *, dim: int, layers: int, lora_per_rank: int | None = None
+) -> int:
     """The trainable count `sizes` gives `method` (the formulas of `sizes_for_budget`)."""
     if method == "lora":
         return sizes["lora_r"] * (lora_per_rank or 6 * dim * layers)

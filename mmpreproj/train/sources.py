@@ -49,7 +49,7 @@ def _file_lines(path: Path) -> Iterator[str]:
                 yield line
     except UnicodeDecodeError as e:
         raise DataUnavailableError(
-            f"data file {path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} after line {n} cannot be "
+            f"data file {path} is not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} after line {n} cannot be "
             "decoded); convert it to UTF-8"
         ) from None
     except (gzip.BadGzipFile, EOFError, OSError) as e:

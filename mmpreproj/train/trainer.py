@@ -153,7 +153,8 @@ def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> tuple[dict[st
             raise ValueError(f"cannot resume {ckpt}: the config changed ({shown}); use the same settings")
         if state["world_size"] != ctx.world_size:
             raise ValueError(
-                f"cannot resume {ckpt}: it was written with world_size={state['world_size']}, this run has {ctx.world_size}"
+                f"cannot resume {ckpt}: it was written with world_size={state['world_size']}, "
+                f"this run has {ctx.world_size}"
             )
         return state, False
     if cfg.resume and existing:
@@ -166,7 +167,8 @@ def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> tuple[dict[st
         log.info("resume: no checkpoint in %s, starting from step 0", out)
     elif existing and not cfg.overwrite:
         raise FileExistsError(
-            f"{out} already holds a run; pass resume=True (--resume) to continue it, overwrite=True (--overwrite) to start over, "
+            f"{out} already holds a run; pass resume=True (--resume) to continue it, "
+            "overwrite=True (--overwrite) to start over, "
             "or choose another folder"
         )
     return None, bool(existing)
@@ -249,8 +251,9 @@ def _setup(
         model = wrap_fsdp(model, ctx)  # in place, before the optimizer sees the (now sharded) parameters
     params = [p for p in model.parameters() if p.requires_grad]
     fused = cfg.parallel != "fsdp" and all(p.device.type in ("cpu", "cuda") for p in params)  # one kernel per step
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay, fused=fused or None)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, fused=fused or None
+    )
     scheduler = make_scheduler(
         optimizer, warmup=cfg.warmup_steps, total=cfg.steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio
     )
@@ -294,7 +297,9 @@ def _save(run: _Run, rng: list[dict[str, Any]]) -> None:
     run.checkpoint = str(run.out / CHECKPOINT_NAME)
 
 
-def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]], *, backward: bool = True) -> tuple[float, int]:
+def _forward_backward(
+    run: _Run, batches: list[dict[str, torch.Tensor]], *, backward: bool = True
+) -> tuple[float, int]:
     """Accumulate the gradients of one optimizer step; returns (mean loss per label token, real tokens), global.
 
     `backward=False` only measures the loss (call it under `torch.no_grad()`).
@@ -336,7 +341,10 @@ def _probe_loss(run: _Run, batches: list[dict[str, torch.Tensor]]) -> float:
 def _check_finite(run: _Run, what: str, value: float) -> None:
     if not math.isfinite(value):
         if run.ctx.is_main:
-            write_json(run.out / METRICS_NAME, {"method": run.cfg.method, "status": "nonfinite", "step": run.step + 1, what: value})
+            write_json(
+                run.out / METRICS_NAME,
+                {"method": run.cfg.method, "status": "nonfinite", "step": run.step + 1, what: value},
+            )
         raise NonFiniteLossError(run.step + 1, what, value, run.checkpoint)
 
 
@@ -361,7 +369,10 @@ def _train(
 
     def step_batches() -> list[dict[str, torch.Tensor]]:
         first = run.step * cfg.grad_accum  # micro-batch position in this rank's data stream
-        return [examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding) for i in range(cfg.grad_accum)]
+        return [
+            examples.batch(order.batch(first + i, cfg.batch_size), trim=cfg.trim_padding)
+            for i in range(cfg.grad_accum)
+        ]
 
     while run.step < end:
         t0 = time.perf_counter()
@@ -382,8 +393,15 @@ def _train(
         dt = time.perf_counter() - t0
         run.step, run.tokens, run.elapsed = run.step + 1, run.tokens + n_tokens, run.elapsed + dt
         steplog.write(
-            {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": run.tokens,
-             "tokens_per_s": n_tokens / dt, "elapsed_s": run.elapsed}
+            {
+                "step": run.step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": run.tokens,
+                "tokens_per_s": n_tokens / dt,
+                "elapsed_s": run.elapsed,
+            }
         )
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")

@@ -6,7 +6,9 @@ converter), `register` (peft learns PREPROJ at `import mmpreproj`). The layer is
 imports only those before it): `state` (what inject leaves on a model, the key format), `in_flight`,
 `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
 (`save_pretrained` of an injected model), `inject` (inject / unload), `named` (several adapters), `load_injection`
-(our folder into a model), `load` (`load_adapter`: any trained folder, one place that tells them apart), `trace` (`trace_seams`), `pretrained_load` (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`,
+(our folder into a model), `load` (`load_adapter`: any trained folder, one place that tells them apart),
+`trace` (`trace_seams`), `pretrained_load` (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them
+`unwrap`,
 `model_card`, `estimate`, `report`.
 """
 

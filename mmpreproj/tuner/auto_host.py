@@ -47,7 +47,8 @@ def _attentions(model: nn.Module, spec: HostSpec) -> list[int] | None:
 
 def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | None, Any]:
     """(the traced description to inject, or None where the row `find_host` gives decides; the example input
-    to run after injecting: the caller's or the one built here, None when none could be built). ValueError with the reason when neither a row nor the trace describes `model`."""
+    to run after injecting: the caller's or the one built here, None when none could be built). ValueError with
+    the reason when neither a row nor the trace describes `model`."""
     for spec in HOSTS.values():
         if spec.matches_model(model):
             return None, example_input
@@ -61,25 +62,38 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
     try:
         traced = trace_seams(model, *args, check=False, partial=found.spec is not None, **kwargs)
     except TraceError as e:
-        what = ("it is laid out as a host row, but the trace on an example input refuses its seams"
-                if found.spec is not None else "no host row claims it, and the trace on an example input refuses it")
+        what = (
+            "it is laid out as a host row, but the trace on an example input refuses its seams"
+            if found.spec is not None
+            else "no host row claims it, and the trace on an example input refuses it"
+        )
         raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: {what}: {e}") from None
     except Exception as e:  # the model could not run the input built for it
         if found.spec is not None and example_input is None:
             return None, None
-        raise ValueError(f"{_no_row(model, found)}; tracing it failed: the forward on the example input raised "
-                         f"{type(e).__name__}: {e}. Pass example_input= (one forward's input)") from None
+        raise ValueError(
+            f"{_no_row(model, found)}; tracing it failed: the forward on the example input raised "
+            f"{type(e).__name__}: {e}. Pass example_input= (one forward's input)"
+        ) from None
     if found.spec is not None:
         row, seen = _attentions(model, found.spec), _attentions(model, HostSpec.from_dict(traced))
         if row == seen or (traced.get("left_out") and row is not None and seen is not None and set(seen) <= set(row)):
-            return None, x  # the trace agrees; where it saw part of the model (a tower the input does not run), no less
+            return (
+                None,
+                x,
+            )  # the trace agrees; where it saw part of the model (a tower the input does not run), no less
         if traced.get("left_out"):
-            raise ValueError(f"mmpreproj cannot inject {type(model).__name__}: it is laid out as a host row, but "
-                             "the trace on an example input finds other attention modules "
-                             f"and leaves some out ({', '.join(list(traced['left_out'])[:4])}); pass example_input= "
-                             "reaching every tower, or host=")
-    log.info("mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
-             type(model).__name__, ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]))
+            raise ValueError(
+                f"mmpreproj cannot inject {type(model).__name__}: it is laid out as a host row, but "
+                "the trace on an example input finds other attention modules "
+                f"and leaves some out ({', '.join(list(traced['left_out'])[:4])}); pass example_input= "
+                "reaching every tower, or host="
+            )
+    log.info(
+        "mmpreproj: no host row describes %s; injecting the seams traced on an example input (%s)",
+        type(model).__name__,
+        ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]),
+    )
     return traced, x
 
 

@@ -23,8 +23,9 @@ def expansion_for_width(width: int, dim: int) -> float:
     return e
 
 
-def preproj_sizes(budget: int, *, dim: int, layers: int, preproj: bool = True, skip: bool = True
-                  ) -> dict[str, Any] | None:
+def preproj_sizes(
+    budget: int, *, dim: int, layers: int, preproj: bool = True, skip: bool = True
+) -> dict[str, Any] | None:
     """{"expansion", "skip_rank"} (those of the modules asked for) at about `budget` trainable weights; None
     where the skip's rank would reach `dim`."""
     if not (preproj or skip):

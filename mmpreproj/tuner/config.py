@@ -47,8 +47,15 @@ FUSE_QKV_SKIP_REMOVED = (
 
 
 # peft's own PeftConfig fields: peft checks them; ours are checked by `check_field_types`
-PEFT_FIELDS = ("task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
-               "inference_mode")
+PEFT_FIELDS = (
+    "task_type",
+    "peft_type",
+    "auto_mapping",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+)
 
 
 @dataclass
@@ -107,24 +114,46 @@ class PreProjConfig(JsonConfig, PeftConfig):
         self.peft_type = PREPROJ
         check_field_types(self, skip=(*PEFT_FIELDS, "host", "injection"))
         _check_format(self.format_version, self.library_version)
-        check_rule(self.host is None or isinstance(self.host, (str, dict)), "PreProjConfig", "host", self.host,
-                   "None, a host row name or a host description (an object)")
-        check_rule(self.injection is None or isinstance(self.injection, dict), "PreProjConfig", "injection",
-                   self.injection, "None or an object (written by the tuner)")
+        check_rule(
+            self.host is None or isinstance(self.host, (str, dict)),
+            "PreProjConfig",
+            "host",
+            self.host,
+            "None, a host row name or a host description (an object)",
+        )
+        check_rule(
+            self.injection is None or isinstance(self.injection, dict),
+            "PreProjConfig",
+            "injection",
+            self.injection,
+            "None or an object (written by the tuner)",
+        )
         if not (self.preproj or self.skip):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
         check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
         check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
         check_choice("PreProjConfig", "compute_dtype", self.compute_dtype, list(COMPUTE_DTYPES))
-        check_rule(0 < self.expansion <= MAX_EXPANSION, "PreProjConfig", "expansion", self.expansion,
-                   f"a finite number in (0, {MAX_EXPANSION}] (the inner width int(expansion*d) is 1..{MAX_EXPANSION}*d)")
-        check_rule(self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0")
+        check_rule(
+            0 < self.expansion <= MAX_EXPANSION,
+            "PreProjConfig",
+            "expansion",
+            self.expansion,
+            f"a finite number in (0, {MAX_EXPANSION}] (the inner width int(expansion*d) is 1..{MAX_EXPANSION}*d)",
+        )
+        check_rule(
+            self.skip_init_std >= 0, "PreProjConfig", "skip_init_std", self.skip_init_std, "a finite number >= 0"
+        )
         _check_skip_rank(self.skip_rank, self.skip)
         for name in ("parts", "modules_to_save"):
             value = getattr(self, name)
             if value is not None:
-                check_rule(bool(value) and all(value), "PreProjConfig", name, value,
-                           "None or a non-empty list of non-empty names")
+                check_rule(
+                    bool(value) and all(value),
+                    "PreProjConfig",
+                    name,
+                    value,
+                    "None or a non-empty list of non-empty names",
+                )
                 if len(set(value)) != len(value):
                     raise ValueError(f"PreProjConfig.{name} has duplicates: {value}")
         for i, name in enumerate(self.modules_to_save or []):  # names or paths: data, never calls or dunders
@@ -141,11 +170,14 @@ class PreProjConfig(JsonConfig, PeftConfig):
     def method(self) -> str:
         """The method this config injects, by its name in `mmpreproj.train.METHODS`: "preproj_skip", "preproj"
         or "skip" (saved as the adapter's `method` tag)."""
-        return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[(self.preproj, self.skip)]
+        return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}[
+            (self.preproj, self.skip)
+        ]
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
-                        **kwargs: Any) -> PreProjConfig:
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs: Any
+    ) -> PreProjConfig:
         """peft's `PeftConfig.from_pretrained`, then, for a local folder, the checks of the weights beside it
         (what peft's loaders and `AutoPeftModel*` read before they inject anything): every tensor the config
         describes, of the shape its sizes give, floating point and finite, nothing else (`file_check.py`), and
@@ -179,12 +211,16 @@ class PreProjConfig(JsonConfig, PeftConfig):
         if self.preproj:
             width = self.inner_width(dim)
             if width > MAX_EXPANSION * dim:
-                raise ValueError(f"PreProjConfig.expansion={self.expansion} gives an inner width of {width} at hidden "
-                                 f"size {dim}; allowed: 1..{MAX_EXPANSION * dim} (expansion in "
-                                 f"[{1 / dim:.4g}, {MAX_EXPANSION}])")
+                raise ValueError(
+                    f"PreProjConfig.expansion={self.expansion} gives an inner width of {width} at hidden "
+                    f"size {dim}; allowed: 1..{MAX_EXPANSION * dim} (expansion in "
+                    f"[{1 / dim:.4g}, {MAX_EXPANSION}])"
+                )
         if self.skip and self.skip_rank is not None and not 1 <= self.skip_rank <= dim:
-            raise ValueError(f"PreProjConfig.skip_rank={self.skip_rank} at hidden size {dim}; allowed: 1..{dim} "
-                             "(or None, the full d x d skip)")
+            raise ValueError(
+                f"PreProjConfig.skip_rank={self.skip_rank} at hidden size {dim}; allowed: 1..{dim} "
+                "(or None, the full d x d skip)"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreProjConfig:
@@ -205,17 +241,23 @@ class PreProjConfig(JsonConfig, PeftConfig):
         fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
         taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))
         if taken:
-            raise ValueError(f"PreProjConfig.for_budget chooses expansion and skip_rank (pre-projection + skip); "
-                             f"drop {', '.join(taken)} or build PreProjConfig(...) directly")
+            raise ValueError(
+                f"PreProjConfig.for_budget chooses expansion and skip_rank (pre-projection + skip); "
+                f"drop {', '.join(taken)} or build PreProjConfig(...) directly"
+            )
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise ValueError(f"PreProjConfig.for_budget: fraction={fraction!r}; must be in (0, 1] (a share of the "
-                             "model's parameters, e.g. 0.01)")
+            raise ValueError(
+                f"PreProjConfig.for_budget: fraction={fraction!r}; must be in (0, 1] (a share of the "
+                "model's parameters, e.g. 0.01)"
+            )
         dim, layers = host_shape(model)
         total = sum(p.numel() for p in model.parameters())
         sizes = preproj_sizes(round(fraction * total), dim=dim, layers=layers)
         if sizes is None:
-            raise ValueError(f"PreProjConfig.for_budget: fraction={fraction} puts the skip's rank at the width "
-                             f"{dim}; use a smaller fraction, or PreProjConfig() for the full-size modules")
+            raise ValueError(
+                f"PreProjConfig.for_budget: fraction={fraction} puts the skip's rank at the width "
+                f"{dim}; use a smaller fraction, or PreProjConfig() for the full-size modules"
+            )
         return cls(**sizes, **kwargs)
 
     def inner_width(self, dim: int) -> int:
@@ -262,14 +304,10 @@ def _check_format(format_version: int, library_version: str) -> None:
 
 
 def _layer_list(value: object, name: str) -> list[int]:
-    if isinstance(value, (str, int)) or not isinstance(value, (list, tuple)) or not all(
-        type(i) is int for i in value
-    ):
+    if isinstance(value, (str, int)) or not isinstance(value, (list, tuple)) or not all(type(i) is int for i in value):
         raise ValueError(f"PreProjConfig.{name} must be None or a list of ints, got {value!r}")
     if not value:
-        raise ValueError(
-            f"PreProjConfig.{name}=[]; must be None (every block) or a non-empty list of block indices"
-        )
+        raise ValueError(f"PreProjConfig.{name}=[]; must be None (every block) or a non-empty list of block indices")
     if len(set(value)) != len(value):
         raise ValueError(f"PreProjConfig.{name} has duplicates: {list(value)}")
     return list(value)
@@ -277,11 +315,14 @@ def _layer_list(value: object, name: str) -> list[int]:
 
 def _check_skip_rank(rank: int | None, skip: bool) -> None:
     """`skip_rank`: None or an int >= 1, and only with a skip to shape."""
-    check_rule(rank is None or rank >= 1, "PreProjConfig", "skip_rank", rank,
-               "None (the full d x d skip) or an int >= 1")
+    check_rule(
+        rank is None or rank >= 1, "PreProjConfig", "skip_rank", rank, "None (the full d x d skip) or an int >= 1"
+    )
     if rank is not None and not skip:
-        raise ValueError(f"PreProjConfig.skip_rank={rank!r} with skip=False: there is no skip to shape; "
-                         "set skip=True or skip_rank=None")
+        raise ValueError(
+            f"PreProjConfig.skip_rank={rank!r} with skip=False: there is no skip to shape; "
+            "set skip=True or skip_rank=None"
+        )
 
 
 def _removed_fuse_qkv_skip(value: object, *, warn: bool) -> None:

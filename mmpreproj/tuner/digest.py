@@ -62,7 +62,7 @@ def _combine(parts: list[bytes]) -> str:
 
 
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
-    """"blake2b-named:<hex>" of the tensors' key names (less peft's `base_model.model.`), dtypes, shapes and
+    """ "blake2b-named:<hex>" of the tensors' key names (less peft's `base_model.model.`), dtypes, shapes and
     values, independent of their order."""
     return _NAMED + _combine([_tensor_hash(t, k.removeprefix(_PEFT_PREFIX)) for k, t in tensors.items()])
 
@@ -82,13 +82,19 @@ def check_weights_digest(digest: object, tensors: Mapping[str, torch.Tensor], we
     if digest is None:
         if not _said_no_digest:
             _said_no_digest = True
-            logger.warning("%s records no injection.%s (written before every writer recorded one): a save cut "
-                           "short cannot be told from a whole one there; save the adapter again to add it "
-                           "(said once)", config_file, DIGEST_KEY)
+            logger.warning(
+                "%s records no injection.%s (written before every writer recorded one): a save cut "
+                "short cannot be told from a whole one there; save the adapter again to add it "
+                "(said once)",
+                config_file,
+                DIGEST_KEY,
+            )
         return
     if not (isinstance(digest, str) and _FORM.fullmatch(digest)):
-        raise ValueError(f"corrupt adapter config {config_file}: injection.{DIGEST_KEY}={digest!r:.80}; "
-                         "expected 'blake2b-named:' (or 'blake2b:') and 32 hex digits (written by the tuner)")
+        raise ValueError(
+            f"corrupt adapter config {config_file}: injection.{DIGEST_KEY}={digest!r:.80}; "
+            "expected 'blake2b-named:' (or 'blake2b:') and 32 hex digits (written by the tuner)"
+        )
     have = weights_digest(tensors) if digest.startswith(_NAMED) else values_digest(tensors)
     if have != digest:
         raise ValueError(

@@ -29,13 +29,15 @@ class ModelShape:
     base_params: int
 
 
-SHAPES: MappingProxyType[str, ModelShape] = MappingProxyType({
-    "mini-pythia": ModelShape(4, 256, 7_353_856),  # assets/mini-pythia, counted
-    "pythia-160m": ModelShape(12, 768, 162_000_000),
-    "pythia-410m": ModelShape(24, 1024, 405_000_000),
-    "llama-3.2-1b": ModelShape(16, 2048, 1_236_000_000),
-    "llama-3-8b": ModelShape(32, 4096, 8_030_000_000),
-})
+SHAPES: MappingProxyType[str, ModelShape] = MappingProxyType(
+    {
+        "mini-pythia": ModelShape(4, 256, 7_353_856),  # assets/mini-pythia, counted
+        "pythia-160m": ModelShape(12, 768, 162_000_000),
+        "pythia-410m": ModelShape(24, 1024, 405_000_000),
+        "llama-3.2-1b": ModelShape(16, 2048, 1_236_000_000),
+        "llama-3-8b": ModelShape(32, 4096, 8_030_000_000),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,11 @@ class Estimate:
         return 100.0 * self.params / self.base_params
 
     def __str__(self) -> str:
-        return (f"{self.shape} ({self.blocks}/{self.layers} blocks, d={self.dim}): {self.params:,} trainable "
-                f"(pre-projection {self.preproj:,} + skip {self.skip:,}), {self.percent:.3g}% of the base's "
-                f"~{self.base_params / 1e6:,.0f}M; {_bytes(self.train_bytes)} as fp32 weights + gradients + AdamW")
+        return (
+            f"{self.shape} ({self.blocks}/{self.layers} blocks, d={self.dim}): {self.params:,} trainable "
+            f"(pre-projection {self.preproj:,} + skip {self.skip:,}), {self.percent:.3g}% of the base's "
+            f"~{self.base_params / 1e6:,.0f}M; {_bytes(self.train_bytes)} as fp32 weights + gradients + AdamW"
+        )
 
 
 def _bytes(n: int) -> str:

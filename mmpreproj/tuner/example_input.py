@@ -144,9 +144,14 @@ def example_input(model: nn.Module) -> dict | None:
         size = _pair(getattr(model.visual, "image_size", None))
         length = getattr(model, "context_length", None)
         vocab = getattr(model, "vocab_size", None)
-        out = ({"image": torch.randn(1, 3, *size, generator=g),
-                "text": torch.randint(1, vocab, (1, min(length, _TOKENS)), generator=g)}
-               if size and isinstance(length, int) and isinstance(vocab, int) else None)
+        out = (
+            {
+                "image": torch.randn(1, 3, *size, generator=g),
+                "text": torch.randint(1, vocab, (1, min(length, _TOKENS)), generator=g),
+            }
+            if size and isinstance(length, int) and isinstance(vocab, int)
+            else None
+        )
     else:
         out = None
     if out is None:

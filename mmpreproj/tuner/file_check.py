@@ -41,15 +41,26 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     where = f"adapter weights {weights_file}"
     record = config.injection or {}
     layers, modules, widths = record.get("layers"), record.get("modules"), record.get("hidden_size")
-    if not (isinstance(layers, list) and isinstance(modules, list) and len(layers) == len(modules)
-            and all(type(i) is int for i in layers) and all(isinstance(m, str) for m in modules)):
-        raise ValueError(f"{where}: its config's 'injection' needs 'layers' and 'modules', aligned lists "
-                         f"(written by the tuner); got layers={layers!r:.60}, modules={modules!r:.60}")
+    if not (
+        isinstance(layers, list)
+        and isinstance(modules, list)
+        and len(layers) == len(modules)
+        and all(type(i) is int for i in layers)
+        and all(isinstance(m, str) for m in modules)
+    ):
+        raise ValueError(
+            f"{where}: its config's 'injection' needs 'layers' and 'modules', aligned lists "
+            f"(written by the tuner); got layers={layers!r:.60}, modules={modules!r:.60}"
+        )
     if type(widths) is int:
         widths = [widths] * len(modules)
-    if not (isinstance(widths, list) and len(widths) == len(modules) and all(type(w) is int and w > 0 for w in widths)):
-        raise ValueError(f"{where}: its config's injection.hidden_size={record.get('hidden_size')!r:.60} is neither "
-                         "a width > 0 nor one per injected block")
+    if not (
+        isinstance(widths, list) and len(widths) == len(modules) and all(type(w) is int and w > 0 for w in widths)
+    ):
+        raise ValueError(
+            f"{where}: its config's injection.hidden_size={record.get('hidden_size')!r:.60} is neither "
+            "a width > 0 nor one per injected block"
+        )
     expected: dict[str, tuple[int, ...]] = {}
     for path, dim in zip(modules, widths):
         for key, shape in expected_slot_shapes(config, dim).items():
@@ -62,8 +73,10 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
             if not value.is_floating_point():
                 raise ValueError(f"{where}: tensor {key} has dtype {value.dtype}; injected weights are floating point")
             if tuple(value.shape) != expected[bare]:
-                raise ValueError(f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config "
-                                 f"(expansion={config.expansion}, skip_rank={config.skip_rank}) gives {expected[bare]}")
+                raise ValueError(
+                    f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config "
+                    f"(expansion={config.expansion}, skip_rank={config.skip_rank}) gives {expected[bare]}"
+                )
         elif not any(bare.startswith(f"{p}.") for p in saved_paths):
             raise ValueError(f"{where}: tensor {key} belongs to no injected block nor saved module its config names")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):

@@ -145,7 +145,9 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             if not isinstance(desc, dict) or "config" not in desc:
                 raise ValueError("no 'config' key")
             if not isinstance(desc["config"], dict):
-                raise ValueError(f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}")
+                raise ValueError(
+                    f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}"
+                )
         except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: {e}") from None
         except RecursionError:  # json.loads of a file nested thousands of levels deep

@@ -44,7 +44,8 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
     if emb is not None:
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
         state.input_grad_hook = emb.register_forward_hook(
-            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing))
+            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
+        )
 
 
 def _make_output_require_grad(
@@ -121,13 +122,15 @@ def inject(
         model: a supported host (see `mmpreproj.hosts.HOSTS`), or any model when `host` describes it.
         config: what to inject (default `PreProjConfig()`: pre-projection + skip, paper init, base frozen).
         host: None = the row that claims the model by type; else the seams traced on an example input (a row
-            matched by structure is confirmed by that trace; `tuner/auto_host.py`); a row name forces that row; a description dict (or `HostSpec`)
+            matched by structure is confirmed by that trace; `tuner/auto_host.py`); a row name forces that row; a
+            description dict (or `HostSpec`)
             says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
             The description is saved with the adapter, so `load_adapter` needs no code. None reads
             `config.host` (and, on a config read from an adapter file, the host it was saved for).
 
         example_input: None, or an input to trace the model with (when no row claims it by type; None = one the
-            model builds from its config, `tuner/example_input.py`) and to run one forward with right after injecting (a tensor, a tuple of
+            model builds from its config, `tuner/example_input.py`) and to run one forward with right after
+            injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
             train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that
             cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
@@ -181,7 +184,9 @@ def unload(model: nn.Module) -> nn.Module:
         for name, child in parent.named_children():
             if isinstance(child, PreProjAttention):
                 if not isinstance(child.base_layer, nn.Module):
-                    raise RuntimeError(f"unload: the wrapper at .{name} of {type(parent).__name__} lost its base layer")
+                    raise RuntimeError(
+                        f"unload: the wrapper at .{name} of {type(parent).__name__} lost its base layer"
+                    )
                 swaps.append((parent, name, child.base_layer))
     owners = [owner for _, owner in injected_owners(model)]
     params = list(model.parameters())
@@ -189,7 +194,9 @@ def unload(model: nn.Module) -> nn.Module:
     for owner in owners:
         state = vars(owner)[STATE_ATTR]
         if not isinstance(state, InjectionState):
-            raise TypeError(f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed")
+            raise TypeError(
+                f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed"
+            )
         if any(id(p) not in current for p in state.frozen) and any(hasattr(p, "full_tensor") for p in params):
             raise RuntimeError(
                 "unload: the model's parameters were replaced by sharded ones after inject (FSDP fully_shard), so "

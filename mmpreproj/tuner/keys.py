@@ -92,10 +92,16 @@ def description_from_peft_config(cfg: dict[str, Any], where: str) -> dict[str, A
 def _module_table(desc: dict[str, Any], where: str) -> tuple[dict[int, str], dict[str, str]]:
     """({block index: wrapper path}, {saved module name: path}) from a description, each path checked for form."""
     layers, modules = desc.get("layers"), desc.get("modules")
-    if not (isinstance(layers, list) and isinstance(modules, list) and len(layers) == len(modules)
-            and all(type(i) is int for i in layers)):
-        raise ValueError(f"{where}: 'injection' needs 'layers' (block indices) and 'modules' (their paths), "
-                         f"aligned lists; got layers={layers!r:.60}, modules={modules!r:.60}")
+    if not (
+        isinstance(layers, list)
+        and isinstance(modules, list)
+        and len(layers) == len(modules)
+        and all(type(i) is int for i in layers)
+    ):
+        raise ValueError(
+            f"{where}: 'injection' needs 'layers' (block indices) and 'modules' (their paths), "
+            f"aligned lists; got layers={layers!r:.60}, modules={modules!r:.60}"
+        )
     saved = desc.get("modules_to_save") or {}
     try:
         for i, path in enumerate(modules):
@@ -107,8 +113,9 @@ def _module_table(desc: dict[str, Any], where: str) -> tuple[dict[int, str], dic
     return dict(zip(layers, modules)), dict(saved)
 
 
-def block_keys_to_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any], prefix: str = PEFT_PREFIX,
-                       where: str = "adapter") -> dict[str, torch.Tensor]:
+def block_keys_to_peft(
+    tensors: dict[str, torch.Tensor], desc: dict[str, Any], prefix: str = PEFT_PREFIX, where: str = "adapter"
+) -> dict[str, torch.Tensor]:
     """Block-index keys (`blocks.{i}.{slot}.{param}`, `modules.{name}.{param}`) -> peft keys."""
     blocks, saved = _module_table(desc, where)
     out = {}
@@ -116,7 +123,7 @@ def block_keys_to_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any], p
         index, module, param = parse_adapter_key(key)
         if index is None:  # a saved module's name may be an attribute path ("gpt_neox.final_layer_norm")
             module = _saved_name(key, saved, where)
-            param = key[len(f"modules.{module}."):]
+            param = key[len(f"modules.{module}.") :]
         path = saved[module] if index is None else f"{blocks[index]}.{module}"
         out[f"{prefix}{path}.{param}"] = value
     return out
@@ -131,8 +138,9 @@ def _saved_name(key: str, saved: dict[str, str], where: str) -> str:
     return name
 
 
-def block_keys_from_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any],
-                         where: str = "adapter") -> dict[str, torch.Tensor]:
+def block_keys_from_peft(
+    tensors: dict[str, torch.Tensor], desc: dict[str, Any], where: str = "adapter"
+) -> dict[str, torch.Tensor]:
     """peft keys (with or without the `base_model.model.` prefix) -> block-index keys; ValueError naming a key
     that is no weight of this adapter."""
     blocks, saved = _module_table(desc, where)
@@ -145,5 +153,5 @@ def block_keys_from_peft(tensors: dict[str, torch.Tensor], desc: dict[str, Any],
         if head is None:
             raise ValueError(f"{where}: weight {key!r} belongs to no injected block nor saved module of this adapter")
         index, module = table[head]
-        out[adapter_key(index, module, bare[len(head):])] = value
+        out[adapter_key(index, module, bare[len(head) :])] = value
     return out

@@ -16,7 +16,7 @@ What a folder holds is read from its files in one place (`detect`), never from w
 base and adapter must come from one save, `pretrained.check_saved_pair`). A run folder's `train_config.json`,
 when there, must name a method the folder holds. Returns a `PeftModel` when the folder holds LoRA weights.
 A refused load (missing, corrupt or mismatched files) leaves the model as it was.
-"""
+"""  # noqa: E501 (the markdown table rows of this docstring)
 
 from __future__ import annotations
 
@@ -71,7 +71,10 @@ def detect(path: str | Path) -> Folder:
     folder and what it may hold when it holds no adapter."""
     given = Path(path)
     top = given
-    if not (given / ADAPTER_CONFIG_NAME).is_file() and (given / PRETRAINED_ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
+    if (
+        not (given / ADAPTER_CONFIG_NAME).is_file()
+        and (given / PRETRAINED_ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file()
+    ):
         top = given / PRETRAINED_ADAPTER_DIR
     if not (top / ADAPTER_CONFIG_NAME).is_file():
         raise FileNotFoundError(
@@ -108,8 +111,9 @@ def load_adapter(
             "adapters; pass the base model (nothing was loaded)"
         )
     if folder.load_ours_from is not None:
-        model = _load_ours(model, folder.load_ours_from, is_trainable=is_trainable, adapter_name=adapter_name,
-                           freeze_base=freeze_base)
+        model = _load_ours(
+            model, folder.load_ours_from, is_trainable=is_trainable, adapter_name=adapter_name, freeze_base=freeze_base
+        )
     if folder.lora is None:
         return model
     try:
@@ -144,10 +148,18 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) ->
         missing, unexpected = sorted(k for k in expected - saved if prefix in k)[:3], sorted(saved - expected)[:3]
         if missing or unexpected:  # `missing` counts LoRA's own: older files hold LoRA alone, ours in preproj/
             ours = any(f".{slot}." in k for k in saved - expected for slot in (*SLOTS, "base_layer"))
-            hint = (f"; it was saved from a model with mmpreproj modules injected: save that adapter beside it, "
-                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r})") if ours else ""
-            raise ValueError(f"peft adapter at {folder} does not match its config: missing {missing}, unexpected "
-                             f"{unexpected}{hint} (nothing was loaded)")
+            hint = (
+                (
+                    f"; it was saved from a model with mmpreproj modules injected: save that adapter beside it, "
+                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r})"
+                )
+                if ours
+                else ""
+            )
+            raise ValueError(
+                f"peft adapter at {folder} does not match its config: missing {missing}, unexpected "
+                f"{unexpected}{hint} (nothing was loaded)"
+            )
         lora.load_adapter(str(folder), name, is_trainable=is_trainable)
     except BaseException:
         lora.unload()
@@ -182,8 +194,10 @@ def _our_method(folder: Path) -> str | None:
     if method is None:  # an adapter saved before the tag
         return {(True, True): "preproj_skip", (True, False): "preproj", (False, True): "skip"}.get(flags)
     if method not in _OUR_METHODS:
-        raise ValueError(f"corrupt adapter config {cfg_file}: method={method!r} is not an mmpreproj adapter method "
-                         f"(allowed: {list(_OUR_METHODS)}); nothing was loaded")
+        raise ValueError(
+            f"corrupt adapter config {cfg_file}: method={method!r} is not an mmpreproj adapter method "
+            f"(allowed: {list(_OUR_METHODS)}); nothing was loaded"
+        )
     return method
 
 
@@ -200,6 +214,7 @@ def _check_run_method(given: Path, holds: tuple[str, ...]) -> None:
     if method is None or not holds:  # an unreadable adapter config: our loader names what is wrong with it
         return
     if method not in holds:
-        raise ValueError(f"{cfg_file} names method {method!r}, but the adapter in {given} holds "
-                         f"{' / '.join(holds)!r} weights (allowed: {list(holds)}); nothing was loaded")
-
+        raise ValueError(
+            f"{cfg_file} names method {method!r}, but the adapter in {given} holds "
+            f"{' / '.join(holds)!r} weights (allowed: {list(holds)}); nothing was loaded"
+        )

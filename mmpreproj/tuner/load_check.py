@@ -36,17 +36,21 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
         if name not in record or (name == "modules_to_save" and not saved and not value):
             continue
         if saved != value:
-            raise ValueError(f"{where}: injection.{name}={saved!r:.120} but its config resolves to {value!r:.120} "
-                             f"on this model; nothing was loaded")
+            raise ValueError(
+                f"{where}: injection.{name}={saved!r:.120} but its config resolves to {value!r:.120} "
+                f"on this model; nothing was loaded"
+            )
     saved_paths = record.get("modules")
     if isinstance(saved_paths, list):
         at = {path: i for i, path in enumerate(plan.state.modules)}
         moved = [(i, p) for i, p in enumerate(saved_paths) if p in at and at[p] != i]
         if moved:
             i, p = moved[0]
-            raise ValueError(f"{where}: injection.modules lists {p!r} at position {i}, but on this model it is "
-                             f"block {plan.state.layers[at[p]]} (position {at[p]}): the same blocks in another order "
-                             "would move weights between blocks; nothing was loaded")
+            raise ValueError(
+                f"{where}: injection.modules lists {p!r} at position {i}, but on this model it is "
+                f"block {plan.state.layers[at[p]]} (position {at[p]}): the same blocks in another order "
+                "would move weights between blocks; nothing was loaded"
+            )
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
         expected = wrapper_tensors([w for _, w in plan.placements])
@@ -54,10 +58,12 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
         have = {k: list(v.shape) for k, v in expected.items()}
         if have != shapes:
             diff = sorted(k for k in set(have) | set(shapes) if have.get(k) != shapes.get(k))
-            raise ValueError(f"{where}: injection.tensor_shapes differs from what its config (expansion, skip_rank, "
-                             f"layers, modules_to_save) gives on this model at {diff[:3]}: saved "
-                             f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
-                             "nothing was loaded")
+            raise ValueError(
+                f"{where}: injection.tensor_shapes differs from what its config (expansion, skip_rank, "
+                f"layers, modules_to_save) gives on this model at {diff[:3]}: saved "
+                f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
+                "nothing was loaded"
+            )
 
 
 def check_record_fits(model: nn.Module, config: PreProjConfig) -> None:

@@ -60,14 +60,22 @@ class PreProjModel(BaseTuner):
     target_module_mapping: dict[str, list[str]] = {}
 
     # -- injection -------------------------------------------------------------------------------------
-    def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
-                       low_cpu_mem_usage: bool = False, state_dict: dict | None = None, **_: Any) -> None:
+    def inject_adapter(
+        self,
+        model: nn.Module,
+        adapter_name: str,
+        autocast_adapter_dtype: bool = True,
+        low_cpu_mem_usage: bool = False,
+        state_dict: dict | None = None,
+        **_: Any,
+    ) -> None:
         """First adapter: `inject.inject`; a further name (peft's `add_adapter`): a fresh adapter on the same
         sites (`named.add_fresh_adapter`), inactive, as peft leaves an added adapter."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, PreProjConfig):
-            raise TypeError(f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, "
-                            "expected a PreProjConfig")
+            raise TypeError(
+                f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, expected a PreProjConfig"
+            )
         if not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
         if is_injected(model):
@@ -163,9 +171,14 @@ class PreProjModel(BaseTuner):
 
     # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
     @classmethod
-    def _get_adapter_state_dict(cls, model: nn.Module, config: PreProjConfig, adapter_name: str,
-                                state_dict: dict[str, torch.Tensor], unwanted_adapter_names: list[str]
-                                ) -> dict[str, torch.Tensor]:
+    def _get_adapter_state_dict(
+        cls,
+        model: nn.Module,
+        config: PreProjConfig,
+        adapter_name: str,
+        state_dict: dict[str, torch.Tensor],
+        unwanted_adapter_names: list[str],
+    ) -> dict[str, torch.Tensor]:
         """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
         tensors = named_adapter_tensors(owner, adapter_name)
@@ -179,8 +192,9 @@ class PreProjModel(BaseTuner):
         return key  # the adapter name is not in the model's keys: one adapter runs per wrapper
 
     @classmethod
-    def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PreProjConfig, adapter_name: str,
-                                           state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _remap_adapter_state_dict_for_load(
+        cls, model: nn.Module, config: PreProjConfig, adapter_name: str, state_dict: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """peft keys -> the model's keys, after checking every key, shape, dtype and value (nothing is copied
         from a state dict with one wrong). The active adapter loads through peft's `load_state_dict`; a stored
         (inactive) one is written here and nothing is left for peft to load."""
@@ -189,8 +203,11 @@ class PreProjModel(BaseTuner):
         where = f"set_peft_model_state_dict({adapter_name!r})"
         tensors = block_keys_from_peft(state_dict, desc, where)
         # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
-        check_tensors_match(named_adapter_tensors(owner, adapter_name), tensors, f"{where}: the weights do not "
-                            "match this adapter (another method's or another size's checkpoint?)")
+        check_tensors_match(
+            named_adapter_tensors(owner, adapter_name),
+            tensors,
+            f"{where}: the weights do not match this adapter (another method's or another size's checkpoint?)",
+        )
         refuse_non_finite(tensors, where)
         if adapter_name != state.active_adapter:
             set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)

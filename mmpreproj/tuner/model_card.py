@@ -20,9 +20,7 @@ __all__ = ["card_fields", "model_card"]
 
 def base_model_name(model: nn.Module) -> str | None:
     """The base's hub id or folder as transformers recorded it (`name_or_path`), None when unknown."""
-    name = getattr(model, "name_or_path", None) or getattr(
-        getattr(model, "config", None), "_name_or_path", None
-    )
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
     return str(name) if name else None
 
 
@@ -41,9 +39,7 @@ def card_fields(model: nn.Module, adapter_name: str, tensors: dict[str, torch.Te
 
 
 def _method(config: dict) -> str:
-    kinds = [
-        k for k, on in (("pre-projection", config.get("preproj")), ("content skip", config.get("skip"))) if on
-    ]
+    kinds = [k for k, on in (("pre-projection", config.get("preproj")), ("content skip", config.get("skip"))) if on]
     text = " + ".join(kinds) or "none"
     if config.get("preproj"):
         text += f" (expansion {config.get('expansion')}, activation {config.get('activation')!r})"
@@ -124,7 +120,7 @@ def model_card(desc: dict) -> str:
         "import mmpreproj  # registers peft_type PREPROJ with peft; import it before peft reads this folder",
         "",
         f'model = mmpreproj.from_pretrained({_quoted(base or "BASE")}, adapter="THIS_FOLDER")',  # a Python literal
-        "# or: peft.PeftModel.from_pretrained(base_model, \"THIS_FOLDER\")",
+        '# or: peft.PeftModel.from_pretrained(base_model, "THIS_FOLDER")',
         "```",
         "",
     ]

@@ -116,9 +116,7 @@ def add_named_adapter(
             for part, module in (("preproj", preproj), ("skip", skip)):
                 if module is not None:
                     module.to(dtype=ref.dtype)
-                    expected.update(
-                        {adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()}
-                    )
+                    expected.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
             built.append((w, preproj, skip))
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
@@ -144,8 +142,10 @@ def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.
     for field_name in ("parts", "layers", "modules_to_save", "host"):
         have, want = getattr(state.config, field_name), getattr(config, field_name)
         if want != have and not (field_name == "host" and want is None):
-            raise ValueError(f"add_adapter({name!r}): config.{field_name}={want!r}, the injection has {have!r}; "
-                             "an added adapter sits on the same sites (nothing was changed)")
+            raise ValueError(
+                f"add_adapter({name!r}): config.{field_name}={want!r}, the injection has {have!r}; "
+                "an added adapter sits on the same sites (nothing was changed)"
+            )
     desc = state.describe()
     desc["config"] = config.to_dict()
     tensors = {}
@@ -197,9 +197,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     refuse_in_flight(owner, "delete_adapter")
     if name == state.active_adapter:
         others = [n for n in state.adapter_configs if n != name]
-        hint = (
-            f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
-        )
+        hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
     for w in injected_modules(owner):
         w.drop_stored_adapter(name)

@@ -30,12 +30,16 @@ def check_peft_version(version: str | None = None) -> None:
     found = version or peft.__version__
     low, high = TESTED_PEFT
     if not Version(low) <= Version(found) < Version(high):
-        raise ImportError(f"mmpreproj registers its peft method PREPROJ through peft internals tested on peft >={low},"
-                          f"<{high}; found peft {found}: pip install 'peft>={low},<{high}'")
+        raise ImportError(
+            f"mmpreproj registers its peft method PREPROJ through peft internals tested on peft >={low},"
+            f"<{high}; found peft {found}: pip install 'peft>={low},<{high}'"
+        )
     missing = [a for a in _ENUM_INTERNALS if not hasattr(PeftType, a)]
     if missing:
-        raise ImportError(f"mmpreproj cannot add PREPROJ to peft's PeftType on Python {sys.version.split()[0]}: "
-                          f"the enum has no {', '.join(missing)} (tested on Python 3.11)")
+        raise ImportError(
+            f"mmpreproj cannot add PREPROJ to peft's PeftType on Python {sys.version.split()[0]}: "
+            f"the enum has no {', '.join(missing)} (tested on Python 3.11)"
+        )
 
 
 def add_peft_type(name: str) -> PeftType:

@@ -74,8 +74,10 @@ def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) 
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) is not a module with parameters")
         if _quantized_params(module):
-            raise ValueError(f"PreProjConfig.modules_to_save: {name!r} ({path}) holds quantized weights "
-                             f"(e.g. {_quantized_params(module)[0][0]!r}), which cannot train; keep it float")
+            raise ValueError(
+                f"PreProjConfig.modules_to_save: {name!r} ({path}) holds quantized weights "
+                f"(e.g. {_quantized_params(module)[0][0]!r}), which cannot train; keep it float"
+            )
         out[name] = path
     return out
 
@@ -104,12 +106,12 @@ def plan_injection(model: nn.Module, config: PreProjConfig, host: str | dict | H
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
         preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
-        wrapper = PreProjAttention(
-            site.attention, site.call, preproj, skip, block_index=site.index, part=site.part
-        )
+        wrapper = PreProjAttention(site.attention, site.call, preproj, skip, block_index=site.index, part=site.part)
         wrapper.flight = flight
-        wrapper.seam = (f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
-                        f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}")
+        wrapper.seam = (
+            f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
+            f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}"
+        )
         placements.append((site, wrapper))
         if site.norm is not None:
             where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
@@ -146,8 +148,12 @@ def peft_layers(model: nn.Module) -> list[str]:
     peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
     if layer_cls is None and peft_model is None:
         return []
-    return [n for n, m in model.named_modules() if (layer_cls is not None and isinstance(m, layer_cls))
-            or (n == "" and peft_model is not None and isinstance(m, peft_model))]
+    return [
+        n
+        for n, m in model.named_modules()
+        if (layer_cls is not None and isinstance(m, layer_cls))
+        or (n == "" and peft_model is not None and isinstance(m, peft_model))
+    ]
 
 
 def _refuse_compiled_or_peft(model: nn.Module) -> None:
@@ -191,8 +197,11 @@ def _refuse_overlapping_parts(model: nn.Module, spec: HostSpec, sites: list[Site
 
 def _quantized_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """Weights stored quantized (torchao subclass, bitsandbytes Params4bit): not a plain tensor nor a DTensor."""
-    return [(n, p) for n, p in module.named_parameters() if type(p) not in (torch.Tensor, nn.Parameter)
-            and not hasattr(p, "full_tensor")]
+    return [
+        (n, p)
+        for n, p in module.named_parameters()
+        if type(p) not in (torch.Tensor, nn.Parameter) and not hasattr(p, "full_tensor")
+    ]
 
 
 def new_adapter_modules(
@@ -202,14 +211,19 @@ def new_adapter_modules(
     sizes out of range for `dim` are refused before anything is allocated (`PreProjConfig.check_sizes`)."""
     config.check_sizes(dim)
     preproj = (
-        PreProjection(dim, config.expansion, config.activation, config.init,
-                      compute_dtype=config.compute_dtype, device=device)
+        PreProjection(
+            dim, config.expansion, config.activation, config.init, compute_dtype=config.compute_dtype, device=device
+        )
         if config.preproj
         else None
     )
-    skip = (ContentSkip(dim, config.skip_init_std, rank=config.skip_rank, compute_dtype=config.compute_dtype,
-                        device=device)
-            if config.skip else None)
+    skip = (
+        ContentSkip(
+            dim, config.skip_init_std, rank=config.skip_rank, compute_dtype=config.compute_dtype, device=device
+        )
+        if config.skip
+        else None
+    )
     return preproj, skip
 
 

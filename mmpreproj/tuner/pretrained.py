@@ -141,9 +141,7 @@ def split_state_dict(
     adapter: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
         parts = key.split(".")
-        prefix = next(
-            (".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in wrappers), None
-        )
+        prefix = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in wrappers), None)
         if prefix is not None:
             rest = key[len(prefix) + 1 :]
             if rest.startswith("base_layer."):
@@ -152,9 +150,7 @@ def split_state_dict(
                 module, _, name = rest.partition(".")
                 adapter[adapter_key(wrappers[prefix].block_index, module, name)] = value
             elif not rest.startswith(_WRAPPER_OWN):
-                raise ValueError(
-                    f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's"
-                )
+                raise ValueError(f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's")
             continue
         path = next((p for p in saved if key.startswith(p + ".")), None)
         if path is not None:
@@ -276,8 +272,7 @@ def _save_pretrained(
         cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask
         set_new_file_modes(folder, tuple(p.name for p in folder.glob("model*.safetensors")))
-        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True,
-                     base_save_token=token)
+        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True, base_save_token=token)
     return None
 
 

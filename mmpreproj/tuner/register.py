@@ -21,6 +21,9 @@ __all__ = ["register_preproj"]
 
 def register_preproj() -> None:
     """Register PREPROJ with peft (config class, tuner, prefix); a no-op when it already is."""
-    if PEFT_TYPE_TO_CONFIG_MAPPING.get(PREPROJ) is PreProjConfig and PEFT_TYPE_TO_TUNER_MAPPING.get(PREPROJ) is PreProjModel:
+    if (
+        PEFT_TYPE_TO_CONFIG_MAPPING.get(PREPROJ) is PreProjConfig
+        and PEFT_TYPE_TO_TUNER_MAPPING.get(PREPROJ) is PreProjModel
+    ):
         return
     register_peft_method(name="preproj", config_cls=PreProjConfig, model_cls=PreProjModel, prefix=PreProjModel.prefix)

@@ -44,8 +44,10 @@ def last_whole_checkpoint(output_dir: str | Path, config: PreProjConfig | None =
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in root.iterdir()
-                    if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))), reverse=True)
+    found = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))),
+        reverse=True,
+    )
     for _, ckpt in found:
         reason = _torn(ckpt, config)
         if reason is None:
@@ -69,8 +71,10 @@ def _torn(ckpt: Path, want: PreProjConfig | None) -> str | None:
     if not isinstance(raw, dict):
         return "adapter_config.json is not an object"
     if raw.get("peft_type") != "PREPROJ":
-        raise ValueError(f"last_whole_checkpoint: {ckpt} holds a {raw.get('peft_type')!r} adapter, not PREPROJ; "
-                         "resume it with the method that wrote it, or pass another output_dir")
+        raise ValueError(
+            f"last_whole_checkpoint: {ckpt} holds a {raw.get('peft_type')!r} adapter, not PREPROJ; "
+            "resume it with the method that wrote it, or pass another output_dir"
+        )
     if not (ckpt / "adapter_model.safetensors").is_file():
         return "adapter_model.safetensors missing"
     try:
@@ -80,8 +84,10 @@ def _torn(ckpt: Path, want: PreProjConfig | None) -> str | None:
         return str(e)[:200]
     bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
     if bad:  # whole (the digest matches), but training diverged: resuming would go on from NaN/inf
-        raise ValueError(f"last_whole_checkpoint: {ckpt} is whole but cannot be resumed: tensor {bad[0]} holds "
-                         f"non-finite values ({len(bad)} tensor(s)); resume from an earlier checkpoint by its path")
+        raise ValueError(
+            f"last_whole_checkpoint: {ckpt} is whole but cannot be resumed: tensor {bad[0]} holds "
+            f"non-finite values ({len(bad)} tensor(s)); resume from an earlier checkpoint by its path"
+        )
     try:
         saved = PreProjConfig.from_pretrained(str(ckpt))
     except (ValueError, OSError, SafetensorError) as e:
@@ -89,8 +95,10 @@ def _torn(ckpt: Path, want: PreProjConfig | None) -> str | None:
     if want is not None:
         diff = [f for f in _SIZES if getattr(saved, f) != getattr(want, f)]
         if diff:
-            raise ValueError(f"last_whole_checkpoint: {ckpt} was written by method {saved.method!r} with "
-                             + ", ".join(f"{f}={getattr(saved, f)!r}" for f in diff)
-                             + f"; this run trains {want.method!r} with "
-                             + ", ".join(f"{f}={getattr(want, f)!r}" for f in diff))
+            raise ValueError(
+                f"last_whole_checkpoint: {ckpt} was written by method {saved.method!r} with "
+                + ", ".join(f"{f}={getattr(saved, f)!r}" for f in diff)
+                + f"; this run trains {want.method!r} with "
+                + ", ".join(f"{f}={getattr(want, f)!r}" for f in diff)
+            )
     return None

@@ -68,7 +68,9 @@ def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, to
         if tuple(got.shape) != tuple(dst.shape):
             raise ValueError(f"{what}: {k} has shape {tuple(got.shape)}, expected {tuple(dst.shape)}")
         # a float weight may come in another float dtype (cast on copy); integers, bools or complex values never
-        if got.is_floating_point() != dst.is_floating_point() or (not dst.is_floating_point() and got.dtype != dst.dtype):
+        if got.is_floating_point() != dst.is_floating_point() or (
+            not dst.is_floating_point() and got.dtype != dst.dtype
+        ):
             expect = f"a floating-point tensor ({dst.dtype})" if dst.is_floating_point() else str(dst.dtype)
             raise ValueError(f"{what}: {k} has dtype {got.dtype}, expected {expect}")
 

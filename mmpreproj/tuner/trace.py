@@ -43,8 +43,10 @@ from .plan import plan_injection
 __all__ = ["TraceError", "trace_seams"]
 
 _INPUT_KEYS = ("hidden_states", "x", "query", "input")
-_HINT = ("describe the host by hand: inject(model, host={'name': ..., 'parts': [{'name': ..., 'blocks': ..., "
-         "'attention': ..., 'norm': ...}]}) (see mmpreproj.hosts.spec)")
+_HINT = (
+    "describe the host by hand: inject(model, host={'name': ..., 'parts': [{'name': ..., 'blocks': ..., "
+    "'attention': ..., 'norm': ...}]}) (see mmpreproj.hosts.spec)"
+)
 
 
 class TraceError(ValueError):
@@ -61,7 +63,8 @@ def _is_attention(name: str, module: nn.Module) -> bool:
     if kind.endswith(("layer", "block")) and "attention" not in leaf and "attn" not in leaf:
         return False  # a decoder layer named for its attention (JambaAttentionDecoderLayer) holds one
     return ("attention" in kind or "attn" in kind or "attn" in leaf or "attention" in leaf) and any(
-        p.dim() == 2 for p in module.parameters()  # has projections (Linear, Conv1D, in_proj_weight)
+        p.dim() == 2
+        for p in module.parameters()  # has projections (Linear, Conv1D, in_proj_weight)
     )
 
 
@@ -137,7 +140,8 @@ def _flat(out: Any) -> list[torch.Tensor]:
 def _same(a: list[torch.Tensor], b: list[torch.Tensor], atol: float) -> bool:
     return len(a) == len(b) and all(
         x.shape == y.shape and torch.allclose(x.float(), y.float(), atol=atol, rtol=1e-5, equal_nan=True)
-        for x, y in zip(a, b))
+        for x, y in zip(a, b)
+    )
 
 
 def trace_seams(model: nn.Module, *args: Any, check: bool = True, partial: bool = False, **kwargs: Any) -> dict:
@@ -163,11 +167,14 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
     named = dict(model.named_modules())
     for name, module in named.items():
         if _is_norm(name, module):
+
             def record(m, a, out, name=name):
                 if isinstance(out, torch.Tensor):
                     norms[id(out)] = (out, name)
+
             handles.append(module.register_forward_hook(record))
         elif name and _is_attention(name, module):
+
             def seen(m, a, kw, name=name):
                 if name in calls:
                     return
@@ -176,8 +183,13 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
                 if hit is not None and hit[0] is x:
                     calls[name] = {"norm": hit[1], "slots": _slots_of(x, m, a, kw), "shape": tuple(x.shape)}
                 else:
-                    calls[name] = {"norm": None, "x": x, "keys": [k for k, v in kw.items() if isinstance(v, torch.Tensor)],
-                                   "multiplied": _multiplied(x, name, norms)}
+                    calls[name] = {
+                        "norm": None,
+                        "x": x,
+                        "keys": [k for k, v in kw.items() if isinstance(v, torch.Tensor)],
+                        "multiplied": _multiplied(x, name, norms),
+                    }
+
             handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
     ref = _probe(model, handles, args, kwargs, rng)
     seams = {n: c for n, c in calls.items() if c["norm"] is not None}
@@ -194,16 +206,19 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
             raise TraceError(
                 f"trace_seams: the seam {seam['norm']!r} -> {attn_name!r} of {what} is post-norm: the attention takes "
                 "the norm's output also as its residual argument (the residual stream is the normed input, as with "
-                "BLOOM's apply_residual_connection_post_layernorm=True); mmpreproj pre-projects only pre-norm seams")
+                "BLOOM's apply_residual_connection_post_layernorm=True); mmpreproj pre-projects only pre-norm seams"
+            )
         blocks, block = split
-        attention, norm = attn_name[len(block) + 1:], seam["norm"][len(block) + 1:]
+        attention, norm = attn_name[len(block) + 1 :], seam["norm"][len(block) + 1 :]
         key = (blocks, attention, norm)  # two seams in one block (temporal + spatial attention): two parts
         if key not in parts:
             base = blocks.replace(".", "_") or "blocks"
             first = not any(k[0] == blocks for k in parts)
             parts[key] = {
                 "name": base if first else f"{base}_{attention.replace('.', '_')}",
-                "blocks": blocks, "attention": attention, "norm": norm,
+                "blocks": blocks,
+                "attention": attention,
+                "norm": norm,
                 "call": {"inputs": seam["slots"], "output_index": None},
                 "_seams": [],
             }
@@ -220,7 +235,8 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
     if not parts:
         raise TraceError(
             f"trace_seams: no attention module of {what} received a norm's output inside a numbered block"
-            f"{_listed(left)}; {_HINT}")
+            f"{_listed(left)}; {_HINT}"
+        )
     for part in parts.values():
         _restrict_to_seams(model, part, what)
     for part in parts.values():
@@ -230,7 +246,8 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
                 f"trace_seams: the seam {norm_name!r} -> {attn_name!r} of {what} is post-norm: the output of "
                 f"{norm_name!r} is also the block's residual stream (it reaches the block's output other than as the "
                 "input of a module), so pre-projecting it would change what the residual carries; mmpreproj "
-                "pre-projects only pre-norm seams (the norm's output feeds modules only)")
+                "pre-projects only pre-norm seams (the norm's output feeds modules only)"
+            )
     seams_of = {id(part): part["_seams"][0] for part in parts.values()}
     for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
         probe = named[part.pop("_seams")[0][1]]
@@ -241,16 +258,19 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, check: bool, partial: bo
         got = out.get("o")[0] if isinstance(out.get("o"), tuple) else out.get("o")
         if isinstance(got, torch.Tensor) and tuple(got.shape) != seams_of[id(part)][3]:
             raise TraceError(
-                f"trace_seams: {seams_of[id(part)][1]!r} of {what} returns shape {tuple(got.shape)} for an input of shape "
+                f"trace_seams: {seams_of[id(part)][1]!r} of {what} returns shape {tuple(got.shape)} "
+                "for an input of shape "
                 f"{seams_of[id(part)][3]} (a class attention that updates only the class token): the content skip "
-                f"cannot be added to its output; {_HINT}")
+                f"cannot be added to its output; {_HINT}"
+            )
     description = {"name": "traced", "parts": list(parts.values())}
     missing = {n: why for n, why in left.items() if not why.startswith("attention pooling head")}
     if missing and not partial:
         raise TraceError(
             f"trace_seams: the seams found in {what} leave {len(missing)} attention module(s) out{_listed(missing)}. "
             "Run an example input that reaches every tower, or pass partial=True to trace_seams to take the "
-            f"description without them, or {_HINT}")
+            f"description without them, or {_HINT}"
+        )
     if check:
         _check(model, description, args, kwargs, rng)
     if left:
@@ -276,14 +296,20 @@ def _why_left_out(module: nn.Module, call: dict | None, seam: dict | None) -> st
     if call is None:
         return "not run by the example input (a tower, branch or layer kind this input does not reach)"
     if call.get("outside"):
-        return (f"its input is the output of {call['outside']!r}, a norm outside its numbered block (post-norm: the "
-                "previous block's or the embeddings' norm)")
+        return (
+            f"its input is the output of {call['outside']!r}, a norm outside its numbered block (post-norm: the "
+            "previous block's or the embeddings' norm)"
+        )
     if call.get("multiplied"):
-        return (f"its input is '{call['multiplied']} (a multiplier between norm and attention: the input is not "
-                "the norm's output itself, so the pre-projection has no seam to sit on)")
+        return (
+            f"its input is '{call['multiplied']} (a multiplier between norm and attention: the input is not "
+            "the norm's output itself, so the pre-projection has no seam to sit on)"
+        )
     if call.get("x") is None:
-        return (f"called without a hidden_states/x/query input (keywords {call.get('keys')}): a resampler or "
-                "cross-attention")
+        return (
+            f"called without a hidden_states/x/query input (keywords {call.get('keys')}): a resampler or "
+            "cross-attention"
+        )
     return "its input is no norm's output (post-norm, cross-attention, or a norm not recognised by its class name)"
 
 
@@ -313,7 +339,8 @@ def _restrict_to_seams(model: nn.Module, part: dict, what: str) -> None:
     raise TraceError(
         f"trace_seams: {what}'s {part['blocks']!r} mixes layer kinds: {attention!r} is an attention seam in blocks "
         f"{sorted(seam_ids)} only, and no path tells those blocks from blocks {others} (a hybrid stack); give the "
-        f"part a 'contains' path only its attention blocks have, or {_HINT}")
+        f"part a 'contains' path only its attention blocks have, or {_HINT}"
+    )
 
 
 def _has(block: nn.Module, path: str) -> bool:
@@ -324,8 +351,15 @@ def _has(block: nn.Module, path: str) -> bool:
     return True
 
 
-def _residual_stream(model: nn.Module, args: tuple, kwargs: dict, ref: list[torch.Tensor], block: nn.Module,
-                     norm: nn.Module, rng: torch.Tensor) -> bool:
+def _residual_stream(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    ref: list[torch.Tensor],
+    block: nn.Module,
+    norm: nn.Module,
+    rng: torch.Tensor,
+) -> bool:
     """True if the norm's output is (also) the residual stream: a post-norm seam.
 
     The rule: in a pre-norm block the norm's output `y` is only ever the input of modules (the attention; in
@@ -351,11 +385,15 @@ def _residual_stream(model: nn.Module, args: tuple, kwargs: dict, ref: list[torc
         def fix(t):
             hit = clean.get(id(t)) if isinstance(t, torch.Tensor) else None
             return hit[1] if hit is not None and hit[0] is t else t
+
         return tuple(fix(t) for t in a), {k: fix(v) for k, v in kw.items()}
 
     handles = [norm.register_forward_hook(perturb)]
-    handles += [m.register_forward_pre_hook(restore, with_kwargs=True)
-                for m in block.modules() if m is not block and m is not norm]
+    handles += [
+        m.register_forward_pre_hook(restore, with_kwargs=True)
+        for m in block.modules()
+        if m is not block and m is not norm
+    ]
     got = _probe(model, handles, args, kwargs, rng)
     return not _same(got, ref, 1e-6)
 
@@ -383,5 +421,7 @@ def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict, rng: 
     ref = _probe(model, [], args, kwargs, rng)
     got = _probe(twin, [], args, kwargs, rng)
     if not _same(got, ref, 1e-5):
-        raise TraceError(f"trace_seams: the traced description does not reproduce {type(model).__name__} at "
-                         f"identity init (of the {len(ref)} tensors it returns, some moved); {_HINT}")
+        raise TraceError(
+            f"trace_seams: the traced description does not reproduce {type(model).__name__} at "
+            f"identity init (of the {len(ref)} tensors it returns, some moved); {_HINT}"
+        )

@@ -31,9 +31,7 @@ def injected_owner(model: nn.Module, what: str) -> tuple[nn.Module, Any]:
         raise RuntimeError(f"{what}: this model has no mmpreproj modules (call mmpreproj.inject first)")
     if len(owners) > 1:
         names = [name or "<the model itself>" for name, _ in owners]
-        raise ValueError(
-            f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them"
-        )
+        raise ValueError(f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them")
     _, owner = owners[0]
     return owner, vars(owner)[STATE_ATTR]
 

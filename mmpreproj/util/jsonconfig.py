@@ -34,7 +34,9 @@ class JsonConfig:
     def from_dict(cls: type[C], d: dict[str, Any]) -> C:
         """Build from a dict; unknown keys (e.g. from a newer version) warn and are ignored."""
         if not isinstance(d, dict):
-            raise ValueError(f"{cls.__name__}: expected a JSON object (a dict of fields), got {type(d).__name__}: {d!r:.80}")
+            raise ValueError(
+                f"{cls.__name__}: expected a JSON object (a dict of fields), got {type(d).__name__}: {d!r:.80}"
+            )
         known = {f.name for f in dataclasses.fields(cls)} - {"library_version"}
         unknown = sorted(set(d) - known - {"library_version"})
         if unknown:

@@ -16,8 +16,13 @@ def probing(model: nn.Module) -> Iterator[None]:
     """Eval mode and a forked RNG (CPU and the model's CUDA devices) for the block; every submodule's
     `training` flag and the caller's RNG state are put back afterwards."""
     training = [(m, m.training) for m in model.modules()]
-    cuda = sorted({torch.cuda.current_device() if t.device.index is None else t.device.index
-                   for t in (*model.parameters(), *model.buffers()) if t.device.type == "cuda"})
+    cuda = sorted(
+        {
+            torch.cuda.current_device() if t.device.index is None else t.device.index
+            for t in (*model.parameters(), *model.buffers())
+            if t.device.type == "cuda"
+        }
+    )
     with torch.random.fork_rng(devices=cuda):
         try:
             model.eval()

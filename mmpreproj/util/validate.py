@@ -80,9 +80,7 @@ def _convert(hint: Any, value: Any) -> tuple[bool, Any, str]:
         return isinstance(value, str), value, "a string"
     origin = typing.get_origin(hint)
     if origin is list and args == (int,):
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(i, int) and not isinstance(i, bool) for i in value
-        )
+        ok = isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
         return ok, list(value) if ok and not isinstance(value, list) else value, "a list of ints"
     if origin is list and args == (str,):
         ok = isinstance(value, (list, tuple)) and all(isinstance(i, str) for i in value)

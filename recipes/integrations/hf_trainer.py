@@ -80,9 +80,7 @@ def run(config: RecipeConfig) -> dict:
         save_steps=config.save_steps, logging_steps=max(1, config.steps // 10), seed=config.seed,
         report_to=[], use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
     )  # fmt: skip
-    trainer = Trainer(
-        model=model, args=args, train_dataset=build_data(config, tokenizer), processing_class=tokenizer
-    )
+    trainer = Trainer(model=model, args=args, train_dataset=build_data(config, tokenizer), processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = Path(config.out) / "final"
     trainer.save_model(str(final))  # the adapter (peft's LoRA file, for preproj_lora), the tokenizer

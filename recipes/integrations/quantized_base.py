@@ -91,9 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     # 2. data
-    train = pad_lines(
-        select_lines(wikitext_lines("validation"), config.train_lines), tokenizer, config.max_len
-    )
+    train = pad_lines(select_lines(wikitext_lines("validation"), config.train_lines), tokenizer, config.max_len)
     eval_rows = wikitext_lines("test")[: config.eval_lines]
     ppl_float = ppl(float_model, tokenizer, eval_rows, config)
     del float_model

@@ -88,7 +88,10 @@ def run(config: RecipeConfig) -> dict:
         assistant_only_loss=True, report_to=[], use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
     )  # fmt: skip
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=build_chats(config), processing_class=tokenizer,
+        model=model,
+        args=args,
+        train_dataset=build_chats(config),
+        processing_class=tokenizer,
         peft_config=peft_config,
     )
     model = trainer.model  # the PeftModel TRL built

@@ -105,8 +105,9 @@ def _timm(name: str, checkpoint: str | None) -> Backbone:
     try:
         if checkpoint:
             file, args, fields = _saved_timm_config(name, checkpoint)
-            model = timm.create_model(name, pretrained=True, num_classes=0,
-                                      pretrained_cfg_overlay={"file": file, **fields}, **args)
+            model = timm.create_model(
+                name, pretrained=True, num_classes=0, pretrained_cfg_overlay={"file": file, **fields}, **args
+            )
         else:
             _offline_if_unreachable()
             model = timm.create_model(name, pretrained=True, num_classes=0)
@@ -119,8 +120,15 @@ def _timm(name: str, checkpoint: str | None) -> Backbone:
         ) from None
     cfg = model.pretrained_cfg
     size = int(cfg.get("input_size", (3, 224, 224))[-1])
-    return Backbone(model, model.num_features, size, tuple(cfg.get("mean", IMAGENET[0])),
-                    tuple(cfg.get("std", IMAGENET[1])), r".*\.attn\.(qkv|proj)", "timm")
+    return Backbone(
+        model,
+        model.num_features,
+        size,
+        tuple(cfg.get("mean", IMAGENET[0])),
+        tuple(cfg.get("std", IMAGENET[1])),
+        r".*\.attn\.(qkv|proj)",
+        "timm",
+    )
 
 
 def _open_clip(spec: str, checkpoint: str | None) -> Backbone:
@@ -155,8 +163,9 @@ def _random_tiny(clip: bool, seed: int) -> Backbone:
         return Backbone(tower, 64, 32, *CLIP, r".*\.attn", "open_clip")
     from timm.models.vision_transformer import VisionTransformer
 
-    vit = VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
-                            num_classes=0, qkv_bias=True)
+    vit = VisionTransformer(
+        img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, num_classes=0, qkv_bias=True
+    )
     return Backbone(vit, 64, 32, *IMAGENET, r".*\.attn\.(qkv|proj)", "timm")
 
 
@@ -169,4 +178,6 @@ def load_backbone(spec: str, checkpoint: str | None = None, seed: int = 0) -> Ba
         return _timm(rest, checkpoint)
     if family == "open_clip" and rest:
         return _open_clip(rest, checkpoint)
-    raise ValueError(f"unknown backbone {spec!r}: use timm:NAME, open_clip:ARCH[:TAG], random-tiny or random-tiny-clip")
+    raise ValueError(
+        f"unknown backbone {spec!r}: use timm:NAME, open_clip:ARCH[:TAG], random-tiny or random-tiny-clip"
+    )

@@ -1,7 +1,7 @@
 """Shipped vision data: CIFAR-10 JPEGs packed in a zip per split, and video frames decoded with PyAV.
 
-    images, labels, classes = load_image_zip(asset_path("cifar10", "train.zip"))   # uint8 (N, 3, 32, 32)
-    frames = read_video(asset_path("videos", "cockatoo.mp4"), size=(48, 85))      # uint8 (T, 3, 48, 85)
+images, labels, classes = load_image_zip(asset_path("cifar10", "train.zip"))   # uint8 (N, 3, 32, 32)
+frames = read_video(asset_path("videos", "cockatoo.mp4"), size=(48, 85))      # uint8 (T, 3, 48, 85)
 """
 
 from __future__ import annotations

@@ -42,8 +42,10 @@ def correct_items(
     """Per-image top-1 correctness of `model(prepare(x))` against labels y (bool (N,)), in eval mode."""
     was_training = model.training
     model.eval()
-    hits = [model(prepare(x[i : i + batch_size], None)).argmax(-1) == y[i : i + batch_size]
-            for i in range(0, len(x), batch_size)]
+    hits = [
+        model(prepare(x[i : i + batch_size], None)).argmax(-1) == y[i : i + batch_size]
+        for i in range(0, len(x), batch_size)
+    ]
     model.train(was_training)
     return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
@@ -80,8 +82,9 @@ def fit_classifier(
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0}],
-                            lr=lr)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0}], lr=lr
+    )
 
     def lr_at(step: int) -> float:
         if step < warmup_steps:

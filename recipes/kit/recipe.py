@@ -45,6 +45,7 @@ def parse_config(
 
 def _non_empty(default: Any):
     """An argparse type for a string option whose default is not '': refuses '' and blanks by name."""
+
     def check(value: str) -> str:
         if not value.strip():
             what = "path" if isinstance(default, str) and ("/" in default or os.sep in default) else "value"
@@ -60,13 +61,19 @@ def environment() -> dict[str, Any]:
     """Machine facts saved beside the metrics (load average: the machine may be shared)."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_avg_1_5_15": [round(x, 2) for x in load],
-            "process_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1)}
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_avg_1_5_15": [round(x, 2) for x in load],
+        "process_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+    }
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A markdown table of `rows` (columns named "... acc" as percentages), printed and returned."""
+
     def cell(column: str, v: Any) -> str:
         if isinstance(v, float):
             return f"{100 * v:.1f}%" if "acc" in column else f"{v:.1f}"

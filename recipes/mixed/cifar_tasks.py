@@ -70,9 +70,7 @@ class WordTokenizer:
         return " ".join(self.vocab[i] for i in ids)
 
 
-def load_cifar(
-    root: str | Path, split: str, per_class: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def load_cifar(root: str | Path, split: str, per_class: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 images (N, 3, 32, 32) and labels (N,) indexing `CLASSES`, from `<root>/<split>.zip`.
 
     The first `per_class` images of each class are kept (`recipes.kit.load_image_zip`).
@@ -126,9 +124,7 @@ def make_question(kind: str, images: torch.Tensor, labels: torch.Tensor, tok: Wo
     else:
         raise ValueError(f"kind must be one of {QUESTION_TYPES}, got {kind!r}")
     ids = tok.encode(prompt)
-    return Question(
-        MixedSample(ids, images=pics, target_ids=[tok.ids[answer], tok.eos]), kind, tok.ids[answer]
-    )
+    return Question(MixedSample(ids, images=pics, target_ids=[tok.ids[answer], tok.eos]), kind, tok.ids[answer])
 
 
 def make_questions(n: int, images: torch.Tensor, labels: torch.Tensor, tok: WordTokenizer, seed: int,
@@ -143,8 +139,14 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
-def train_loop(model: torch.nn.Module, cfg, images, labels, tok: WordTokenizer,
-               loss_of: Callable[[list[MixedSample]], torch.Tensor]) -> list[dict]:
+def train_loop(
+    model: torch.nn.Module,
+    cfg,
+    images,
+    labels,
+    tok: WordTokenizer,
+    loss_of: Callable[[list[MixedSample]], torch.Tensor],
+) -> list[dict]:
     """AdamW with linear warmup and cosine decay; fresh random questions every step (the same stream for every
     arm, whatever the model: `loss_of(samples)` batches them the model's way and returns the loss)."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -77,9 +77,7 @@ ARMS = {  # name: (positions over image tokens, M-RoPE frequency layout, pre-pro
 class MixedConfig:
     """Every knob of the run; the CLI is generated from these fields."""
 
-    data: str = str(
-        asset_path("cifar10")
-    )  # a folder holding {train,test}.zip (members <split>/<class>/*.jpg)
+    data: str = str(asset_path("cifar10"))  # a folder holding {train,test}.zip (members <split>/<class>/*.jpg)
     out: str = "runs/mixed-cifar"
     arms: str = ",".join(ARMS)
     seed: int = 0
@@ -117,9 +115,7 @@ class MixedConfig:
             self.steps, self.batch_size, self.log_every = 25, 16, 5
 
 
-def build_model(
-    cfg: MixedConfig, tok: WordTokenizer, position_mode: str, layout: str, adapter: bool
-) -> MixedModel:
+def build_model(cfg: MixedConfig, tok: WordTokenizer, position_mode: str, layout: str, adapter: bool) -> MixedModel:
     torch.manual_seed(cfg.seed)  # every arm starts from the same base weights
     tower = PatchTower(cfg.patch, cfg.tower_width, cfg.tower_depth, num_heads=2, rope=cfg.tower_rope)
     projector = VisionProjector(cfg.tower_width, cfg.width, cfg.merge)
@@ -167,9 +163,7 @@ def routing_by_modality(model: MixedModel, questions: list[Question]) -> dict[st
     batches = [model.prepare([q.sample for q in chunk]) for chunk in _chunks(questions)]
     out = {}
     for name, code in (("text", TEXT), ("image", IMAGE)):
-        feed = [
-            {**b.decoder_inputs(), "mask": (b.modality == code) & b.attention_mask.bool()} for b in batches
-        ]
+        feed = [{**b.decoder_inputs(), "mask": (b.modality == code) & b.attention_mask.bool()} for b in batches]
         out[name] = routing_ratios(model, feed, token_mask_key="mask")
     return out
 
@@ -192,9 +186,7 @@ def write_report(out: Path, report: dict) -> None:
         for arm, r in routed.items():
             cells = [f"{r['routing']['text'][i]:.3f} | {r['routing']['image'][i]:.3f}" for i in range(depth)]
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-        series = {
-            f"{a} {m}": list(r["routing"][m].values()) for a, r in routed.items() for m in ("text", "image")
-        }
+        series = {f"{a} {m}": list(r["routing"][m].values()) for a, r in routed.items() for m in ("text", "image")}
         plot_skip_norms(series, out / "routing.png", title="content-skip routing by modality",
                         ylabel="||W_skip x~|| / ||attn_out||")  # fmt: skip
     load = " / ".join(f"{x:.2f}" for x in report["loadavg_start"])

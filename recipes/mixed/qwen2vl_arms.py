@@ -73,7 +73,8 @@ def build_qwen2vl(cfg: Any, tok: WordTokenizer, adapter: bool) -> torch.nn.Modul
 
 
 def image_processor(cfg: Any) -> Any:
-    """Qwen2-VL's own image processor, built in code: the recipe's patch and merge; pictures of 16..48 px kept as is."""
+    """Qwen2-VL's own image processor, built in code: the recipe's patch and merge; pictures of 16..48 px kept as
+    is."""
     from transformers import Qwen2VLImageProcessor
 
     factor = cfg.patch * cfg.merge
@@ -167,9 +168,7 @@ def routing_by_modality(model: torch.nn.Module, questions: list, batcher: Qwen2V
     for chunk in _chunks(questions):
         batch = batcher([q.sample for q in chunk])
         captured: dict[str, Any] = {}
-        hook = decoder.register_forward_pre_hook(
-            lambda mod, args, kw, c=captured: c.update(kw), with_kwargs=True
-        )
+        hook = decoder.register_forward_pre_hook(lambda mod, args, kw, c=captured: c.update(kw), with_kwargs=True)
         try:
             _forward(model, batch)
         finally:
@@ -178,10 +177,7 @@ def routing_by_modality(model: torch.nn.Module, questions: list, batcher: Qwen2V
         feeds.append((keep, batch["mm_token_type_ids"].bool(), batch["attention_mask"].bool()))
     out = {}
     for name in ("text", "image"):
-        feed = [
-            {**kw, "use_cache": False, "mask": (img if name == "image" else ~img) & att}
-            for kw, img, att in feeds
-        ]
+        feed = [{**kw, "use_cache": False, "mask": (img if name == "image" else ~img) & att} for kw, img, att in feeds]
         ratios = routing_ratios(decoder, feed, token_mask_key="mask")  # keyed by the global block index
         out[name] = {i: v for i, (_, v) in enumerate(sorted(ratios.items()))}  # decoder layer 0, 1, ...
     return out
@@ -205,7 +201,8 @@ def run_qwen2vl_arm(arm: str, cfg: Any, tok: WordTokenizer, train_x, train_y, te
     log = train_qwen2vl(model, cfg, train_x, train_y, batcher)
     r = {"positions": "qwen2-vl mrope", "layout": "chunked", "adapter": adapter, "loss": log,
          "train_s": time.time() - t0, "train_cpu_s": time.process_time() - cpu0,
-         "params": sum(p.numel() for p in model.parameters()), "accuracy": evaluate_qwen2vl(model, test, batcher)}  # fmt: skip
+         "params": sum(p.numel() for p in model.parameters()),
+         "accuracy": evaluate_qwen2vl(model, test, batcher)}  # fmt: skip
     if adapter:
         r["routing"] = routing_by_modality(model, test[: min(len(test), 192)], batcher)
         r["skip_norms"] = skip_norms_by_part(model)

@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", default="runs/smollm2-135m-gpu", help="(default: %(default)s)")
     ap.add_argument("--model", default="smollm2-135m", help="model name, .gguf file or folder (default: %(default)s)")
     ap.add_argument("--data-source", choices=("local", "hub"), default="local")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="2 steps of 2 x 32 tokens, fp32, 8 examples per task: checks the path on a CPU in minutes")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="2 steps of 2 x 32 tokens, fp32, 8 examples per task: checks the path on a CPU in minutes",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
@@ -40,13 +43,29 @@ def main(argv: list[str] | None = None) -> Path:
     overrides = {"model": args.model, "data": str(ROOT / VALID_LINES), "data_config": None, "num_lines": 1500}
     eval_settings = {"ppl_split": "test", "tasks": ["ppl", "lambada", "hellaswag", "arc_easy"]}
     if args.dry_run:
-        overrides.update(steps=2, warmup_steps=1, batch_size=2, grad_accum=1, max_len=32, precision="fp32",
-                         model_dtype="float32", gradient_checkpointing=False, device="cpu")
+        overrides.update(
+            steps=2,
+            warmup_steps=1,
+            batch_size=2,
+            grad_accum=1,
+            max_len=32,
+            precision="fp32",
+            model_dtype="float32",
+            gradient_checkpointing=False,
+            device="cpu",
+        )
         eval_settings["limit"] = 8
     t0 = time.time()
-    reproduce("smollm2-135m", args.out, DEMO_METHODS, eval_settings=eval_settings, data_source=args.data_source,
-              train_overrides=overrides, progress=not args.dry_run,
-              command="python recipes/smollm2/gpu_table2.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    reproduce(
+        "smollm2-135m",
+        args.out,
+        DEMO_METHODS,
+        eval_settings=eval_settings,
+        data_source=args.data_source,
+        train_overrides=overrides,
+        progress=not args.dry_run,
+        command="python recipes/smollm2/gpu_table2.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
     report = Path(args.out) / "report.md"
     print((Path(args.out) / "table.md").read_text())
     print(f"{time.time() - t0:.0f} s -> {report}")

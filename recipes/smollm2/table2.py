@@ -42,8 +42,9 @@ def commit(paths: list[Path], message: str) -> None:
     for _ in range(20):
         add = subprocess.run(["git", "add", "--", *rel], cwd=ROOT, capture_output=True, text=True)
         if add.returncode == 0:
-            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *rel], cwd=ROOT,
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                ["git", "commit", "-q", "-m", message, "--", *rel], cwd=ROOT, capture_output=True, text=True
+            )
             if done.returncode == 0 or "nothing to commit" in done.stdout + done.stderr:
                 return
         time.sleep(3)
@@ -58,11 +59,17 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="processes, one thread each (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=None, help="override the preset's steps (a dry run)")
-    ap.add_argument("--groups", default=None, help="comma-separated group labels to run (default: all of "
-                    "table2_groups: preproj_skip, lora, lora_matched, b0.01/preproj_skip, b0.01/lora, preproj, skip, "
-                    "preproj_lora)")
+    ap.add_argument(
+        "--groups",
+        default=None,
+        help="comma-separated group labels to run (default: all of "
+        "table2_groups: preproj_skip, lora, lora_matched, b0.01/preproj_skip, b0.01/lora, preproj, skip, "
+        "preproj_lora)",
+    )
     ap.add_argument("--model", default=None, help="override the preset's model (a dry run on a small one)")
-    ap.add_argument("--limit", type=int, default=None, help="examples per evaluation (a dry run; default: the study's)")
+    ap.add_argument(
+        "--limit", type=int, default=None, help="examples per evaluation (a dry run; default: the study's)"
+    )
     ap.add_argument("--commit", action="store_true", help="git-commit each finished step's files")
     ap.add_argument("--report", action="store_true", help="train nothing: write the report from what is finished")
     args = ap.parse_args()
@@ -104,8 +111,11 @@ def main() -> None:
             ap.error(f"--groups: unknown {unknown}; allowed values: {[g.label for g in groups]}")
         groups = [g for g in groups if g.label in wanted]
     if args.report:
-        print(write_report(open_study(args.preset, out, runs, base, groups=groups, overrides=overrides,
-                                      limit=args.limit), NOTES))
+        print(
+            write_report(
+                open_study(args.preset, out, runs, base, groups=groups, overrides=overrides, limit=args.limit), NOTES
+            )
+        )
         return
 
     def on_finish(step) -> None:

@@ -96,9 +96,7 @@ class PretrainConfig:
 
 def parse_args(argv: list[str] | None = None) -> PretrainConfig:
     """Build an argparse CLI from the fields of PretrainConfig (``--field-name``)."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     hints = typing.get_type_hints(PretrainConfig)
     for f in dataclasses.fields(PretrainConfig):
         parser.add_argument(
@@ -186,9 +184,7 @@ def make_blocks(tok: Tokenizer, texts: list[str], cfg: PretrainConfig) -> tuple[
         stream.extend(enc.ids)
         stream.append(eos_id)
     n_blocks = len(stream) // cfg.block_size
-    blocks = torch.tensor(stream[: n_blocks * cfg.block_size], dtype=torch.long).view(
-        n_blocks, cfg.block_size
-    )
+    blocks = torch.tensor(stream[: n_blocks * cfg.block_size], dtype=torch.long).view(n_blocks, cfg.block_size)
     perm = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(cfg.seed))
     n_val = max(1, round(cfg.val_frac * n_blocks))
     return blocks[perm[n_val:]], blocks[perm[:n_val]]
@@ -289,9 +285,7 @@ def train(
             val = eval_loss(model, val_blocks[: cfg.eval_batches * cfg.batch_size], cfg.batch_size)
             eval_time += time.perf_counter() - te
             evals.append((step + 1, val))
-            tqdm.write(
-                f"step {step + 1}: train {sum(recent) / len(recent):.4f}  val {val:.4f}  tok/s {tok_s:.0f}"
-            )
+            tqdm.write(f"step {step + 1}: train {sum(recent) / len(recent):.4f}  val {val:.4f}  tok/s {tok_s:.0f}")
     pbar.close()
     train_time = time.perf_counter() - t0 - eval_time
     steps_done = step + 1
@@ -352,9 +346,7 @@ def shown(path: str | Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
-def training_md(
-    cfg: PretrainConfig, files: list[Path], data: dict, log: dict, checks: dict, wall: float
-) -> str:
+def training_md(cfg: PretrainConfig, files: list[Path], data: dict, log: dict, checks: dict, wall: float) -> str:
     """The TRAINING.md that ships with the checkpoint."""
     argv = [shown(sys.argv[0])] + [shown(a) if os.path.exists(a) else a for a in sys.argv[1:]]
     rows = "\n".join(f"| {f.name} | {f.stat().st_size:,} | `{sha256(f)}` |" for f in files)
@@ -390,7 +382,8 @@ tokenizers {tokenizers.__version__}.
 ## Data
 
 {len(files)} books from `{shown(cfg.books)}` (each read with `utf-8-sig`, cut to the text between its
-`*** START OF` and `*** END OF` lines, paragraphs unwrapped with runs of whitespace made single spaces, `[Illustration]` tags dropped), joined with
+`*** START OF` and `*** END OF` lines, paragraphs unwrapped with runs of whitespace made single spaces, \
+`[Illustration]` tags dropped), joined with
 `<|endoftext|>` and cut into {cfg.block_size}-token blocks: {data["tokens"]:,} tokens, {data["train_blocks"]:,}
 train blocks, {data["val_blocks"]:,} validation blocks ({cfg.val_frac:.0%}, chosen at random with the seed).
 
@@ -400,7 +393,8 @@ train blocks, {data["val_blocks"]:,} validation blocks ({cfg.val_frac:.0%}, chos
 
 ## Training
 
-- {log["steps"]:,} steps x {cfg.batch_size} x {cfg.block_size} tokens = {log["tokens"]:,} tokens ({log["epochs"]:.2f} epochs)
+- {log["steps"]:,} steps x {cfg.batch_size} x {cfg.block_size} tokens = {log["tokens"]:,} tokens \
+({log["epochs"]:.2f} epochs)
 - AdamW lr {cfg.lr:g} (betas {cfg.beta1}, {cfg.beta2}), {cfg.warmup_steps} warmup steps then cosine to
   {cfg.lr * cfg.min_lr_ratio:g}, weight decay {cfg.weight_decay} (matrices only), grad clip {cfg.grad_clip}
 - training wall time {log["train_seconds"]:.0f} s ({log["tokens_per_s"]:.0f} tokens/s); whole script {wall:.0f} s
@@ -428,9 +422,7 @@ train blocks, {data["val_blocks"]:,} validation blocks ({cfg.val_frac:.0%}, chos
 """
 
 
-def save_atomic(
-    model: GPTNeoXForCausalLM, hf_tok: PreTrainedTokenizerFast, cfg: PretrainConfig, write_md
-) -> None:
+def save_atomic(model: GPTNeoXForCausalLM, hf_tok: PreTrainedTokenizerFast, cfg: PretrainConfig, write_md) -> None:
     """Save into a temporary sibling folder, check it, write TRAINING.md, then rename it to ``cfg.out``."""
     out = Path(cfg.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -477,7 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[5] {log['steps']} steps, {log['tokens']:,} tokens, {log['tokens_per_s']:.0f} tokens/s")
     if cfg.probe_seconds:
         print(
-            f"probe: {log['tokens_per_s']:.0f} tokens/s, {log['tokens_per_s'] / (cfg.batch_size * cfg.block_size):.3f} steps/s"
+            f"probe: {log['tokens_per_s']:.0f} tokens/s, "
+            f"{log['tokens_per_s'] / (cfg.batch_size * cfg.block_size):.3f} steps/s"
         )
         return
     data = {"tokens": n_tokens, "train_blocks": len(train_blocks), "val_blocks": len(val_blocks)}

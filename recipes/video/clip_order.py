@@ -102,7 +102,9 @@ class Config:
 def segments(first: int, last: int, span: int) -> torch.Tensor:
     """(start, label) for every segment of `span` frames inside [first, last), with both labels: (N, 2)."""
     starts = torch.arange(first, last - span + 1)
-    return torch.cat([torch.stack([starts, torch.zeros_like(starts)], 1), torch.stack([starts, torch.ones_like(starts)], 1)])
+    return torch.cat(
+        [torch.stack([starts, torch.zeros_like(starts)], 1), torch.stack([starts, torch.ones_like(starts)], 1)]
+    )
 
 
 def reorder(clip: torch.Tensor, cfg: Config, g: torch.Generator) -> torch.Tensor:
@@ -144,9 +146,18 @@ def make_clips(video: torch.Tensor, segs: torch.Tensor, cfg: Config, g: torch.Ge
 # 2. Model ------------------------------------------------------------------------------------------------------
 def build(cfg: Config, positions: str) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)
-    return VideoViT(clip_size=(cfg.frames, *cfg.crop), patch_size=cfg.patch_size, tubelet=cfg.tubelet, num_classes=2,
-                    dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
-                    positions=positions, theta=cfg.theta)
+    return VideoViT(
+        clip_size=(cfg.frames, *cfg.crop),
+        patch_size=cfg.patch_size,
+        tubelet=cfg.tubelet,
+        num_classes=2,
+        dim=cfg.dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        positions=positions,
+        theta=cfg.theta,
+    )
 
 
 # 3-4. Train every variant at the same budget, report ----------------------------------------------------------------
@@ -163,33 +174,61 @@ def main(argv: list[str] | None = None) -> dict:
     test_segs = segments(n_train + cfg.gap_frames, len(video), span)
     if len(test_segs) == 0:
         raise ValueError("no test segments: the video is too short for this split")
-    print(f"{Path(cfg.video).name}: {len(video)} frames; train frames [0, {n_train}) -> {len(train_segs)} clips, "
-          f"test frames [{n_train + cfg.gap_frames}, {len(video)}) -> {len(test_segs)} clips")
+    print(
+        f"{Path(cfg.video).name}: {len(video)} frames; train frames [0, {n_train}) -> {len(train_segs)} clips, "
+        f"test frames [{n_train + cfg.gap_frames}, {len(video)}) -> {len(test_segs)} clips"
+    )
 
     results, curves = {}, {}
     for variant in cfg.variants:
         fit = fit_classifier(
-            build(cfg, variant), (train_segs, train_segs[:, 1]), (test_segs, test_segs[:, 1]),
-            steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-            warmup_steps=cfg.warmup_steps, seed=cfg.seed,
+            build(cfg, variant),
+            (train_segs, train_segs[:, 1]),
+            (test_segs, test_segs[:, 1]),
+            steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            warmup_steps=cfg.warmup_steps,
+            seed=cfg.seed,
             prepare_train=lambda s, g: make_clips(video, s, cfg, g),
-            prepare_test=lambda s, g: make_clips(video, s, cfg, None), desc=variant, progress=cfg.progress,
+            prepare_test=lambda s, g: make_clips(video, s, cfg, None),
+            desc=variant,
+            progress=cfg.progress,
         )
         results[variant] = dataclasses.asdict(fit)
         curves[variant] = fit.loss_curve
         write_json(out / "metrics.json", {"partial": True, "config": dataclasses.asdict(cfg), "results": results})
 
-    rows = [{"positions": v, "test acc": r["test_accuracy"], "train acc": r["train_accuracy"],
-             "params": f"{r['trainable_params']:,}", "seconds": r["seconds"]} for v, r in results.items()]
+    rows = [
+        {
+            "positions": v,
+            "test acc": r["test_accuracy"],
+            "train acc": r["train_accuracy"],
+            "params": f"{r['trainable_params']:,}",
+            "seconds": r["seconds"],
+        }
+        for v, r in results.items()
+    ]
     table = print_table(rows, ["positions", "test acc", "train acc", "params", "seconds"])
-    plot_bars({v: r["test_accuracy"] for v, r in results.items()}, out / "accuracy.png",
-              f"{cfg.task} vs in order, {len(test_segs)} held-out clips (chance 0.5)")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
-                every=log_interval(cfg.steps))
-    metrics = {"recipe": "clip_order", "config": dataclasses.asdict(cfg), "results": results, "table": table,
-               "num_frames": len(video), "train_clips": len(train_segs), "test_clips": len(test_segs),
-               "wall_seconds": time.perf_counter() - t0, "environment": environment(),
-               "mmpreproj_version": mmpreproj.__version__}
+    plot_bars(
+        {v: r["test_accuracy"] for v, r in results.items()},
+        out / "accuracy.png",
+        f"{cfg.task} vs in order, {len(test_segs)} held-out clips (chance 0.5)",
+    )
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=log_interval(cfg.steps))
+    metrics = {
+        "recipe": "clip_order",
+        "config": dataclasses.asdict(cfg),
+        "results": results,
+        "table": table,
+        "num_frames": len(video),
+        "train_clips": len(train_segs),
+        "test_clips": len(test_segs),
+        "wall_seconds": time.perf_counter() - t0,
+        "environment": environment(),
+        "mmpreproj_version": mmpreproj.__version__,
+    }
     write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'metrics.json'} in {metrics['wall_seconds']:.0f} s")
     return metrics

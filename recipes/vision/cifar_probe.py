@@ -107,7 +107,9 @@ def lora_rank(backbone: Backbone, target_params: int) -> int:
 
     from peft import LoraConfig, inject_adapter_in_model
 
-    probe = inject_adapter_in_model(LoraConfig(r=1, target_modules=backbone.lora_targets), copy.deepcopy(backbone.model))
+    probe = inject_adapter_in_model(
+        LoraConfig(r=1, target_modules=backbone.lora_targets), copy.deepcopy(backbone.model)
+    )
     per_rank = sum(p.numel() for n, p in probe.named_parameters() if "lora_" in n)
     return max(1, round(target_params / per_rank))
 
@@ -173,17 +175,28 @@ def main(argv: list[str] | None = None) -> dict:
     del reference
     train = load_image_zip(cfg.train_zip, cfg.train_per_class)[:2]
     test = load_image_zip(cfg.test_zip, cfg.test_per_class)[:2]
-    print(f"backbone {cfg.backbone} ({n_blocks} blocks, width {width}, input {size}px); "
-          f"{len(train[0])} train / {len(test[0])} test images")
+    print(
+        f"backbone {cfg.backbone} ({n_blocks} blocks, width {width}, input {size}px); "
+        f"{len(train[0])} train / {len(test[0])} test images"
+    )
 
     results, curves, norms = {}, {}, {}
     for method in cfg.methods:
         model, backbone, info = build(cfg, method, preproj_params)
         fit = fit_classifier(
-            model, train, test, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-            weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-            prepare_train=preparer(backbone, size, train=True), prepare_test=preparer(backbone, size, train=False),
-            desc=method, progress=cfg.progress,
+            model,
+            train,
+            test,
+            steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            warmup_steps=cfg.warmup_steps,
+            seed=cfg.seed,
+            prepare_train=preparer(backbone, size, train=True),
+            prepare_test=preparer(backbone, size, train=False),
+            desc=method,
+            progress=cfg.progress,
         )
         results[method] = {**dataclasses.asdict(fit), **info}
         curves[method] = fit.loss_curve
@@ -191,18 +204,36 @@ def main(argv: list[str] | None = None) -> dict:
         if method == "preproj_skip":
             norms[method] = [v for _, v in sorted(skip_norms(model).items())]
 
-    rows = [{"method": m, "test acc": r["test_accuracy"], "train acc": r["train_accuracy"],
-             "trainable": f"{r['trainable_params']:,}", "seconds": r["seconds"]} for m, r in results.items()]
+    rows = [
+        {
+            "method": m,
+            "test acc": r["test_accuracy"],
+            "train acc": r["train_accuracy"],
+            "trainable": f"{r['trainable_params']:,}",
+            "seconds": r["seconds"],
+        }
+        for m, r in results.items()
+    ]
     table = print_table(rows, ["method", "test acc", "train acc", "trainable", "seconds"])
-    plot_bars({m: r["test_accuracy"] for m, r in results.items()}, out / "accuracy.png",
-              f"frozen probe of {cfg.backbone}, CIFAR-10 subset")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
-                every=log_interval(cfg.steps))
+    plot_bars(
+        {m: r["test_accuracy"] for m, r in results.items()},
+        out / "accuracy.png",
+        f"frozen probe of {cfg.backbone}, CIFAR-10 subset",
+    )
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=log_interval(cfg.steps))
     if norms:
         plot_skip_norms(norms, out / "skip_norms.png", title=f"||W_skip||_F per layer, {cfg.backbone}")
-    metrics = {"recipe": "cifar_probe", "config": dataclasses.asdict(cfg), "results": results, "skip_norms": norms,
-               "table": table, "img_size": size, "wall_seconds": time.perf_counter() - t0,
-               "environment": environment(), "mmpreproj_version": mmpreproj.__version__}
+    metrics = {
+        "recipe": "cifar_probe",
+        "config": dataclasses.asdict(cfg),
+        "results": results,
+        "skip_norms": norms,
+        "table": table,
+        "img_size": size,
+        "wall_seconds": time.perf_counter() - t0,
+        "environment": environment(),
+        "mmpreproj_version": mmpreproj.__version__,
+    }
     write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'metrics.json'} in {metrics['wall_seconds']:.0f} s")
     return metrics

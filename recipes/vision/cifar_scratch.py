@@ -109,8 +109,17 @@ def build(cfg: Config, variant: str) -> torch.nn.Module:
     parts = variant.split("+")
     positions = "+".join(p for p in parts if p != "preproj") or "none"
     torch.manual_seed(cfg.seed)
-    model = ViT(img_size=32, patch_size=cfg.patch_size, num_classes=10, dim=cfg.dim, depth=cfg.depth,
-                num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, positions=positions, theta=cfg.theta)
+    model = ViT(
+        img_size=32,
+        patch_size=cfg.patch_size,
+        num_classes=10,
+        dim=cfg.dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        positions=positions,
+        theta=cfg.theta,
+    )
     if "preproj" in parts:  # trained jointly with the base: nothing frozen
         mmpreproj.inject(model, mmpreproj.PreProjConfig(freeze_base=False))
     return model
@@ -131,9 +140,19 @@ def main(argv: list[str] | None = None) -> dict:
     for variant in cfg.variants:
         model = build(cfg, variant)
         fit = fit_classifier(
-            model, (train_x, train_y), (test_x, test_y), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-            weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-            prepare_train=augment, prepare_test=lambda x, g: normalise(x), desc=variant, progress=cfg.progress,
+            model,
+            (train_x, train_y),
+            (test_x, test_y),
+            steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            warmup_steps=cfg.warmup_steps,
+            seed=cfg.seed,
+            prepare_train=augment,
+            prepare_test=lambda x, g: normalise(x),
+            desc=variant,
+            progress=cfg.progress,
         )
         results[variant] = dataclasses.asdict(fit)
         curves[variant] = fit.loss_curve
@@ -141,21 +160,38 @@ def main(argv: list[str] | None = None) -> dict:
         if mmpreproj.is_injected(model):
             norms[variant] = [v for _, v in sorted(skip_norms(model).items())]
 
-    rows = [{"variant": v, "test acc": r["test_accuracy"], "train acc": r["train_accuracy"],
-             "params": f"{r['trainable_params']:,}", "seconds": r["seconds"]} for v, r in results.items()]
+    rows = [
+        {
+            "variant": v,
+            "test acc": r["test_accuracy"],
+            "train acc": r["train_accuracy"],
+            "params": f"{r['trainable_params']:,}",
+            "seconds": r["seconds"],
+        }
+        for v, r in results.items()
+    ]
     table = print_table(rows, ["variant", "test acc", "train acc", "params", "seconds"])
     for v, n in norms.items():
         print(f"||W_skip||_F per layer, {v}: " + ", ".join(f"{x:.3f}" for x in n))
 
-    plot_bars({v: r["test_accuracy"] for v, r in results.items()}, out / "accuracy.png",
-              f"ViT from scratch, CIFAR-10 subset ({len(train_x)} train / {len(test_x)} test)")
-    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)",
-                every=log_interval(cfg.steps))
+    plot_bars(
+        {v: r["test_accuracy"] for v, r in results.items()},
+        out / "accuracy.png",
+        f"ViT from scratch, CIFAR-10 subset ({len(train_x)} train / {len(test_x)} test)",
+    )
+    plot_curves(curves, out / "loss.png", "training loss (same seed, steps, batches)", every=log_interval(cfg.steps))
     if norms:
         plot_skip_norms(norms, out / "skip_norms.png", title="||W_skip||_F per layer, trained from scratch")
-    metrics = {"recipe": "cifar_scratch", "config": dataclasses.asdict(cfg), "results": results,
-               "skip_norms": norms, "table": table, "wall_seconds": time.perf_counter() - t0,
-               "environment": environment(), "mmpreproj_version": mmpreproj.__version__}
+    metrics = {
+        "recipe": "cifar_scratch",
+        "config": dataclasses.asdict(cfg),
+        "results": results,
+        "skip_norms": norms,
+        "table": table,
+        "wall_seconds": time.perf_counter() - t0,
+        "environment": environment(),
+        "mmpreproj_version": mmpreproj.__version__,
+    }
     write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'metrics.json'} in {metrics['wall_seconds']:.0f} s")
     return metrics

@@ -41,9 +41,18 @@ def to_open_clip(vit: nn.Module) -> nn.Module:
     heads = vit.blocks[0].attn.num_heads
     mlp = vit.blocks[0].mlp.fc1.out_features
     img, patch = vit.patch_embed.img_size[0], vit.patch_embed.patch_size[0]
-    tower = VisionTransformer(image_size=img, patch_size=patch, width=width, layers=depth, heads=heads,
-                              mlp_ratio=mlp / width, output_dim=width, no_ln_pre=True, pool_type="tok",
-                              norm_layer=partial(LayerNorm, eps=vit.norm.eps))
+    tower = VisionTransformer(
+        image_size=img,
+        patch_size=patch,
+        width=width,
+        layers=depth,
+        heads=heads,
+        mlp_ratio=mlp / width,
+        output_dim=width,
+        no_ln_pre=True,
+        pool_type="tok",
+        norm_layer=partial(LayerNorm, eps=vit.norm.eps),
+    )
     with torch.no_grad():
         tower.conv1.weight.copy_(vit.patch_embed.proj.weight)
         pos = vit.pos_embed[0].clone()  # (1 + N, width)
@@ -71,8 +80,15 @@ def open_clip_backbone(folder: str | Path | None = None) -> Backbone:
     vit = timm.create_model(f"local-dir:{folder}", pretrained=True, num_classes=0).eval()
     cfg = vit.pretrained_cfg
     tower = to_open_clip(vit).eval()
-    return Backbone(tower, tower.output_dim, int(cfg["input_size"][-1]), tuple(cfg["mean"]), tuple(cfg["std"]),
-                    r".*\.attn", "open_clip")
+    return Backbone(
+        tower,
+        tower.output_dim,
+        int(cfg["input_size"][-1]),
+        tuple(cfg["mean"]),
+        tuple(cfg["std"]),
+        r".*\.attn",
+        "open_clip",
+    )
 
 
 def main() -> None:
@@ -84,8 +100,10 @@ def main() -> None:
     x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = vit(x), tower(x)  # (16, width) each
-    print(f"timm vs open_clip features: max |diff| {(a - b).abs().max().item():.2e} (max |feature| "
-          f"{a.abs().max().item():.2f})")
+    print(
+        f"timm vs open_clip features: max |diff| {(a - b).abs().max().item():.2e} (max |feature| "
+        f"{a.abs().max().item():.2f})"
+    )
 
 
 if __name__ == "__main__":

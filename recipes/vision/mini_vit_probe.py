@@ -167,15 +167,36 @@ def run_point(cfg: Config, data: dict, arm: str, lr: float, seed: int) -> dict:
     model, backbone, info = build(cfg, arm, seed)
     prep_train = preparer(backbone, backbone.img_size, train=True)
     prep_test = preparer(backbone, backbone.img_size, train=False)
-    fit = fit_classifier(model, data["train"], data["val"], steps=cfg.steps, batch_size=cfg.batch_size, lr=lr,
-                         weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=seed,
-                         prepare_train=prep_train, prepare_test=prep_test, desc=f"{arm} lr {lr:g} s{seed}",
-                         progress=cfg.progress)
+    fit = fit_classifier(
+        model,
+        data["train"],
+        data["val"],
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        lr=lr,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        seed=seed,
+        prepare_train=prep_train,
+        prepare_test=prep_test,
+        desc=f"{arm} lr {lr:g} s{seed}",
+        progress=cfg.progress,
+    )
     hits = correct_items(model, *data["test"], prep_test)  # (N_test,)
-    result = {"arm": arm, "lr": lr, "seed": seed, "val_accuracy": fit.test_accuracy,
-              "train_accuracy": fit.train_accuracy, "test_accuracy": hits.float().mean().item(),
-              "test_correct": hits.int().tolist(), "trainable_params": fit.trainable_params,
-              "seconds": fit.seconds, "final_train_loss": fit.final_train_loss, "loss_curve": fit.loss_curve, **info}
+    result = {
+        "arm": arm,
+        "lr": lr,
+        "seed": seed,
+        "val_accuracy": fit.test_accuracy,
+        "train_accuracy": fit.train_accuracy,
+        "test_accuracy": hits.float().mean().item(),
+        "test_correct": hits.int().tolist(),
+        "trainable_params": fit.trainable_params,
+        "seconds": fit.seconds,
+        "final_train_loss": fit.final_train_loss,
+        "loss_curve": fit.loss_curve,
+        **info,
+    }
     if arm in ("skip", "preproj_skip"):
         norms = skip_norms(model)
         images = prep_test(data["test"][0][: cfg.routing_images], None)
@@ -197,8 +218,11 @@ def get_point(cfg: Config, data: dict, arm: str, lr: float, seed: int, log: list
     tmp.write_text(json.dumps(result) + "\n")
     os.replace(tmp, path)
     log.append(("trained", arm, lr, seed))
-    print(f"{arm:13s} lr {lr:<9g} seed {seed}: val {result['val_accuracy']:.4f} test {result['test_accuracy']:.4f} "
-          f"({result['seconds']:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+    print(
+        f"{arm:13s} lr {lr:<9g} seed {seed}: val {result['val_accuracy']:.4f} test {result['test_accuracy']:.4f} "
+        f"({result['seconds']:.0f} s, load {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
     return result
 
 
@@ -230,10 +254,18 @@ def summarise(cfg: Config, arms: dict[str, dict]) -> dict:
     for arm, a in arms.items():
         accs = {s: r["test_accuracy"] for s, r in a["seeds"].items()}
         mean, std, n = mean_std(list(accs.values()))
-        row = {"best_lr": a["best_lr"], "bracketed": a["bracketed"], "test_mean": mean, "test_std": std, "n_seeds": n,
-               "test_by_seed": accs, "val_by_lr": {f"{r['lr']:g}": r["val_accuracy"] for r in a["tried"].values()},
-               "trainable_params": a["seeds"][cfg.seeds[0]]["trainable_params"],
-               "lora_r": a["seeds"][cfg.seeds[0]].get("lora_r"), "seconds": [r["seconds"] for r in a["seeds"].values()]}
+        row = {
+            "best_lr": a["best_lr"],
+            "bracketed": a["bracketed"],
+            "test_mean": mean,
+            "test_std": std,
+            "n_seeds": n,
+            "test_by_seed": accs,
+            "val_by_lr": {f"{r['lr']:g}": r["val_accuracy"] for r in a["tried"].values()},
+            "trainable_params": a["seeds"][cfg.seeds[0]]["trainable_params"],
+            "lora_r": a["seeds"][cfg.seeds[0]].get("lora_r"),
+            "seconds": [r["seconds"] for r in a["seeds"].values()],
+        }
         for key in ("skip_norms", "routing_ratios"):
             per_seed = [r[key] for r in a["seeds"].values() if key in r]
             if per_seed:
@@ -241,9 +273,15 @@ def summarise(cfg: Config, arms: dict[str, dict]) -> dict:
         for ref in REFERENCES:
             if ref in arms and ref != arm:
                 ref_seeds = arms[ref]["seeds"]
-                c = compare(accs, {s: r["test_accuracy"] for s, r in ref_seeds.items()}, method=arm, reference=ref,
-                            metric=METRIC, items={s: r["test_correct"] for s, r in a["seeds"].items()},
-                            ref_items={s: r["test_correct"] for s, r in ref_seeds.items()})
+                c = compare(
+                    accs,
+                    {s: r["test_accuracy"] for s, r in ref_seeds.items()},
+                    method=arm,
+                    reference=ref,
+                    metric=METRIC,
+                    items={s: r["test_correct"] for s, r in a["seeds"].items()},
+                    ref_items={s: r["test_correct"] for s, r in ref_seeds.items()},
+                )
                 row[f"vs_{ref}"] = {"diff": c.diff, "seeds_ci": c.seeds, "items_ci": c.items, "words": c.words()}
         summary[arm] = row
     return summary
@@ -258,8 +296,10 @@ def _ci(c: dict | None, key: str) -> str:
 
 def table_md(summary: dict) -> str:
     """The markdown table: one row per arm."""
-    head = ("| arm | trainable | best LR | test acc (mean ± std, seeds) | vs linear: diff, seeds 95%, images 95% "
-            "| vs LoRA: diff, seeds 95%, images 95% |\n|---|---|---|---|---|---|")
+    head = (
+        "| arm | trainable | best LR | test acc (mean ± std, seeds) | vs linear: diff, seeds 95%, images 95% "
+        "| vs LoRA: diff, seeds 95%, images 95% |\n|---|---|---|---|---|---|"
+    )
     rows = []
     for arm, r in summary.items():
         cells = []
@@ -268,8 +308,10 @@ def table_md(summary: dict) -> str:
             cells.append("" if c is None else f"{100 * c['diff']:+.1f} {_ci(c, 'seeds_ci')} {_ci(c, 'items_ci')}")
         name = arm + (f" (r={r['lora_r']})" if r.get("lora_r") else "")
         lr = f"{r['best_lr']:g}" + ("" if r["bracketed"] else " (edge)")
-        rows.append(f"| {name} | {r['trainable_params']:,} | {lr} | {100 * r['test_mean']:.1f} ± "
-                    f"{100 * r['test_std']:.1f} ({r['n_seeds']}) | {cells[0]} | {cells[1]} |")
+        rows.append(
+            f"| {name} | {r['trainable_params']:,} | {lr} | {100 * r['test_mean']:.1f} ± "
+            f"{100 * r['test_std']:.1f} ({r['n_seeds']}) | {cells[0]} | {cells[1]} |"
+        )
     return "\n".join([head, *rows])
 
 
@@ -279,8 +321,10 @@ def lr_table_md(summary: dict) -> str:
     lines = ["| arm | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
     for arm, r in summary.items():
         vals = {float(lr): v for lr, v in r["val_by_lr"].items()}
-        cells = [("" if lr not in vals else f"**{100 * vals[lr]:.1f}**" if lr == r["best_lr"] else
-                  f"{100 * vals[lr]:.1f}") for lr in lrs]
+        cells = [
+            ("" if lr not in vals else f"**{100 * vals[lr]:.1f}**" if lr == r["best_lr"] else f"{100 * vals[lr]:.1f}")
+            for lr in lrs
+        ]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -288,10 +332,17 @@ def lr_table_md(summary: dict) -> str:
 def plots(summary: dict, arms: dict, out: Path, width: int) -> list[str]:
     """accuracy.png, lr_sweep.png, and for the skip arms skip_norms.png, skip_growth.png, routing.png."""
     names = []
-    plot_results({"test accuracy (classes 5-9)": {a: (r["test_mean"], r["test_std"]) for a, r in summary.items()}},
-                 out / "accuracy.png", title="mini-ViT probe, mean ± std over seeds")
-    plot_lr_sweep({a: [(r["lr"], r["val_accuracy"]) for r in arms[a]["tried"].values()] for a in arms},
-                  out / "lr_sweep.png", ylabel="validation accuracy", title="validation accuracy vs LR (seed 0)")
+    plot_results(
+        {"test accuracy (classes 5-9)": {a: (r["test_mean"], r["test_std"]) for a, r in summary.items()}},
+        out / "accuracy.png",
+        title="mini-ViT probe, mean ± std over seeds",
+    )
+    plot_lr_sweep(
+        {a: [(r["lr"], r["val_accuracy"]) for r in arms[a]["tried"].values()] for a in arms},
+        out / "lr_sweep.png",
+        ylabel="validation accuracy",
+        title="validation accuracy vs LR (seed 0)",
+    )
     names += ["accuracy.png", "lr_sweep.png"]
     norms = {a: r["skip_norms"] for a, r in summary.items() if "skip_norms" in r}
     if norms:
@@ -299,12 +350,17 @@ def plots(summary: dict, arms: dict, out: Path, width: int) -> list[str]:
         growth = {f"mini-ViT {a}": [v / (1e-4 * width) for v in vs] for a, vs in norms.items()}
         for p in ("pythia-160m", "pythia-410m"):
             text_width = 768 if p.endswith("160m") else 1024
-            growth[f"paper {p.removeprefix('pythia-')} (text, Fig. 2)"] = [v / (1e-4 * text_width)
-                                                                           for v in PAPER_SKIP_NORMS[p]]
+            growth[f"paper {p.removeprefix('pythia-')} (text, Fig. 2)"] = [
+                v / (1e-4 * text_width) for v in PAPER_SKIP_NORMS[p]
+            ]
         plot_skip_growth(growth, out / "skip_growth.png")
         ratios = {a: r["routing_ratios"] for a, r in summary.items() if "routing_ratios" in r}
-        plot_skip_norms(ratios, out / "routing.png", title="routing ratio per layer, mini-ViT probe",
-                        ylabel="||W_skip x~|| / ||attn_out||")
+        plot_skip_norms(
+            ratios,
+            out / "routing.png",
+            title="routing ratio per layer, mini-ViT probe",
+            ylabel="||W_skip x~|| / ||attn_out||",
+        )
         names += ["skip_norms.png", "skip_growth.png", "routing.png"]
     return names
 
@@ -373,18 +429,35 @@ def main(argv: list[str] | None = None) -> dict:
     figures = plots(summary, arms, out, width)
     repo = Path(__file__).resolve().parents[2]
     ckpt = Path(cfg.checkpoint).resolve()
-    meta = {"checkpoint": str(ckpt.relative_to(repo)) if ckpt.is_relative_to(repo) else cfg.checkpoint, "n_train": len(data["train"][1]), "n_val": len(data["val"][1]),
-            "n_test": len(data["test"][1]), "command": "OMP_NUM_THREADS=1 .venv/bin/python "
-            "recipes/vision/mini_vit_probe.py " + " ".join(argv), "wall_seconds": time.perf_counter() - t0,
-            "trained": sum(e[0] == "trained" for e in log), "read": sum(e[0] == "read" for e in log),
-            "points": len(log), "train_seconds": sum(p["seconds"] for a in arms.values() for p in _points(a)),
-            "environment": environment(), "mmpreproj_version": mmpreproj.__version__}
+    meta = {
+        "checkpoint": str(ckpt.relative_to(repo)) if ckpt.is_relative_to(repo) else cfg.checkpoint,
+        "n_train": len(data["train"][1]),
+        "n_val": len(data["val"][1]),
+        "n_test": len(data["test"][1]),
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python recipes/vision/mini_vit_probe.py " + " ".join(argv),
+        "wall_seconds": time.perf_counter() - t0,
+        "trained": sum(e[0] == "trained" for e in log),
+        "read": sum(e[0] == "read" for e in log),
+        "points": len(log),
+        "train_seconds": sum(p["seconds"] for a in arms.values() for p in _points(a)),
+        "environment": environment(),
+        "mmpreproj_version": mmpreproj.__version__,
+    }
     (out / "report.md").write_text(report_md(cfg, summary, table, figures, meta))
-    result = {"recipe": "mini_vit_probe", "config": dataclasses.asdict(cfg), "summary": summary, "table": table,
-              "figures": figures, "log": log, **meta}
+    result = {
+        "recipe": "mini_vit_probe",
+        "config": dataclasses.asdict(cfg),
+        "summary": summary,
+        "table": table,
+        "figures": figures,
+        "log": log,
+        **meta,
+    }
     (out / "summary.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"wrote {out / 'report.md'} ({meta['trained']} trained, {meta['read']} read back) "
-          f"in {meta['wall_seconds']:.0f} s")
+    print(
+        f"wrote {out / 'report.md'} ({meta['trained']} trained, {meta['read']} read back) "
+        f"in {meta['wall_seconds']:.0f} s"
+    )
     return result
 
 

@@ -14,7 +14,8 @@ classes (dog, frog, horse, ship, truck) are new to it. The method, top to bottom
      first images (`reference_logits.json`, checked by the tests) and write TRAINING.md.
 
 Reload: `timm.create_model("local-dir:assets/mini-vit", pretrained=True)`, or
-`timm.create_model(ARCH, pretrained=True, pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors", num_classes=5),
+`timm.create_model(ARCH, pretrained=True, \
+pretrained_cfg_overlay=dict(file="assets/mini-vit/model.safetensors", num_classes=5),
 **model_args)` with model_args from config.json.
 
     .venv/bin/python recipes/vision/pretrain_mini_vit.py --out assets/mini-vit     # the shipped checkpoint
@@ -81,8 +82,14 @@ class Config:
 
     def model_args(self) -> dict:
         """The timm constructor overrides (saved in config.json as `model_args`)."""
-        return {"img_size": 32, "patch_size": self.patch_size, "embed_dim": self.embed_dim, "depth": self.depth,
-                "num_heads": self.num_heads, "mlp_ratio": self.mlp_ratio}
+        return {
+            "img_size": 32,
+            "patch_size": self.patch_size,
+            "embed_dim": self.embed_dim,
+            "depth": self.depth,
+            "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_ratio,
+        }
 
 
 # 1-2. Data and model -----------------------------------------------------------------------------------------
@@ -119,14 +126,30 @@ def save_checkpoint(model: nn.Module, folder: Path, cfg: Config) -> None:
 
     bf16 = copy.deepcopy(model).to(torch.bfloat16)  # the trained model itself stays fp32
     save_for_hf(
-        bf16, str(folder), safe_serialization=True, model_args=cfg.model_args(),
-        model_config={"label_names": list(PRETRAIN_CLASSES),
-                      "pretrained_cfg": {"mean": MEAN, "std": STD, "crop_pct": 1.0, "interpolation": "bilinear",
-                                         "license": "mit", "hf_hub_id": None, "tag": "mmpreproj-mini",
-                                         "description": "mmpreproj mini-ViT, CIFAR-10 classes 0-4, "
-                                                        "recipes/vision/pretrain_mini_vit.py"}},
-        data_config={"input_size": (3, 32, 32), "mean": MEAN, "std": STD, "crop_pct": 1.0,
-                     "interpolation": "bilinear"},
+        bf16,
+        str(folder),
+        safe_serialization=True,
+        model_args=cfg.model_args(),
+        model_config={
+            "label_names": list(PRETRAIN_CLASSES),
+            "pretrained_cfg": {
+                "mean": MEAN,
+                "std": STD,
+                "crop_pct": 1.0,
+                "interpolation": "bilinear",
+                "license": "mit",
+                "hf_hub_id": None,
+                "tag": "mmpreproj-mini",
+                "description": "mmpreproj mini-ViT, CIFAR-10 classes 0-4, recipes/vision/pretrain_mini_vit.py",
+            },
+        },
+        data_config={
+            "input_size": (3, 32, 32),
+            "mean": MEAN,
+            "std": STD,
+            "crop_pct": 1.0,
+            "interpolation": "bilinear",
+        },
     )
 
 
@@ -147,12 +170,18 @@ def reference_logits(model: nn.Module, test_zip: str) -> dict:
     members = [n for c in PRETRAIN_CLASSES for n in [m for m in names if f"/{c}/" in m][:2]][:N_REFERENCE]
     with torch.no_grad():
         logits = model(prepare(train=False)(x[:N_REFERENCE], None))  # (N, 5)
-    return {"members": members, "zip": Path(test_zip).name, "mean": MEAN, "std": STD,
-            "logits": [[round(v, 6) for v in row] for row in logits.tolist()]}
+    return {
+        "members": members,
+        "zip": Path(test_zip).name,
+        "mean": MEAN,
+        "std": STD,
+        "logits": [[round(v, 6) for v in row] for row in logits.tolist()],
+    }
 
 
-def training_md(cfg: Config, argv: list[str], fit: dict, reloaded: float, n: dict, wall: float, env: dict,
-                params: int) -> str:
+def training_md(
+    cfg: Config, argv: list[str], fit: dict, reloaded: float, n: dict, wall: float, env: dict, params: int
+) -> str:
     """TRAINING.md: command, data, schedule, accuracy, time and load."""
     epochs = cfg.steps * cfg.batch_size / n["train"]
     curve = ", ".join(f"{v:.3f}" for v in fit["loss_curve"][:: max(1, len(fit["loss_curve"]) // 10)])
@@ -204,7 +233,8 @@ Chance is 20%.
 ```python
 import timm
 model = timm.create_model("local-dir:assets/mini-vit", pretrained=True)               # 5-class head
-backbone = timm.create_model("local-dir:assets/mini-vit", pretrained=True, num_classes=0)  # features (B, {cfg.embed_dim})
+backbone = timm.create_model("local-dir:assets/mini-vit", pretrained=True, num_classes=0)  \
+# features (B, {cfg.embed_dim})
 # or by name, with the weights file and the model_args of config.json (num_classes also in the overlay,
 # else timm compares it with the 1000 classes of the name's own config and drops the head):
 model = timm.create_model("{ARCH}", pretrained=True, num_classes=5,
@@ -229,10 +259,21 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_model(cfg)
     params = sum(p.numel() for p in model.parameters())
     print(f"{ARCH} {cfg.model_args()}: {params:,} parameters; {len(train[0])} train / {len(test[0])} test images")
-    fit = fit_classifier(model, train, test, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                         weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-                         prepare_train=prepare(train=True), prepare_test=prepare(train=False),
-                         desc="pretrain", progress=cfg.progress)
+    fit = fit_classifier(
+        model,
+        train,
+        test,
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        seed=cfg.seed,
+        prepare_train=prepare(train=True),
+        prepare_test=prepare(train=False),
+        desc="pretrain",
+        progress=cfg.progress,
+    )
     fit_d = dataclasses.asdict(fit)
     print(f"test accuracy {fit.test_accuracy:.4f}, train {fit.train_accuracy:.4f}, {fit.seconds:.0f} s")
 
@@ -246,12 +287,30 @@ def main(argv: list[str] | None = None) -> dict:
         ref = reference_logits(reloaded_model, cfg.test_zip)
         (tmp / "reference_logits.json").write_text(json.dumps(ref, indent=1) + "\n")
         env = environment()
-        md = training_md(cfg, argv, fit_d, reloaded, {"train": len(train[0]), "test": len(test[0])},
-                         time.perf_counter() - t0, env, params)
+        md = training_md(
+            cfg,
+            argv,
+            fit_d,
+            reloaded,
+            {"train": len(train[0]), "test": len(test[0])},
+            time.perf_counter() - t0,
+            env,
+            params,
+        )
         (tmp / "TRAINING.md").write_text(md, encoding="utf-8")
-        (tmp / "training_log.json").write_text(json.dumps(
-            {"config": dataclasses.asdict(cfg), "fit": fit_d, "reloaded_test_accuracy": reloaded,
-             "environment": env, "wall_seconds": time.perf_counter() - t0}, indent=1) + "\n")
+        (tmp / "training_log.json").write_text(
+            json.dumps(
+                {
+                    "config": dataclasses.asdict(cfg),
+                    "fit": fit_d,
+                    "reloaded_test_accuracy": reloaded,
+                    "environment": env,
+                    "wall_seconds": time.perf_counter() - t0,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp makes the folder private
             path.chmod(0o755 if path.is_dir() else 0o644)
         if out.exists():

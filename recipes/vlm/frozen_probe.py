@@ -134,9 +134,7 @@ def collate(processor: Any, chats: list[dict]) -> dict[str, torch.Tensor]:
     return {**full, "labels": labels}
 
 
-def _answer_logits(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _answer_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits predicting each answer token (N, vocab), the answer tokens (N,)) over the batch."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     logits = model(**inputs, use_cache=False).logits[:, :-1]  # (B, S-1, vocab): position s predicts s+1

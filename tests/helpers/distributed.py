@@ -11,8 +11,18 @@ WORKER = Path(__file__).with_name("ddp_worker.py")  # run as a script, never imp
 
 DATA = LMExamples.random(40, 12, 128, seed=0)
 CONFIG = dict(
-    method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
-    precision="fp32", gradient_checkpointing=False, save_every=3, progress=False, device="cpu",
+    method="preproj_skip",
+    model="tiny",
+    steps=3,
+    warmup_steps=0,
+    lr=1e-3,
+    batch_size=2,
+    grad_accum=2,
+    precision="fp32",
+    gradient_checkpointing=False,
+    save_every=3,
+    progress=False,
+    device="cpu",
 )
 # FSDP: no checkpoints (refused), non-reentrant activation checkpointing on a frozen base
 FSDP_CONFIG = {**CONFIG, "parallel": "fsdp", "save_every": 0, "gradient_checkpointing": True}

@@ -12,7 +12,9 @@ import numpy as np
 
 def _byte_chars() -> list[str]:
     """GPT-2's byte -> printable unicode table (the alphabet of a byte-level BPE)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -26,8 +28,16 @@ def _byte_chars() -> list[str]:
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
 
 
-def write_tiny_llama_gguf(path: str | Path, *, dim: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                          ffn: int = 64, seed: int = 0) -> Path:
+def write_tiny_llama_gguf(
+    path: str | Path,
+    *,
+    dim: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    ffn: int = 64,
+    seed: int = 0,
+) -> Path:
     """Write a random tiny Llama (tied embeddings, F32 tensors) with a 270-token byte-level BPE to `path`."""
     import gguf
 

@@ -235,6 +235,7 @@ def one_call_contract(build: Callable[[], nn.Module], x: dict, decoder: bool, tm
     row by structure confirmed by the trace): identity init equals the untouched model, every injected weight
     gets a gradient and nothing else does, save/reload and unload are exact; a decoder generates and its KV
     cache gives the full forward's last logits. `x`: keyword inputs of one forward. Returns the reloaded model."""
+
     def fwd(m: nn.Module) -> torch.Tensor:  # from one RNG state: ViTMAE masks at random
         torch.manual_seed(0)
         return flat(m(**x))

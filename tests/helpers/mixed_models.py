@@ -1,4 +1,5 @@
-"""Tiny mixed text/image/video models (the mixed recipe's `recipes.mixed.tinyvlm`) built in code for tests/test_mixed_*.py."""
+"""Tiny mixed text/image/video models (the mixed recipe's `recipes.mixed.tinyvlm`) built in code for
+tests/test_mixed_*.py."""
 
 from __future__ import annotations
 

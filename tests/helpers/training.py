@@ -30,8 +30,19 @@ DATA = LMExamples.random(24, 12, 128, seed=0)  # 24 random sequences of 12 token
 def run_config(path, **kw) -> TrainConfig:
     """A 3-step fp32 CPU run of `preproj_skip` on the tiny model into `path`; `kw` overrides any field."""
     base = dict(
-        method="preproj_skip", model="tiny", steps=3, warmup_steps=0, lr=1e-3, batch_size=2, grad_accum=2,
-        precision="fp32", gradient_checkpointing=False, save_every=0, progress=False, out=str(path), device="cpu",
+        method="preproj_skip",
+        model="tiny",
+        steps=3,
+        warmup_steps=0,
+        lr=1e-3,
+        batch_size=2,
+        grad_accum=2,
+        precision="fp32",
+        gradient_checkpointing=False,
+        save_every=0,
+        progress=False,
+        out=str(path),
+        device="cpu",
     )
     return TrainConfig(**{**base, **kw})
 

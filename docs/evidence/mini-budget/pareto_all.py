@@ -29,8 +29,11 @@ def main() -> Path:
                 continue
             label = "preproj_skip, paper size" if row["budget"] == "paper" else row["method"]
             series.setdefault(label, []).append((row["params"], row["mean"], row["std"] or 0.0))
-    return plot_pareto(series, HERE / "pareto-all.png",
-                       title=f"mini: PPL at each method's best LR vs trainable parameters (untrained base {baseline:.0f})")
+    return plot_pareto(
+        series,
+        HERE / "pareto-all.png",
+        title=f"mini: PPL at each method's best LR vs trainable parameters (untrained base {baseline:.0f})",
+    )
 
 
 if __name__ == "__main__":

@@ -104,8 +104,9 @@ class MixedModel(nn.Module):
                 clip = torch.stack(tokens[first : first + t])  # (T, h, w, D)
                 visuals[kind].append(Visual(clip.flatten(0, 2), tuple(clip.shape[:3])))
             try:
-                sequences.append(build_sequence(s.input_ids, self.decoder.embed, self.markers, visuals["image"],
-                                                visuals["video"], s.target_ids, self.position_mode, device))  # fmt: skip
+                sequences.append(build_sequence(s.input_ids, self.decoder.embed, self.markers,
+                                                visuals["image"], visuals["video"], s.target_ids,
+                                                self.position_mode, device))  # fmt: skip
             except ValueError as e:
                 raise ValueError(f"sample {k}: {e}") from None
         return collate(sequences, self.markers.pad)

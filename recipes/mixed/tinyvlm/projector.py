@@ -22,9 +22,7 @@ class VisionProjector(nn.Module):
         hidden: MLP hidden width (default D).
     """
 
-    def __init__(
-        self, vision_width: int, decoder_width: int, merge: int = 2, hidden: int | None = None
-    ) -> None:
+    def __init__(self, vision_width: int, decoder_width: int, merge: int = 2, hidden: int | None = None) -> None:
         super().__init__()
         if merge < 1:
             raise ValueError(f"merge must be >= 1, got {merge}")
@@ -39,8 +37,6 @@ class VisionProjector(nn.Module):
         h, w = feats.shape[-3:-1]
         m = self.merge
         if h % m or w % m:
-            raise ValueError(
-                f"a {h}x{w} patch grid cannot be merged {m}x{m}: both sides must be multiples of {m}"
-            )
+            raise ValueError(f"a {h}x{w} patch grid cannot be merged {m}x{m}: both sides must be multiples of {m}")
         x = rearrange(self.norm(feats), "... (h m1) (w m2) c -> ... h w (m1 m2 c)", m1=m, m2=m)
         return self.mlp(x)
