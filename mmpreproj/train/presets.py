@@ -41,6 +41,23 @@ _PAPER: dict[str, Any] = dict(
     seed=42,
 )
 
+# What the CPU presets share: WikiText valid lines (so PPL is measured on test rows), 128 tokens, fp32, LR 1e-3.
+_CPU: dict[str, Any] = dict(
+    data="assets/data/wikitext-103-raw/wiki.valid.raw.gz",
+    data_config=None,
+    min_chars=50,
+    max_len=128,
+    lr=1e-3,
+    schedule="cosine",
+    grad_accum=1,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    precision="fp32",
+    model_dtype="float32",
+    gradient_checkpointing=False,
+    seed=42,
+)
+
 PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
     {
         "pythia-160m": MappingProxyType(dict(_PAPER, model="EleutherAI/pythia-160m", batch_size=4, grad_accum=4)),
@@ -54,27 +71,7 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
         # valid lines longer than 50 characters (they end at row 3,239); learning rates are chosen on the
         # held-out rows after them (`ppl_split="heldout"`), results are measured on test rows.
         "smollm2-135m-cpu": MappingProxyType(
-            dict(
-                model="smollm2-135m",
-                data="assets/data/wikitext-103-raw/wiki.valid.raw.gz",
-                data_config=None,
-                num_lines=1500,
-                min_chars=50,
-                max_len=128,
-                steps=100,
-                warmup_steps=10,
-                lr=1e-3,
-                schedule="cosine",
-                batch_size=4,
-                grad_accum=1,
-                weight_decay=0.0,
-                max_grad_norm=1.0,
-                precision="fp32",
-                model_dtype="float32",
-                gradient_checkpointing=False,
-                seed=42,
-                save_every=25,
-            )
+            dict(_CPU, model="smollm2-135m", num_lines=1500, steps=100, warmup_steps=10, batch_size=4, save_every=25)
         ),
         # The offline demo: a ~7M-parameter Pythia-architecture model (assets/mini-pythia) on 2 CPU cores,
         # five methods plus evaluation in 15 minutes: 200 steps of 8 x 128 tokens take ~0.4 CPU-seconds per
@@ -85,24 +82,12 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
         # 1e-3 lowered the held-out loss on 64 WikiText test lines from 7.28 to 6.20 (preproj_skip) / 6.18 (lora).
         "mini": MappingProxyType(
             dict(
+                _CPU,
                 model="assets/mini-pythia",
-                data="assets/data/wikitext-103-raw/wiki.valid.raw.gz",  # the demo measures PPL on test rows
-                data_config=None,
                 num_lines=2000,
-                min_chars=50,
-                max_len=128,
                 steps=200,
                 warmup_steps=20,
-                lr=1e-3,
-                schedule="cosine",
                 batch_size=8,
-                grad_accum=1,
-                weight_decay=0.0,
-                max_grad_norm=1.0,
-                precision="fp32",
-                model_dtype="float32",
-                gradient_checkpointing=False,
-                seed=42,
                 save_every=100,
             )
         ),
