@@ -247,7 +247,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
             baseline=(data["baseline"] or {}).get("select.ppl"),
             title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})",
         )
-        figs.append(("lr_search.png", "Held-out line PPL against the peak LR, seed 0 of each group."))
+        figs.append(("lr_search.png", f"Held-out line PPL against the peak LR, seed {s.seeds[0]} of each group."))
     norms = {k: v for k, v in _per_layer(data, "skip_norms").items() if "/" not in k}  # full d x d skips
     if norms:
         init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
@@ -298,7 +298,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
         "",
         summary_table(data, base_params),
         "",
-        "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)",
+        f"## Learning-rate search (seed {s.seeds[0]}; the pick is the lowest held-out PPL)",
         "",
         lr_table(data),
         "",
