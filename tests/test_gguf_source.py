@@ -5,6 +5,7 @@ does (train, the Trainer, peft, from_pretrained, the CLI), and a missing package
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -173,3 +174,19 @@ def test_from_pretrained_and_cli_train_and_eval_take_a_gguf_model(tiny_gguf, tmp
     done = _cli("eval", "--model", str(tiny_gguf), "--adapter", str(run), *scored)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"ppl"' in out.read_text()
+
+
+@pytest.mark.slow
+def test_bench_smollm2_runs_on_a_tiny_gguf(tiny_gguf, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "bench/bench_smollm2.py", "--model", str(tiny_gguf), "--batch", "2", "--seq", "8"]
+    cmd += ["--repeats", "1", "--decode-tokens", "2", "--dtypes", "fp32,bf16", "--json", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    variants = {"base", "preproj_skip", "preproj_skip@1%", "lora r=64", "lora@1%"}
+    for dtype in ("fp32", "bf16"):
+        assert set(result["train_step"][dtype]) == variants
+        assert set(result["decode_per_token"][dtype]) == {"base", "preproj_skip", "lora r=64"}
+        assert set(result["peak_mb"][dtype]) == variants
