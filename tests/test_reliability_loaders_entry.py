@@ -4,10 +4,10 @@ lm-eval's `HFLM(pretrained=BASE, peft=DIR)`, `mmpreproj eval --model BASE --adap
 `mmpreproj.from_pretrained(BASE, adapter=DIR)`, `AutoPeftModelForCausalLM.from_pretrained(DIR)` and
 transformers' `AutoModelForCausalLM.from_pretrained(DIR)` (an adapter folder: transformers loads the base its
 config names, then `load_adapter`), each given folders with NaN weights, integer weights, a wrong shape, a
-tampered digest, a weights file that is a symlink to another save's weights, and a config naming other blocks.
-Each base is snapshotted as it is built (the loaders' own `from_pretrained` / `load_adapter` are observed, not
-replaced) and compared after the refusal; the adapter folder, the base folder and the working folder are
-compared byte for byte.
+tampered digest, a weights file or a config that is a symlink to another save's, and a config naming other
+blocks. Each base is snapshotted as it is built (the loaders' own `from_pretrained` / `load_adapter` are
+observed, not replaced) and compared after the refusal; the adapter folder, the base folder and the working
+folder are compared byte for byte.
 
 transformers' `from_pretrained(DIR)` goes through its `load_adapter`, which gives our hooks no folder before it
 injects (`docs/troubleshooting.md`): the cases only its weights file shows are pinned as the documented gap.
@@ -60,10 +60,13 @@ def _tamper_digest(cfg: dict) -> None:
     cfg["injection"]["weights_digest"] = digest[:-1] + ("0" if digest[-1] != "0" else "1")
 
 
-def _symlinked(folder: Path, other: Path) -> None:
-    """The weights file becomes a link to `other`'s weights (another save, outside the folder)."""
-    (folder / W).unlink()
-    os.symlink(other / W, folder / W)
+def _symlinked(name: str):
+    def change(folder: Path, other: Path) -> None:
+        """`name` becomes a link to `other`'s file of that name (another save, outside the folder)."""
+        (folder / name).unlink()
+        os.symlink(other / name, folder / name)
+
+    return change
 
 
 def _layers(cfg: dict) -> None:
@@ -76,11 +79,12 @@ CASES = {
     "integer": (lambda f, o: edit(f, lambda t: {**t, UP0: torch.ones_like(t[UP0], dtype=torch.int32)}), r"int32"),
     "shape": (lambda f, o: edit(f, lambda t: {**t, UP0: torch.zeros(t[UP0].shape[0] + 1, 32)}), r"shape"),
     "digest_tampered": (lambda f, o: edit(f, config=_tamper_digest), r"does not hold the weights"),
-    "weights_symlinked": (_symlinked, r"does not hold the weights"),
+    "weights_symlinked": (_symlinked(W), r"does not hold the weights"),
+    "config_symlinked": (_symlinked(C), r"does not hold the weights"),
     "layers_disagree": (lambda f, o: edit(f, config=_layers), r"layers"),
 }
 # what only the weights file shows (transformers' load_adapter: no hook before it injects)
-HF_WEIGHTS_ONLY = {"nan", "integer", "shape", "digest_tampered", "weights_symlinked"}
+HF_WEIGHTS_ONLY = {"nan", "integer", "shape", "digest_tampered", "weights_symlinked", "config_symlinked"}
 
 
 @pytest.fixture(scope="module")
