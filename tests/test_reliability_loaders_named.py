@@ -3,8 +3,8 @@
 Every case of `tests/helpers/adapter_cases.py` goes to a model that already holds a good adapter, through
 peft's `PeftModel.load_adapter(DIR, adapter_name="other")` (peft), transformers'
 `model.load_adapter(DIR, adapter_name="other")` (hf) and `mmpreproj.load_adapter(model, DIR,
-adapter_name="other")` (ours). The model (modules, tensors, `requires_grad`, its adapter names) and the folder
-are compared before and after each refusal.
+adapter_name="other")` (ours), and into the name already loaded (peft's, as a Trainer's resume). The model
+(modules, tensors, `requires_grad`, its adapter names) and the folder are compared before and after each refusal.
 
 transformers loads a second adapter through a new tuner and then reads the file by its keys, which are the
 active adapter's: the weights would land on the adapter already loaded and the new one would stay at its init.
@@ -120,3 +120,22 @@ def test_the_named_refusal_names_the_field_as_the_first_adapters_does(folders, b
     model = _loaded(loader, base_dir, first)
     with pytest.raises(ValueError, match=rf"{field[case]}"):
         _add(loader, model, folders[case])
+
+
+# what a load into a name already loaded (a Trainer's resume, peft's best-model load) refuses: it reads the weights
+# file alone (no config, so no digest), each tensor checked in memory before any is copied
+SAME_NAME_REFUSED = {"nan", "inf", "integer", "bool", "missing", "extra", "shape"}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_load_into_the_name_already_loaded_checks_every_tensor_before_copying(folders, base_dir, first, case):
+    model = _loaded("peft", base_dir, first)
+    before, before_files = snapshot(model), files(folders[case])
+    if case in SAME_NAME_REFUSED:
+        with pytest.raises((ValueError, RuntimeError)):
+            model.load_adapter(str(folders[case]), adapter_name="default")
+        assert_unchanged(model, before)
+    else:  # the tensors fit: loaded as they are (what only the config or the digest shows is not read here)
+        model.load_adapter(str(folders[case]), adapter_name="default")
+        assert list(model.peft_config) == ["default"]
+    assert files(folders[case]) == before_files
