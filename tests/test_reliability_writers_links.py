@@ -1,15 +1,16 @@
 """No writer writes through a link planted in the adapter folder, and none leaves a pair a loader would take
 half of (issue 31).
 
-A symlink to a file or to a folder outside is planted at each file a writer writes (`README.md`, the weights,
-the config), into an empty folder or over an earlier complete save of other weights. Writers: peft's
-`PeftModel.save_pretrained` (what a plain `Trainer` checkpoint calls) and `mmpreproj.save_adapter`.
+A symlink to a file, to a folder or to nothing (dangling) outside is planted at each file a writer writes
+(`README.md`, the weights, the config), into an empty folder or over an earlier complete save of other weights.
+Writers: peft's `PeftModel.save_pretrained` (what a plain `Trainer` checkpoint calls) and `mmpreproj.save_adapter`.
 
-`save_adapter` replaces every file by a rename, so a link is replaced, never followed. safetensors (peft's
-weights writer) replaces a link too, and `PreProjConfig.save_pretrained` (peft's config writer) removes one
-first. peft writes its model card `README.md` in place before any hook of ours sees the folder, so a link there to
-a file is followed: the test pins what that leaves (the outside file holds the card) and that the save is then
-refused at the config, naming the link, so the folder is never a pair a loader takes (`docs/troubleshooting.md`).
+`save_adapter` replaces every file by a rename, so a link is replaced, never followed. safetensors (peft's weights
+writer) replaces a link too, and `PreProjConfig.save_pretrained` (peft's config writer) removes one first. peft
+writes its model card `README.md` in place before any hook of ours sees the folder, so a link there to a file (or
+to nothing: peft creates it) is followed: the test pins what that leaves (the outside file holds the card) and that
+the save is then refused at the config, naming the link, so the folder is never a pair a loader takes
+(`docs/troubleshooting.md`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ LOADERS = {
 }
 
 
+def _outside(path: Path, kind: str):
+    """What lies at the link's target: a folder's files, a file's bytes, or None (nothing, for a dangling link)."""
+    if kind == "dir":
+        return files(path)
+    return path.read_bytes() if path.exists() else None
+
+
 def _plant(tmp_path: Path, name: str, kind: str, earlier: bool) -> tuple[Path, Path]:
     folder = tmp_path / "adapter"
     folder.mkdir()
@@ -64,7 +72,7 @@ def _plant(tmp_path: Path, name: str, kind: str, earlier: bool) -> tuple[Path, P
     outside = tmp_path / "outside"
     if kind == "file":
         outside.write_text("precious\n")
-    else:
+    elif kind == "dir":
         outside.mkdir()
         (outside / "keep").write_text("kept\n")
     (folder / name).unlink(missing_ok=True)
@@ -73,18 +81,18 @@ def _plant(tmp_path: Path, name: str, kind: str, earlier: bool) -> tuple[Path, P
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["empty", "over_earlier_save"])
-@pytest.mark.parametrize("kind", ["file", "dir"])
+@pytest.mark.parametrize("kind", ["file", "dir", "dangling"])
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_link_in_the_folder_is_never_written_through_nor_left_as_half_a_pair(tmp_path, writer, name, kind, earlier):
     folder, outside = _plant(tmp_path, name, kind, earlier)
-    outside_before = files(tmp_path / "outside") if kind == "dir" else outside.read_bytes()
+    outside_before = _outside(outside, kind)
     model = _trained(seed=1)
     followed = writer == "peft" and name == "README.md"
-    if followed and kind == "file":  # peft writes its card through the link: pinned, then refused at the config
+    if followed and kind != "dir":  # peft writes its card through the link: pinned, then refused at the config
         with pytest.raises(ValueError, match=r"README\.md is a symlink .* adapter_config\.json was not written"):
             WRITERS[writer](model, folder)
-        assert "PEFT" in outside.read_text()  # the card peft wrote through the link (the documented gap)
+        assert "PEFT" in outside.read_text()  # the card peft wrote (or created) through the link: the documented gap
     elif followed:  # a link to a folder: peft's card reader fails before anything is written
         before = {n: (folder / n).read_bytes() for n in NAMES if (folder / n).is_file() and n != name}
         with pytest.raises(ValueError):
@@ -93,11 +101,11 @@ def test_a_link_in_the_folder_is_never_written_through_nor_left_as_half_a_pair(t
         assert files(outside) == outside_before
     else:
         WRITERS[writer](model, folder)
-        assert (files(outside) if kind == "dir" else outside.read_bytes()) == outside_before
+        assert _outside(outside, kind) == outside_before
         assert all((folder / n).is_file() and not (folder / n).is_symlink() for n in NAMES)  # the link replaced
     for load_name, load in LOADERS.items():
         if followed:  # never a pair a loader takes: no config, or the earlier config beside the new weights
-            if earlier and kind == "file":
+            if earlier and kind != "dir":
                 with pytest.raises(ValueError, match="does not hold the weights"):
                     load(folder)
             elif not earlier:
