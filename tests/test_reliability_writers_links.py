@@ -115,3 +115,40 @@ def test_a_link_in_the_folder_is_never_written_through_nor_left_as_half_a_pair(t
                 assert torch.equal(_logits(load(folder).eval()), _logits(_trained(seed=7))), load_name
         else:
             assert torch.equal(_logits(load(folder).eval()), _logits(model)), load_name
+
+
+# -- `save_pretrained(DIR)` of an injected model: transformers writes the base in place, so a link at any file it
+# writes (or at the `adapter/` folder) is refused before anything is written; the adapter's files replace a link
+BASE_NAMES = ("config.json", "generation_config.json", "model.safetensors", "adapter")
+ADAPTER_NAMES = tuple(f"adapter/{n}" for n in NAMES)
+
+
+@pytest.mark.parametrize("kind", ["file", "dir", "dangling"])
+@pytest.mark.parametrize("name", BASE_NAMES + ADAPTER_NAMES)
+def test_save_pretrained_of_an_injected_model_never_writes_through_a_link(tmp_path, name, kind):
+    folder = tmp_path / "model"
+    (folder / "adapter").mkdir(parents=True)
+    if name == "adapter":
+        (folder / "adapter").rmdir()
+    outside = tmp_path / "outside"
+    if kind == "file":
+        outside.write_text("precious\n")
+    elif kind == "dir":
+        outside.mkdir()
+        (outside / "keep").write_text("kept\n")
+    os.symlink(outside, folder / name)
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig())
+    with torch.no_grad():  # stands for training: the adapter's weights move
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 1e-2)
+    before_outside, before_folder = _outside(outside, kind), files(folder)
+    if name in BASE_NAMES:
+        with pytest.raises(ValueError, match=rf"save_pretrained: .*{name} is a symlink .*nothing was written"):
+            model.save_pretrained(folder)
+        assert files(folder) == before_folder
+    else:
+        model.save_pretrained(folder)
+        assert not (folder / name).is_symlink()
+        assert torch.equal(_logits(mmpreproj.from_pretrained(folder).eval()), _logits(model.eval()))
+    assert _outside(outside, kind) == before_outside
