@@ -24,7 +24,7 @@ from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .inject import inject, unload
 from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
-from .load_check import check_record_fits
+from .load_check import check_added_record, check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
 from .state_dict import (
@@ -79,6 +79,8 @@ class PreProjModel(BaseTuner):
         if not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
         if is_injected(model):
+            if config.injection is not None:  # a saved adapter added beside a loaded one: checked as the first is
+                check_added_record(model, config, config.injection, "adapter config", by_path=True)
             add_fresh_adapter(model, adapter_name, config)
         else:
             if config.injection is not None:  # a config read from a file: its record must fit this model
@@ -89,6 +91,23 @@ class PreProjModel(BaseTuner):
         owner, state = injected_owner(model, "PreProjModel")
         self.targeted_module_names = list(state.modules)
         config.injection = injection_of(describe_for_save(owner, adapter_name))  # what it resolved
+
+    def _pre_injection_hook(self, model: nn.Module, config: PreProjConfig, adapter_name: str) -> None:
+        """A new tuner over a model that already holds a PREPROJ adapter, for a config read from a folder: that is
+        transformers' `model.load_adapter(DIR, adapter_name=...)` (peft's `inject_adapter_in_model`), which then
+        loads the file by its keys, and those keys are the active adapter's: its weights would overwrite the
+        loaded adapter and leave the new one at its init. Refused before anything changes (peft's `__init__`
+        already put the config into the model's `peft_config`; it is taken out again)."""
+        if isinstance(config, PreProjConfig) and config.injection is not None and is_injected(model):
+            if self.peft_config.get(adapter_name) is config:
+                del self.peft_config[adapter_name]
+            raise ValueError(
+                f"loading a saved PREPROJ adapter as {adapter_name!r} onto a model that already holds one, through "
+                "a new tuner (transformers' model.load_adapter, peft's inject_adapter_in_model): the caller then "
+                "loads the file by its keys, over the adapter already there. Load it with peft's "
+                "PeftModel.load_adapter(DIR, adapter_name=...) or mmpreproj.load_adapter(model, DIR, "
+                "adapter_name=...); nothing was changed"
+            )
 
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         return peft_config

@@ -43,6 +43,7 @@ from torch import nn
 
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
+from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .state import adapter_key
 from .state_dict import adapter_state_dict, saved_module_tensors
@@ -268,6 +269,7 @@ def _save_pretrained(
             save_adapter(self, folder, state_dict=adapter_sd)
         return None
     _refuse_torchao_base(self)
+    refuse_links(folder, (*BASE_FILES, PRETRAINED_ADAPTER_DIR), "save_pretrained")  # transformers writes in place
     with base_view(self), _save_token_in_config(self) as token:  # config.json carries the token
         cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask
