@@ -15,8 +15,9 @@ from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from .methods import METHOD_SPECS
 
+# The choices (PRECISIONS, ...) and the size defaults are plain data in `mmpreproj_cli/tables.py`, which the
+# command's --help shows without loading torch.
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
-
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
 
 

@@ -12,6 +12,9 @@
 P = 2*d*int(1.25d)*L is the pre-projection's parameter count, so r = 480 (d=768, L=12) and 640 (d=1024, L=24);
 LoRA uses alpha = 2r and dropout 0 (peft, as the paper). `lora_matched` is not in the paper: its rank makes
 LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 160M, 597 at 410M, 149 on mini).
+
+The table of methods itself (`METHOD_SPECS`, `MethodSpec`, `METHODS`) is plain data in `mmpreproj_cli/tables.py`,
+so `mmpreproj train --help` lists the methods without loading torch; this module applies them.
 """
 
 from __future__ import annotations
