@@ -53,19 +53,6 @@ from ..train.sizes import sizes_for_budget
 from ..tuner.load import load_adapter
 from .arms import arm_key, train_arm
 
-__all__ = [
-    "LR_LADDER",
-    "Group",
-    "Step",
-    "Study",
-    "best_lr",
-    "open_study",
-    "plan",
-    "read_baseline",
-    "study",
-    "table2_groups",
-]
-
 log = logging.getLogger("mmpreproj.study")
 
 LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time

@@ -16,8 +16,6 @@ from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .report_md import METRIC_LABELS, format_comparisons, noise_sentences
 from .study import Step, Study, best_lr, read_baseline
 
-__all__ = ["METRICS", "PAPER_CLAIMS", "compute_seconds", "gather", "setting_lines", "write_report"]
-
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
 # The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.
 PAPER_CLAIMS = {
