@@ -61,8 +61,10 @@ def save_adapter(
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
-    `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
-    from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
+    `state_dict` is what to write (default `adapter_state_dict(model)`, keyed by block index): on a model
+    sharded by FSDP2 the default gathers, a collective every rank must call; when only one rank writes, pass
+    what every rank gathered (`adapter_state_dict`, or `adapter_tensors_from_state_dict` of the model's full
+    state dict). Each file is written to a temporary name and renamed,
     so a crash never leaves a torn file, and the two files are replaced together (`util.file_sets`): a
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
