@@ -156,6 +156,14 @@ def test_the_adapter_is_read_from_the_given_state_dict_and_a_missing_or_empty_we
         adapter_tensors_from_state_dict(model, "default", {k: torch.empty(0) for k in sd})
 
 
+def test_save_adapter_refuses_empty_zero3_partitions(tmp_path):
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig())
+    empty = {k: torch.empty(0) for k in mmpreproj.adapter_state_dict(model)}
+    with pytest.raises(ValueError, match=r"save_adapter: refusing to write .* is empty in the weights to save"):
+        mmpreproj.save_adapter(model, tmp_path / "a", state_dict=empty)
+    assert not (tmp_path / "a").exists()
+
+
 def test_peft_save_pretrained_refuses_a_state_dict_without_the_adapter(tmp_path):
     model = get_peft_model(tiny_neox(), PreProjConfig())
     base_only = {k: v for k, v in model.state_dict().items() if not any(s in k for s in SLOTS)}

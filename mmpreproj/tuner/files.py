@@ -29,7 +29,7 @@ from .keys import (
 )
 from .model_card import card_fields, model_card
 from .state import ADAPTER_TYPE, InjectionState, named_adapter
-from .state_dict import named_adapter_tensors, refuse_non_finite
+from .state_dict import named_adapter_tensors, refuse_empty, refuse_non_finite
 from .unwrap import STATE_ATTR, injected_owner
 
 __all__ = [
@@ -80,6 +80,10 @@ def save_adapter(
         state_dict = named_adapter_tensors(owner, name)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
+    try:
+        refuse_empty(tensors, "the weights to save")
+    except ValueError as e:
+        raise ValueError(f"save_adapter: refusing to write {path}: {e}") from None
     meta = {"format": "pt", "mmpreproj_version": __version__}
     desc = describe_for_save(owner, name, tensors)
     if base_save_token is not None:

@@ -19,6 +19,7 @@ __all__ = [
     "check_tensors_match",
     "local_adapter_state_dict",
     "named_adapter_tensors",
+    "refuse_empty",
     "refuse_non_finite",
     "saved_module_tensors",
     "set_adapter_state_dict",
@@ -112,14 +113,20 @@ def adapter_tensors_from_state_dict(
     out = {k: _full(given[v]) for k, v in wanted.items()}
     if not active:
         out.update(state.stored_modules.get(name, {}))
-    empty = next((k for k, v in out.items() if v.numel() == 0), None)
+    refuse_empty(out, "the given state dict")
+    return out
+
+
+def refuse_empty(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """ValueError naming the first empty weight: a DeepSpeed ZeRO-3 partition read outside a gather (an adapter
+    weight is never empty: its inner width is at least 1)."""
+    empty = next((k for k, v in tensors.items() if v.numel() == 0), None)
     if empty is not None:
         raise ValueError(
-            f"adapter weight {empty} is empty in the given state dict (DeepSpeed ZeRO-3 partitions hold no data "
-            "outside a gather): pass the consolidated state dict (engine._zero3_consolidated_16bit_state_dict(), "
-            "or accelerator.get_state_dict(engine), on every rank) as state_dict="
+            f"adapter weight {empty} is empty in {where} (DeepSpeed ZeRO-3 partitions hold no data outside a "
+            "gather): pass the consolidated state dict (engine._zero3_consolidated_16bit_state_dict(), or "
+            "accelerator.get_state_dict(engine), on every rank) as state_dict="
         )
-    return out
 
 
 def _bare(key: str, prefix: str) -> str:
