@@ -76,6 +76,9 @@ def test_fsdp2_peft_main_process_save_of_the_gathered_state_dict_reloads_and_res
     with torch.no_grad():
         assert not torch.allclose(reloaded(input_ids=ids).logits, tiny_neox()(input_ids=ids).logits)
     _assert_resume_is_bit_exact(result)
+    # the save called on every rank without state_dict= gathers the shards (all ranks take part): the same file
+    every = load_file(tmp_path / "every_rank" / "adapter_model.safetensors")
+    assert every.keys() == gathered.keys() and all(torch.equal(every[k], gathered[k]) for k in gathered)
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ model and optimizer state dicts (rank 0 gets them: `cpu_offload=True`), and rank
 `save_pretrained(SIDE/saved, state_dict=full)` while rank 1 waits at a barrier (a collective inside the save
 would never return), and the gathered optimizer state beside it (SIDE/optimizer.pt, as the Trainer's checkpoint).
 Both ranks then train a third step (`continued`), and a fresh sharded model resumes from the two files and trains
-the same third step (`resumed`).
+the same third step (`resumed`). MODE "peft" also saves without `state_dict=` on every rank
+(`is_main_process=rank == 0`) to SIDE/every_rank: that save gathers, every rank taking part.
 
 Rank 0 writes SIDE/result.pt: the adapter's entries of the gathered full state dict after step 2, and the
 gathered adapter weights after step 3 of both runs; the test compares them with each other and with the files.
@@ -90,6 +91,8 @@ def main() -> None:
         torch.save(optim, os.path.join(side, "optimizer.pt"))
     dist.barrier()
     gathered = adapter_part(full)
+    if mode == "peft":  # without state_dict=: peft's model.state_dict() holds shards, gathered by every rank
+        model.save_pretrained(os.path.join(side, "every_rank"), is_main_process=rank == 0)
 
     step(model, opt, 2, rank)
     continued = adapter_part(get_model_state_dict(model, options=FULL))
