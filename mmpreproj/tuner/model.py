@@ -28,6 +28,7 @@ from .load_check import check_added_record, check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
 from .state_dict import (
+    adapter_tensors_from_state_dict,
     check_tensors_match,
     named_adapter_tensors,
     refuse_non_finite,
@@ -198,13 +199,20 @@ class PreProjModel(BaseTuner):
         state_dict: dict[str, torch.Tensor],
         unwanted_adapter_names: list[str],
     ) -> dict[str, torch.Tensor]:
-        """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
+        """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them, taken from
+        `state_dict`: the caller's (a Trainer's gathered full state dict under FSDP2 / ZeRO-3, saved by the main
+        process alone) or peft's `model.state_dict()`. The live weights are never read (sharded, they would need
+        a collective on one rank: a deadlock); only FSDP2 shards in `state_dict` itself are gathered."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
-        tensors = named_adapter_tensors(owner, adapter_name)
+        prefix = _owner_prefix(model, owner)
+        try:
+            tensors = adapter_tensors_from_state_dict(owner, adapter_name, state_dict, prefix)
+        except ValueError as e:
+            raise ValueError(f"get_peft_model_state_dict({adapter_name!r}): {e}") from None
         desc = describe_for_save(owner, adapter_name, tensors)
         # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
         config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(block_keys_to_peft(tensors, desc))}
-        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+        return block_keys_to_peft(tensors, desc, prefix=prefix)
 
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:

@@ -46,7 +46,7 @@ from ..util.io import set_new_file_modes
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .state import adapter_key
-from .state_dict import adapter_state_dict, saved_module_tensors
+from .state_dict import local_adapter_state_dict, saved_module_tensors
 from .unwrap import STATE_ATTR
 
 __all__ = [
@@ -159,7 +159,7 @@ def split_state_dict(
             adapter[f"modules.{saved[path]}.{rest}"] = value
             value = state.saved_originals[f"{saved[path]}.{rest}"]
         base[key] = value
-    complete = set(adapter) == set(adapter_state_dict(model))
+    complete = set(adapter) == set(local_adapter_state_dict(model))  # keys only: no gather
     return base, adapter if complete else None
 
 
@@ -246,7 +246,9 @@ def _save_pretrained(
     `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...).
 
     `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
-    `adapter_state_dict` keys it; the base is then read from the model)."""
+    `adapter_state_dict` keys it; the base is then read from the model). A sharded model (FSDP2) saved by
+    the main process alone needs it (the full state dict every rank gathered, as the Trainer passes it):
+    without it the adapter is gathered from the model, a collective every rank must call."""
     cls_save = type(self).save_pretrained
     if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
         return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
@@ -260,7 +262,7 @@ def _save_pretrained(
         raise ValueError(f"save_pretrained: {folder} is a file; pass a folder")
     if state_dict is None:
         base_sd, adapter_sd = None, None
-    elif set(state_dict) == set(adapter_state_dict(self)):  # already the adapter's (`adapter_state_dict`)
+    elif set(state_dict) == set(local_adapter_state_dict(self)):  # already the adapter's (keys only: no gather)
         base_sd, adapter_sd = None, state_dict
     else:
         base_sd, adapter_sd = split_state_dict(self, state_dict)
