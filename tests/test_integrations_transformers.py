@@ -105,7 +105,7 @@ def test_preproj_lora_checkpoints_both_parts_and_resumes_bit_exact(tmp_path, lm_
     fresh = _preproj_lora()  # our weights scrambled: the resume must load them from peft's file
     with torch.no_grad():
         for w in mmpreproj.injected_modules(fresh):
-            w.preproj.up.weight.normal_()
+            w.slots()[0].up.weight.normal_()
     resumed = _fit(tmp_path / "cut", lm_data, fresh, resume=True)
     got = _trained(fresh)
     assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)

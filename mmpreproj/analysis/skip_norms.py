@@ -11,7 +11,7 @@ from torch import nn
 
 from ..modules import PreProjAttention
 from ..tuner.files import read_adapter
-from ..tuner.state import parse_adapter_key
+from ..tuner.legacy import parse_block_key
 
 __all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKIP_NORMS"]
 
@@ -50,19 +50,26 @@ PAPER_SKIP_NORMS = {
 def skip_norms(model: nn.Module) -> dict[int, float]:
     """{block index: ||W_skip||_F} for every injected block that has a skip (of B A for a low-rank skip)."""
     return {
-        m.block_index: m.skip.weight.detach().float().norm().item()
+        m.block_index: m.slots()[1].weight.detach().float().norm().item()
         for m in model.modules()
-        if isinstance(m, PreProjAttention) and m.skip is not None
+        if isinstance(m, PreProjAttention) and m.slots()[1] is not None
     }
 
 
 def skip_norms_from_adapter(path: str | Path) -> dict[int, float]:
     """The same, read from a saved adapter folder without building a model."""
-    _, tensors = read_adapter(path)
+    desc, tensors = read_adapter(path)
+    blocks = dict(zip(desc.get("modules") or [], desc.get("layers") or []))  # wrapper path -> block index
     full: dict[int, torch.Tensor] = {}
     low: dict[int, dict[str, torch.Tensor]] = {}  # block -> {"up": B (d, r), "down": A (r, d)}
     for key, v in tensors.items():
-        block, module, param = parse_adapter_key(key)
+        old = parse_block_key(key)  # an older folder's `blocks.{i}.skip.{param}`
+        if old is not None:
+            block, module, param = old
+        else:
+            at = max((p for p in blocks if key.startswith(f"{p}.")), key=len, default=None)
+            block = blocks.get(at)
+            module, _, param = key[len(at) + 1 :].partition(".") if at is not None else ("", "", "")
         if block is None or module != "skip":
             continue
         if param == "proj.weight":

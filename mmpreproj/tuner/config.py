@@ -28,6 +28,7 @@ from ..version import __version__
 from .budget import preproj_sizes
 from .digest import DIGEST_KEY, check_weights_digest
 from .file_check import check_file_tensors
+from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
 __all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
@@ -37,8 +38,10 @@ MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the pap
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
 #   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/keys.py`)
 #   2: mmpreproj 0.4 (peft's layout: `peft_type: "PREPROJ"`, peft's keys, `injection.weights_digest`)
+#   3: the skip's slot is `preproj_skip` (every slot starts with the peft prefix "preproj"); 1 and 2 are read
+#      through `tuner/legacy.py`
 # A config without `format_version` was written before the field existed (format 1 or 2, both read here).
-ADAPTER_FORMAT = 2
+ADAPTER_FORMAT = 3
 
 FUSE_QKV_SKIP_REMOVED = (
     "PreProjConfig.fuse_qkv_skip was removed after mmpreproj 0.1.0: the one-matmul Q/K/V + skip path gave no reliable "
@@ -189,7 +192,9 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 tensors = load_file(str(weights))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
-            check_file_tensors(config, tensors, weights)  # names, shapes, dtypes, values: before peft injects
+            modules = (config.injection or {}).get("modules")
+            named = renamed_slots(tensors, modules, "base_model.model.") if isinstance(modules, list) else tensors
+            check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
             check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
         return config
 

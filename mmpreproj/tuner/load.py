@@ -32,10 +32,10 @@ from torch import nn
 
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .inject import unload
-from .keys import SLOTS, as_description, is_other_peft_method
+from .keys import as_description, is_other_peft_method
 from .load_injection import load_injection as _load_ours
 from .state import is_injected
-from .state_dict import trainable_adapter_params
+from .state_dict import SLOTS, trainable_adapter_params
 
 __all__ = ["Folder", "detect", "load_adapter"]
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import PreProjConfig
+from .legacy import model_keys
 from .plan import Plan, config_host, plan_injection
 from .state_dict import saved_module_tensors, wrapper_tensors
 
@@ -53,8 +54,10 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
             )
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
-        expected = wrapper_tensors([w for _, w in plan.placements])
+        pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
+        expected = wrapper_tensors(pairs)
         expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+        shapes = model_keys(shapes, pairs, plan.state.modules_to_save)  # recorded by block index before 0.5
         have = {k: list(v.shape) for k, v in expected.items()}
         if have != shapes:
             diff = sorted(k for k in set(have) | set(shapes) if have.get(k) != shapes.get(k))

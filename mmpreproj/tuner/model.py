@@ -12,37 +12,36 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..modules.wrapper import PreProjAttention
-from .config import PreProjConfig
+from ..modules.slot import MERGE_REFUSED
+from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
+from .config import ADAPTER_FORMAT, PreProjConfig
 from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .inject import inject, unload
-from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
+from .keys import PEFT_PREFIX, injection_of
+from .legacy import model_keys
 from .load_check import check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
 from .state_dict import (
+    SLOTS,
     check_tensors_match,
+    injected_paths,
+    is_slot_key,
     named_adapter_tensors,
     refuse_non_finite,
-    set_adapter_state_dict,
     trainable_adapter_params,
 )
 from .unwrap import injected_owner
 
 __all__ = ["FREEZE_BASE_REFUSED", "MERGE_REFUSED", "PreProjModel"]
-
-MERGE_REFUSED = (
-    "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
-    "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
-    "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
-)
 
 
 FREEZE_BASE_REFUSED = (
@@ -55,7 +54,7 @@ FREEZE_BASE_REFUSED = (
 class PreProjModel(BaseTuner):
     """peft tuner: pre-projection + content skip at every selected attention block (arXiv 2604.10791)."""
 
-    prefix: str = "preproj_"
+    prefix: str = "preproj"  # every slot name starts with it (peft's and transformers' key handling)
     tuner_layer_cls = PreProjAttention
     target_module_mapping: dict[str, list[str]] = {}
 
@@ -134,26 +133,30 @@ class PreProjModel(BaseTuner):
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
         for w in injected_modules(self.model):
-            w.adapter_enabled = enabled
-            for slot in (w.preproj, w.skip):
-                if slot is not None:
-                    slot._disable_adapters = not enabled  # what peft's model status reads
+            w.enable_adapters(enabled)
 
     @contextlib.contextmanager
     def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
-        """`forward(adapter_names=[...])` (peft's mixed batches): one adapter runs per forward here, so a list
-        naming any other adapter than the active one is refused, never ignored."""
-        names = kwargs.get("adapter_names")
-        if names is not None:
-            active = self.active_adapter
-            other = sorted({n for n in names if n != active})
-            if other:
-                raise ValueError(
-                    f"forward(adapter_names=...): PREPROJ runs one adapter per forward (the active one, "
-                    f"{active!r}); the batch names {other}. Split the batch by adapter and call set_adapter "
-                    "between the forwards"
-                )
-        yield
+        """`forward(adapter_names=[...])` (peft's mixed batches): each row runs through its own adapter
+        ("__base__": none); every wrapper gets the names through a forward pre-hook, as LoRA's layers do."""
+        names = kwargs.pop("adapter_names", None)
+        if names is None:
+            yield
+            return
+        names = list(names)
+        loaded = set(self.peft_config) | {BASE_ADAPTER}
+        unknown = sorted({n for n in names if n not in loaded})
+        if unknown:
+            raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
+        handles = [
+            w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
+            for w in injected_modules(self.model)
+        ]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
     # -- merge / unload ------------------------------------------------------------------------------
     def merge_adapter(self, *args: Any, **kwargs: Any) -> None:
@@ -179,29 +182,58 @@ class PreProjModel(BaseTuner):
         state_dict: dict[str, torch.Tensor],
         unwanted_adapter_names: list[str],
     ) -> dict[str, torch.Tensor]:
-        """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them."""
+        """Adapter `adapter_name`'s entries of `state_dict` (the model's keys, adapter name still in them, as
+        peft's default hook returns them), plus its `modules_to_save` values (an inactive adapter's wait in the
+        injection state). Built from `state_dict` alone: no live tensor is read, nothing is gathered, so a
+        sharded model's state dict passes through as given."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
-        tensors = named_adapter_tensors(owner, adapter_name)
+        prefix = _owner_prefix(model, owner)
+        heads = {f"{prefix}{path}.{slot}.{adapter_name}.": (path, slot) for path in state.modules for slot in SLOTS}
+        picked, tensors = {}, {}
+        for key, value in state_dict.items():
+            head = next((h for h in heads if key.startswith(h)), None)
+            if head is not None:
+                path, slot = heads[head]
+                picked[key] = value
+                tensors[f"{path}.{slot}.{key[len(head) :]}"] = value
+        if adapter_name == state.active_adapter:
+            saved = tuple(f"{prefix}{path}." for path in state.modules_to_save.values())
+            saved_items = {k: v for k, v in state_dict.items() if k.startswith(saved)} if saved else {}
+        else:
+            saved_items = {f"{prefix}{k}": v for k, v in state.stored_modules.get(adapter_name, {}).items()}
+        picked.update(saved_items)
+        tensors.update({k.removeprefix(prefix): v for k, v in saved_items.items()})
         desc = describe_for_save(owner, adapter_name, tensors)
-        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
-        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(block_keys_to_peft(tensors, desc))}
-        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two); a
+        # sharded (DTensor) value is not read here, so its folder carries no digest
+        sharded = any(hasattr(v, "full_tensor") for v in tensors.values())
+        digest = {} if sharded else {DIGEST_KEY: weights_digest(tensors)}
+        config.injection = {**injection_of(desc), **digest}
+        config.format_version = ADAPTER_FORMAT  # the keys are written as today
+        return picked
 
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
-        return key  # the adapter name is not in the model's keys: one adapter runs per wrapper
+        """`...attention.preproj.{adapter}.up.weight` -> `...attention.preproj.up.weight` (peft's default removes
+        the name only where LoRA has it, second to last)."""
+        for slot in SLOTS:
+            head = f".{slot}.{adapter_name}."
+            at = key.rfind(head)
+            if at >= 0:
+                return f"{key[:at]}.{slot}.{key[at + len(head) :]}"
+        return key
 
     @classmethod
     def _remap_adapter_state_dict_for_load(
         cls, model: nn.Module, config: PreProjConfig, adapter_name: str, state_dict: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        """peft keys -> the model's keys, after checking every key, shape, dtype and value (nothing is copied
-        from a state dict with one wrong). The active adapter loads through peft's `load_state_dict`; a stored
-        (inactive) one is written here and nothing is left for peft to load."""
+        """File keys -> the model's keys (peft's: the adapter name put back), after checking every key, shape,
+        dtype and value (nothing is copied from a state dict with one wrong). An inactive adapter's
+        `modules_to_save` values go to the injection state, not the model."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
-        desc = describe_for_save(owner, adapter_name)
         where = f"set_peft_model_state_dict({adapter_name!r})"
-        tensors = block_keys_from_peft(state_dict, desc, where)
+        tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items()}
+        tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)  # older files: legacy.py
         # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
         check_tensors_match(
             named_adapter_tensors(owner, adapter_name),
@@ -209,10 +241,30 @@ class PreProjModel(BaseTuner):
             f"{where}: the weights do not match this adapter (another method's or another size's checkpoint?)",
         )
         refuse_non_finite(tensors, where)
-        if adapter_name != state.active_adapter:
-            set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
-            return {}
-        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+        prefix = _owner_prefix(model, owner)
+        out = {}
+        for key, value in tensors.items():
+            if is_slot_key(key):
+                path, slot, param = _split_slot_key(key, state.modules)
+                out[f"{prefix}{path}.{slot}.{adapter_name}.{param}"] = value
+            elif adapter_name == state.active_adapter:
+                out[f"{prefix}{key}"] = value
+            else:
+                stored = state.stored_modules[adapter_name]
+                stored[key] = value.to(device=stored[key].device, dtype=stored[key].dtype).clone()
+        return out
+
+
+def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: hand a mixed batch's adapter names to the wrapper's forward."""
+    return args, {**kwargs, "adapter_names": names}
+
+
+def _split_slot_key(key: str, paths: list[str]) -> tuple[str, str, str]:
+    """(wrapper path, slot, param) of a checked slot key `{path}.{slot}.{param}`."""
+    path = max((p for p in paths if key.startswith(f"{p}.")), key=len)
+    slot, _, param = key[len(path) + 1 :].partition(".")
+    return path, slot, param
 
 
 def _owner_prefix(model: nn.Module, owner: nn.Module) -> str:
