@@ -85,7 +85,8 @@ def test_save_load_round_trip_of_a_rank_r_skip_and_a_bottleneck(tmp_path, tokens
 
     shapes = {k: tuple(v.shape) for k, v in load_file(str(path / "adapter_model.safetensors")).items()}
     block0 = "base_model.model.gpt_neox.layers.0.attention"  # peft's key of block 0's wrapper
-    assert shapes[f"{block0}.skip.down.weight"] == (3, 32) and shapes[f"{block0}.skip.up.weight"] == (32, 3)
+    assert shapes[f"{block0}.preproj_skip.down.weight"] == (3, 32)
+    assert shapes[f"{block0}.preproj_skip.up.weight"] == (32, 3)
     assert shapes[f"{block0}.preproj.up.weight"] == (2, 32)  # int(32 / 16) = 2
     fresh = tiny_neox()
     torch.manual_seed(77)

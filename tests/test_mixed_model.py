@@ -19,7 +19,8 @@ def test_one_preprojection_per_decoder_block_shared_by_all_modalities():
     assert len(wrappers) == len(model.decoder.blocks) == 2
     assert all(w is b.attn for w, b in zip(wrappers, model.decoder.blocks))
     assert not mmpreproj.injected_modules(model.tower)
-    assert sum(1 for n, _ in model.named_parameters() if ".preproj." in n or ".skip." in n) == 2 * 3  # up, down, skip
+    slots = (".preproj.", ".preproj_skip.")
+    assert sum(1 for n, _ in model.named_parameters() if any(s in n for s in slots)) == 2 * 3  # up, down, skip
 
 
 def test_decoder_layout_chooses_the_mrope():

@@ -70,7 +70,7 @@ def skip_norms_from_adapter(path: str | Path) -> dict[int, float]:
             at = max((p for p in blocks if key.startswith(f"{p}.")), key=len, default=None)
             block = blocks.get(at)
             module, _, param = key[len(at) + 1 :].partition(".") if at is not None else ("", "", "")
-        if block is None or module != "skip":
+        if block is None or module not in ("skip", "preproj_skip"):  # the old slot name or today's
             continue
         if param == "proj.weight":
             full[block] = v.float()
@@ -100,7 +100,9 @@ def _capture(model: nn.Module, sums: dict[int, list[float]], token_mask: torch.T
         acc[0] += skip_norm[mask].sum().item()
         acc[1] += attn_norm[mask].sum().item()
 
-    handles = [w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.skip is not None]
+    handles = [
+        w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.slots()[1] is not None
+    ]
     try:
         yield
     finally:
@@ -122,7 +124,7 @@ def routing_ratios(
     what the forward actually computed. Raises ValueError for a model without a skip, and RuntimeError when
     no block with a skip ran (e.g. inside `adapter_disabled`), rather than return an empty answer.
     """
-    if not any(isinstance(m, PreProjAttention) and m.skip is not None for m in model.modules()):
+    if not any(isinstance(m, PreProjAttention) and m.slots()[1] is not None for m in model.modules()):
         raise ValueError("routing_ratios: this model has no injected content skip (inject with skip=True)")
     was_training = model.training
     model.eval()

@@ -110,9 +110,22 @@ class PreProjConfig(JsonConfig, PeftConfig):
     library_version: str = field(default=__version__, compare=False)
     format_version: int = field(default=ADAPTER_FORMAT, compare=False)
     fuse_qkv_skip: InitVar[bool | None] = None  # removed; not stored, not saved
+    # peft's targeting words (LoraConfig's): mapped onto `layers` or refused, naming `layers` / `parts`
+    target_modules: InitVar[Any] = None
+    exclude_modules: InitVar[Any] = None
+    layers_to_transform: InitVar[Any] = None
+    layers_pattern: InitVar[Any] = None
 
-    def __post_init__(self, fuse_qkv_skip: bool | None) -> None:
+    def __post_init__(
+        self,
+        fuse_qkv_skip: bool | None,
+        target_modules: Any = None,
+        exclude_modules: Any = None,
+        layers_to_transform: Any = None,
+        layers_pattern: Any = None,
+    ) -> None:
         _removed_fuse_qkv_skip(fuse_qkv_skip, warn=True)
+        self._peft_targeting(target_modules, exclude_modules, layers_to_transform, layers_pattern)
         PeftConfig.__post_init__(self)
         self.peft_type = PREPROJ
         check_field_types(self, skip=(*PEFT_FIELDS, "host", "injection"))
@@ -168,6 +181,31 @@ class PreProjConfig(JsonConfig, PeftConfig):
             self.layers = {k: _layer_list(v, f"layers[{k!r}]") for k, v in self.layers.items()}
         elif self.layers is not None:
             self.layers = _layer_list(self.layers, "layers")
+
+    def _peft_targeting(
+        self, target_modules: Any, exclude_modules: Any, layers_to_transform: Any, layers_pattern: Any
+    ) -> None:
+        """peft's targeting words: `layers_to_transform` (block indices) is `layers`; the others name modules,
+        but PREPROJ's sites are the host table's norm -> attention seams (`mmpreproj.hosts`), so they are
+        refused, pointing to `layers` and `parts`."""
+        for name, value in (
+            ("target_modules", target_modules),
+            ("exclude_modules", exclude_modules),
+            ("layers_pattern", layers_pattern),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"PreProjConfig.{name}={value!r:.80}: PREPROJ does not pick modules by name; it wraps each "
+                    "block's attention at the seam the host table names (mmpreproj.hosts). Choose blocks with "
+                    "layers=[...] (or {part: [...]}) and the parts of a multimodal model with parts=[...]"
+                )
+        if layers_to_transform is not None:
+            if self.layers is not None:
+                raise ValueError(
+                    f"PreProjConfig: layers_to_transform={layers_to_transform!r:.60} and layers={self.layers!r:.60} "
+                    "both given; layers_to_transform is peft's name for layers: pass one"
+                )
+            self.layers = [layers_to_transform] if type(layers_to_transform) is int else layers_to_transform
 
     @property
     def method(self) -> str:

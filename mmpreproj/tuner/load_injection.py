@@ -22,6 +22,7 @@ from .state import check_adapter_name, is_injected
 from .state_dict import (
     check_tensors_match,
     is_slot_key,
+    rekeyed_by_block,
     saved_module_tensors,
     trainable_adapter_params,
     wrapper_tensors,
@@ -86,6 +87,7 @@ def load_injection(
     expected = wrapper_tensors(pairs)
     expected.update(saved_module_tensors(model, plan.state.modules_to_save))
     tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
+    tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
     injected = {k: v for k, v in expected.items() if is_slot_key(k)}
     with torch.no_grad():

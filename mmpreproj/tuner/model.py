@@ -106,7 +106,11 @@ class PreProjModel(BaseTuner):
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
-            raise ValueError(f"set_adapter: one active PREPROJ adapter at a time, got {names}")
+            raise ValueError(
+                f"set_adapter({names}): PREPROJ runs one adapter per forward: two pre-projections would feed one "
+                "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
+                "run a mixed batch (forward(..., adapter_names=[one name per row]))"
+            )
         set_adapter(self.model, names[0])
         self.active_adapter = names[0]
         if inference_mode:
@@ -157,6 +161,14 @@ class PreProjModel(BaseTuner):
         finally:
             for h in handles:
                 h.remove()
+
+    def add_weighted_adapter(self, *args: Any, **kwargs: Any) -> None:
+        """peft's weighted combination of adapters (LoRA's): refused with the reason."""
+        raise ValueError(
+            "add_weighted_adapter: a weighted sum of PREPROJ adapters' weights is no weighted combination of what "
+            "they do (the pre-projection x^ + W_down SiLU(W_up x^) is nonlinear, and it feeds the attention that the "
+            "skip reads). Run the adapters one at a time (set_adapter) or per row (forward(adapter_names=[...]))"
+        )
 
     # -- merge / unload ------------------------------------------------------------------------------
     def merge_adapter(self, *args: Any, **kwargs: Any) -> None:

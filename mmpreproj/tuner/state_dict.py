@@ -11,6 +11,7 @@ a stored one's, and the checks a set of tensors must pass (keys, shapes, dtypes,
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -30,12 +31,14 @@ __all__ = [
     "is_slot_key",
     "named_adapter_tensors",
     "refuse_non_finite",
+    "rekeyed_by_block",
     "saved_module_tensors",
     "set_adapter_state_dict",
     "trainable_adapter_params",
     "wrapper_tensors",
 ]
 
+V = TypeVar("V")
 SLOTS = PreProjAttention.adapter_layer_names  # the adapter slots of a wrapper, named once
 
 
@@ -63,6 +66,25 @@ def is_slot_key(key: str) -> bool:
     ones, `legacy.OLD_SLOTS`), not a `modules_to_save` one."""
     parts = key.split(".")
     return any(p in SLOTS or p in OLD_SLOTS for p in parts[:-1])
+
+
+def rekeyed_by_block(
+    tensors: dict[str, V], layers: object, modules: object, pairs: list[tuple[str, PreProjAttention]]
+) -> dict[str, V]:
+    """`tensors` saved from a model whose wrappers sat at other paths (`modules`, aligned with the block indices
+    `layers`: a `features_only` net, another wrapping) keyed by this model's paths (`pairs`), block by block;
+    every other key unchanged. The file's paths are strings compared with strings, never resolved."""
+    if not (isinstance(layers, list) and isinstance(modules, list) and len(layers) == len(modules)):
+        return tensors
+    here = {w.block_index: path for path, w in pairs}
+    moved = {f"{old}.": f"{here[i]}." for i, old in zip(layers, modules) if i in here and here[i] != old}
+    if not moved:
+        return tensors
+    out = {}
+    for key, value in tensors.items():
+        head = next((h for h in moved if key.startswith(h) and is_slot_key(key[len(h) :])), None)
+        out[key if head is None else moved[head] + key[len(head) :]] = value
+    return out
 
 
 def saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> dict[str, torch.Tensor]:
