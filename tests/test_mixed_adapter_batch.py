@@ -138,3 +138,8 @@ def test_the_wrapper_is_peft_s_layer_one_module_dict_per_slot(two_adapters):
     wrapper.enable_adapters(True)
     status = two_adapters.get_model_status()  # peft reads the slot modules' view
     assert status.enabled is True and status.available_adapters == ["b", "default"]
+    assert status.active_adapters == ["default"]
+    two_adapters.set_adapter("b")
+    assert two_adapters.get_model_status().active_adapters == ["b"] and wrapper.active_adapters == ["b"]
+    with two_adapters.disable_adapter():
+        assert two_adapters.get_model_status().enabled is False and wrapper.disable_adapters

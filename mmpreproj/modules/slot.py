@@ -65,11 +65,11 @@ class TunerSlot(BaseTunerLayer):
 
     adapter_layer_names: tuple[str, ...] = ()
     adapter_name: str = "default"  # the key of this module in its wrapper's slot dict
-    slot_active: bool = True  # whether `adapter_name` is the wrapper's active adapter
+    layer_active: tuple[str, ...] = ("default",)  # the wrapper's active adapter(s), as peft's status reads a layer
 
     @property
     def active_adapter(self) -> str | list[str]:
-        return self.adapter_name if self.slot_active else []
+        return list(self.layer_active)
 
     def _get_available_adapters(self) -> set[str]:
         return {self.adapter_name}

@@ -201,11 +201,11 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
     def _sync_slots(self) -> None:
         """Tell each slot module its adapter's name, whether it runs and is enabled (peft's status reads them,
         `modules.slot.TunerSlot`)."""
-        active = self.active_adapters
+        active = tuple(self.active_adapters)
         for slot in self.adapter_layer_names:
             for name, module in getattr(self, slot).items():
                 module.adapter_name = name
-                module.slot_active = name in active
+                module.layer_active = active
                 module._disable_adapters = self._disable_adapters
 
     @property
