@@ -36,7 +36,7 @@ __all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjC
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
-#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/keys.py`)
+#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/legacy.py`)
 #   2: mmpreproj 0.4 (peft's layout: `peft_type: "PREPROJ"`, peft's keys, `injection.weights_digest`)
 #   3: the skip's slot is `preproj_skip` (every slot starts with the peft prefix "preproj"); 1 and 2 are read
 #      through `tuner/legacy.py`

@@ -1,6 +1,7 @@
 """An adapter folder: `save_adapter` writes it, `read_adapter` reads it back (description, tensors), in peft's
-layout (`keys.py`) with the two files replaced together (`util.file_sets`); `check_saved_paths` form-checks
-what a file says before any of it meets a model."""
+layout (`keys.py`: the config; weights keyed as the model keys them, peft's prefix added) with the two files
+replaced together (`util.file_sets`); `check_saved_paths` form-checks what a file says before any of it meets a
+model."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ peft's generic tuner finds target modules by name and swaps each for a layer; th
 sites through the host table (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts),
 so `inject_adapter` hands the model to `inject.inject` (peft's `inject_adapter_in_model` counterpart), and
 the multi-adapter calls go to `named.py`. What peft reads back is peft's: `peft_config`,
-`active_adapter`, `targeted_module_names`, and a state dict in peft's keys (`tuner/keys.py`).
+`active_adapter`, `targeted_module_names`, and a state dict in peft's keys: the model's own `state_dict()` keys,
+the adapter name removed on save and put back on load (`_remove_adapter_name_from_key`), no converter between.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     mmpreproj.save_adapter(model, "out/a", adapter_name="default")     # any loaded one, active or not
 
 Design: as peft's LoRA, each wrapper keeps every adapter in one `nn.ModuleDict` per slot keyed by adapter name
-(`wrapper.preproj[name]`, `wrapper.skip[name]`; peft's layer methods, `modules.peft_layer`), the inactive ones
+(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's layer methods, `modules.slot`), the inactive ones
 with `requires_grad=False`; `set_adapter` switches which one runs (nothing moves, so an optimizer built before
 the switch still holds the old adapter's tensors). The `modules_to_save` values of the inactive adapters live
 in the injection state and are copied in and out on a switch.
