@@ -187,7 +187,7 @@ def test_stages_of_different_widths_inject_and_reload(name, tmp_path):
     assert widths == [16, 32]
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if ".preproj." in n or ".skip." in n:
+            if ".preproj." in n or ".preproj_skip." in n:
                 p.normal_(std=0.05)
         out = model(x)
     assert not torch.allclose(out, ref, atol=1e-4)
@@ -238,7 +238,7 @@ def test_features_only_net_takes_the_full_models_adapter(case, tmp_path):
     mmpreproj.inject(full)
     with torch.no_grad():
         for n, p in full.named_parameters():
-            if ".preproj." in n or ".skip." in n:
+            if ".preproj." in n or ".preproj_skip." in n:
                 p.normal_(std=0.05)
     mmpreproj.save_adapter(full, tmp_path)
     net = _features(case.build())

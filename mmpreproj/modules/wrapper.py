@@ -191,6 +191,11 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         self._active_adapter = names[0]
         self._sync_slots()
 
+    def delete_adapter(self, adapter_name: str) -> None:
+        """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one)."""
+        PeftLayerMethods.delete_adapter(self, adapter_name)
+        self._sync_slots()
+
     def enable_adapters(self, enabled: bool) -> None:
         """Run the adapters (True) or the host attention alone (False). Unlike peft's default, `requires_grad`
         is left as it is: a disabled pass (`adapter_disabled`, peft's `disable_adapter()`) never thaws a frozen
@@ -202,6 +207,8 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         """Tell each slot module its adapter's name, whether it runs and is enabled (peft's status reads them,
         `modules.slot.TunerSlot`)."""
         active = tuple(self.active_adapters)
+        # the active adapter's modules, read once per forward (no name lookups on the decode path)
+        self._active_slots = self.slots(active[0]) if len(active) == 1 else (None, None)
         for slot in self.adapter_layer_names:
             for name, module in getattr(self, slot).items():
                 module.adapter_name = name
@@ -300,7 +307,7 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         if adapter_names is not None:
             pre, skip = self._mixed_batch(adapter_names)
         else:
-            pre, skip = self.slots()
+            pre, skip = self._active_slots
         args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs, pre)
         if x_tilde is None:
             raise RuntimeError(
