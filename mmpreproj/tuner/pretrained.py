@@ -136,10 +136,10 @@ def split_state_dict(
     """A full state dict of the injected `model` -> (the base's, keyed and valued as before `inject`;
     the adapter's, keyed as `adapter_state_dict` keys it, or None when `state_dict` lacks some of it).
 
-    Under a wrapper `P`: `P.base_layer.X` -> `P.X`, the active adapter's `P.preproj.{name}.*` / `P.skip.{name}.*`
-    -> the adapter (`P.preproj.*`), the other adapters are dropped. A `modules_to_save` module's keys keep their
-    names with the inject-time values in the base, the given values go to the adapter. ValueError naming any
-    other key under a wrapper.
+    Under a wrapper `P`: `P.base_layer.X` -> `P.X`, the active adapter's `P.preproj.{name}.*` /
+    `P.preproj_skip.{name}.*` -> the adapter (`P.preproj.*`), the other adapters are dropped. A `modules_to_save`
+    module's keys keep their names with the inject-time values in the base, the given values go to the adapter.
+    ValueError naming any other key under a wrapper.
     """
     state = vars(model)[STATE_ATTR]
     wrappers = _wrappers_by_name(model)
