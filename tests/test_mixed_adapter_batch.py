@@ -143,3 +143,15 @@ def test_the_wrapper_is_peft_s_layer_one_module_dict_per_slot(two_adapters):
     assert two_adapters.get_model_status().active_adapters == ["b"] and wrapper.active_adapters == ["b"]
     with two_adapters.disable_adapter():
         assert two_adapters.get_model_status().enabled is False and wrapper.disable_adapters
+
+
+def test_a_mixed_batch_through_a_sequence_first_attention_is_refused_not_misread():
+    from mmpreproj.modules import AttentionCall, ContentSkip, PreProjAttention, PreProjection
+
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=False)
+    call = AttentionCall(inputs=((0, "query"), (1, "key"), (2, "value")), output_index=0)
+    wrapper = PreProjAttention(mha, call, PreProjection(16), ContentSkip(16), block_index=0)
+    x = torch.randn(3, 3, 16)  # (N, B, d): as many rows as tokens, so a dim-0 split would go unnoticed
+    wrapper(x, x, x, need_weights=False)  # a plain forward runs
+    with pytest.raises(ValueError, match=r"batch_first=False\) takes the batch in dim 1"):
+        wrapper(x, x, x, need_weights=False, adapter_names=["default", "__base__", "default"])

@@ -343,6 +343,12 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
                 f"forward(adapter_names=...): {unknown} are not adapters of this layer "
                 f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
             )
+        if getattr(self.base_layer, "batch_first", True) is False:  # nn.MultiheadAttention's (N, B, d) layout
+            raise ValueError(
+                f"forward(adapter_names=...): the attention of block {self.block_index} "
+                f"({type(self.base_layer).__name__}, batch_first=False) takes the batch in dim 1; mixed batches "
+                "need it in dim 0: run each adapter's rows as their own batch after set_adapter"
+            )
         groups: dict[str, list[int]] = {}
         for row, name in enumerate(adapter_names):
             groups.setdefault(name, []).append(row)
