@@ -69,3 +69,28 @@ def test_a_full_state_dict_in_the_old_key_layout_loads_into_the_active_adapter()
     fresh = mmpreproj.inject(tiny_neox())
     fresh.load_state_dict(sd)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_loads_bit_exact(tmp_path):
+    """mmpreproj 0.4 wrote our weights into LoRA's file too, without the adapter name and with the `skip` slot."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    pm = get_peft_model(mmpreproj.inject(tiny_neox()), LoraConfig(r=2, target_modules=["query_key_value"]))
+    for p in mmpreproj.adapter_state_dict(pm).values():
+        p.requires_grad_(True)
+    _trained(pm)
+    mmpreproj.save_adapter(pm, tmp_path)
+    pm.save_pretrained(str(tmp_path / "lora"))
+    lora_file = tmp_path / "lora" / "adapter_model.safetensors"
+    tensors = load_file(str(lora_file))
+    old = {
+        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
+        for k, v in tensors.items()
+    }
+    assert old.keys() != tensors.keys() and any(".skip.proj." in k for k in old)  # the rewrite took place
+    save_file(old, str(lora_file))
+    tokens = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, pm(tokens).logits)
