@@ -94,3 +94,29 @@ def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_load
     loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path)
     with torch.no_grad():
         assert torch.equal(loaded(tokens).logits, pm(tokens).logits)
+
+
+def test_a_lora_checkpoint_of_0_4_resumed_by_peft_restores_our_weights_too(tmp_path):
+    """A Trainer's resume of `preproj_lora` (`PeftModel.load_adapter` into the loaded name) reads our weights from
+    LoRA's file; mmpreproj 0.4 keyed them `...preproj.up.weight` / `...skip.proj.weight` there."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    lora = LoraConfig(r=2, target_modules=["query_key_value"])
+    pm = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
+    for p in mmpreproj.adapter_state_dict(pm).values():
+        p.requires_grad_(True)
+    _trained(pm)
+    pm.save_pretrained(str(tmp_path))
+    weights = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    old = {
+        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
+        for k, v in tensors.items()
+    }
+    assert any(".skip.proj." in k for k in old)
+    save_file(old, str(weights))
+    resumed = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
+    resumed.load_adapter(str(tmp_path), "default", is_trainable=True)
+    want, got = mmpreproj.adapter_state_dict(pm), mmpreproj.adapter_state_dict(resumed)
+    assert all(torch.equal(got[k], want[k]) for k in want)

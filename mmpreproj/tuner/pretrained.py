@@ -45,6 +45,7 @@ from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
+from .legacy import OLD_SLOTS
 from .state_dict import SLOTS, adapter_state_dict
 from .unwrap import STATE_ATTR
 
@@ -62,6 +63,7 @@ __all__ = [
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
 _WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not the base's
+_SLOT_NAMES = {**OLD_SLOTS, **{slot: slot for slot in SLOTS}}  # a slot's name in any layout -> today's
 
 
 def install_save_pretrained(model: nn.Module) -> None:
@@ -92,7 +94,8 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
     `save_pretrained` writes and transformers' Trainer reads back on resume) loads into the wrapped modules.
 
     Under a wrapper `P`, `P.X` becomes `P.base_layer.X`, and an injected weight in the layout before adapters
-    were keyed by name, `P.preproj.up.weight`, becomes the active adapter's `P.preproj.{name}.up.weight`. A dict
+    were keyed by name, `P.preproj.up.weight` / `P.skip.proj.weight`, becomes the active adapter's
+    `P.preproj.{name}.up.weight` / `P.preproj_skip.{name}.proj.weight` (a 0.4 checkpoint resumed by a Trainer). A dict
     with base keys of wrapped attention and none of the injected weights is refused (RuntimeError, nothing
     loaded): a plain Trainer resumed from its own checkpoint would otherwise go on with the adapter it started
     from.
@@ -106,12 +109,13 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
         if wrapper_prefix is None:
             continue
         rest = key[len(wrapper_prefix) :]
-        if rest.startswith(_WRAPPER_OWN):
+        wrapper = wrappers[wrapper_prefix]
+        slot, _, param = rest.partition(".")
+        renamed = _SLOT_NAMES.get(slot)  # the slot's name, today's or an older one (`legacy.OLD_SLOTS`)
+        if renamed is not None and (renamed == slot or not hasattr(wrapper.base_layer, slot)):
             adapter_keys += 1
-            wrapper = wrappers[wrapper_prefix]
-            slot, _, param = rest.partition(".")
-            if param.partition(".")[0] not in getattr(wrapper, slot):  # no adapter name: the older layout
-                renames[key] = f"{wrapper_prefix}{slot}.{wrapper.active_adapters[0]}.{param}"
+            if param.partition(".")[0] not in getattr(wrapper, renamed):  # no adapter name: the older layout
+                renames[key] = f"{wrapper_prefix}{renamed}.{wrapper.active_adapters[0]}.{param}"
         elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
             renames[key] = f"{wrapper_prefix}base_layer.{rest}"
     if renames and not adapter_keys:  # refused before anything is renamed or loaded
