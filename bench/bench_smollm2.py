@@ -2,6 +2,7 @@
 
     make smollm2 && python bench/bench_smollm2.py [--batch 4] [--seq 128] [--repeats 3] [--dtypes fp32,bf16]
     python bench/bench_smollm2.py --model tiny.gguf --repeats 1          # any model name, .gguf or folder
+    python bench/bench_smollm2.py --dtypes bf16 --batch 1 --seq 64       # bf16 on a CPU without AMX (~20x fp32)
 
 Printed, for each dtype (fp32; bf16 = the base in bfloat16 under autocast, injected weights fp32, as the
 paper's protocol), one frozen-probe training step (forward + backward + AdamW on what trains, base frozen) of:
@@ -11,7 +12,7 @@ paper's protocol), one frozen-probe training step (forward + backward + AdamW on
 - "preproj_skip@1%": pre-projection + rank-r skip at 1% of the base's parameters (`train.sizes`);
 - "lora r=64" and "lora@1%": peft LoRA on the row's attention targets;
 each as a ratio over "base" (medians of interleaved repeats, `common.interleaved_medians`). Then greedy decode
-time per new token with the KV cache (prompt 64 tokens) over the base, and the peak resident memory of a
+time per new token with the KV cache (prompt 64 tokens) over the base, in each dtype, and the peak resident memory of a
 training step: each variant in its own subprocess, the peak RSS of two steps (VmHWM, reset after loading)
 minus the RSS before them (Linux).
 """
@@ -173,18 +174,17 @@ def main() -> None:
         for v in VARIANTS:
             n = sum(p.numel() for p in models[v].parameters() if p.requires_grad) if v != "base" else 0
             print(f"| {v} | {n / 1e6:.2f}M | {times[v]:.2f} | {times[v] / times['base']:.2f}x |")
-        if dtype == dtypes[0]:
-            prompt = ids[:1, :64]
-            dec = {v: models[v] for v in ("base", "preproj_skip", "lora r=64")}
-            dt = interleaved_medians(
-                {v: decode_fn(m.eval(), prompt, args.decode_tokens) for v, m in dec.items()}, args.repeats, warmup=1
-            )
-            per = {v: t / args.decode_tokens for v, t in dt.items()}
-            result["decode_per_token"][dtype] = per
-            print(f"\n{dtype}: greedy decode, KV cache, prompt 64, {args.decode_tokens} new tokens")
-            print("| variant | ms / token | over base |\n|---|---|---|")
-            for v, t in per.items():
-                print(f"| {v} | {1e3 * t:.1f} | {t / per['base']:.2f}x |")
+        prompt = ids[:1, :64]
+        dec = {v: models[v] for v in ("base", "preproj_skip", "lora r=64")}
+        dt = interleaved_medians(
+            {v: decode_fn(m.eval(), prompt, args.decode_tokens) for v, m in dec.items()}, args.repeats, warmup=1
+        )
+        per = {v: t / args.decode_tokens for v, t in dt.items()}
+        result["decode_per_token"][dtype] = per
+        print(f"\n{dtype}: greedy decode, KV cache, prompt 64, {args.decode_tokens} new tokens")
+        print("| variant | ms / token | over base |\n|---|---|---|")
+        for v, t in per.items():
+            print(f"| {v} | {1e3 * t:.1f} | {t / per['base']:.2f}x |")
         del models, base
         if not args.no_memory:
             mem = {v: peak_memory(args, v, dtype) for v in VARIANTS}

@@ -1,7 +1,7 @@
-"""`python -m mmpreproj` = the `mmpreproj` console script."""
+"""`python -m mmpreproj` = the `mmpreproj` console script (this route imports the library first)."""
 
 import sys
 
-from .cli import main
+from mmpreproj_cli.command import main
 
 sys.exit(main())

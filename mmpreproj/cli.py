@@ -1,117 +1,20 @@
-"""The `mmpreproj` command: train, eval, analyze, reproduce, sweep, budget, demo (also `python -m mmpreproj`)."""
+"""The `mmpreproj` command's subcommands: train, eval, analyze, reproduce, sweep, budget, demo.
+
+`mmpreproj_cli` parses and checks the arguments without the library and calls `run`; each subcommand imports
+only the modules it runs (`eval` no experiments or plots, `train` no evaluators).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "build_parser"]
-
-TRAIN_FLAGS = {  # CLI flag -> TrainConfig field, for the optional overrides of a preset
-    "model": str,
-    "data": str,
-    "data_config": str,
-    "num_lines": int,
-    "max_len": int,
-    "steps": int,
-    "warmup_steps": int,
-    "lr": float,
-    "batch_size": int,
-    "grad_accum": int,
-    "seed": int,
-    "device": str,
-    "save_every": int,
-    "precision": str,
-    "model_dtype": str,
-    "lora_r": int,
-    "lora_alpha": int,
-    "parallel": str,
-}
-
-
-def _add_train_args(p: argparse.ArgumentParser) -> None:
-    from .train.config import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS
-    from .train.presets import PRESETS
-
-    p.add_argument("--method", choices=METHODS, default="preproj_skip", help="what trains (default: %(default)s)")
-    p.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default="mini",
-        help="hyperparameters to start from; other flags override them (default: %(default)s)",
-    )
-    p.add_argument("--out", default=None, help="run folder (default: runs/<preset>-<method>)")
-    for flag, typ in TRAIN_FLAGS.items():
-        kw: dict[str, Any] = {"type": typ, "default": None}
-        if flag == "precision":
-            kw["choices"] = PRECISIONS
-        if flag == "model_dtype":
-            kw["choices"] = MODEL_DTYPES
-        if flag == "parallel":
-            kw["choices"] = PARALLEL
-        helps = {
-            "model": "hub id or local folder",
-            "data": "hub dataset id or local text file (one example per line)",
-            "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)",
-        }
-        p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
-    _add_size_args(p)
-    p.add_argument("--packing", action="store_true", default=None, help="pack lines into full blocks")
-    p.add_argument(
-        "--paper-bf16-weights",
-        action="store_true",
-        default=None,
-        help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)",
-    )
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
-    p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def _preset_value(field: str) -> str:
-    """The presets' value of a TrainConfig field, for --help: "1.25 in every preset" or "mini: 1.25, ..."."""
-    from .train.presets import PRESETS, get_preset
-
-    values = {name: getattr(get_preset(name), field) for name in sorted(PRESETS)}
-    if len(set(map(str, values.values()))) == 1:
-        return f"{next(iter(values.values()))} in every preset"
-    return ", ".join(f"{n}: {v}" for n, v in values.items())
-
-
-def _add_size_args(p: argparse.ArgumentParser) -> None:
-    """The injected modules' sizes (TrainConfig / PreProjConfig fields of the same names)."""
-    p.add_argument(
-        "--expansion",
-        type=float,
-        default=None,
-        help="pre-projection inner width / d, below 1 a bottleneck (e.g. 0.0625) "
-        f"(default: the preset's, {_preset_value('expansion')})",
-    )
-    p.add_argument(
-        "--skip-rank",
-        type=int,
-        default=None,
-        help="rank r of a low-rank skip W_skip = B A, 2*r*d weights per block "
-        f"(default: the preset's, {_preset_value('skip_rank')}; None = the full d x d skip)",
-    )
-    p.add_argument(
-        "--layers",
-        default=None,
-        help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
-        f"{_preset_value('layers')}; None = every block)",
-    )
-    p.add_argument(
-        "--parts",
-        default=None,
-        help=f"comma-separated host parts to inject into (default: the preset's, {_preset_value('parts')}; "
-        "None = the host row's parts)",
-    )
+from mmpreproj_cli.checks import adapter_list, check_exists, check_names
+from mmpreproj_cli.parser import TRAIN_FLAGS
+from mmpreproj_cli.tables import BUDGET_METHODS, METHODS, PRESETS
 
 
 def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,223 +48,12 @@ def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> None:
-    from .eval import DATA_SOURCES, PROTOCOLS, TASKS
-
-    if single_model:
-        p.add_argument("--model", default="assets/mini-pythia", help="hub id or local folder (default: %(default)s)")
-        p.add_argument(
-            "--adapter",
-            action="append",
-            default=None,
-            help="a run folder or adapter folder to load on top of the model; several (a,b or repeated "
-            "--adapter) are scored one after another on the base loaded once, one table row each",
-        )
-        p.add_argument(
-            "--tasks",
-            default="ppl,lambada,hellaswag,arc_easy",
-            help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)",
-        )
-        p.add_argument("--json", default=None, help="write the results here")
-        p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument(
-            "--ppl-split",
-            choices=("validation", "test", "heldout"),
-            default="validation",
-            help="WikiText rows for line PPL; heldout = validation rows 3240 on (default: %(default)s)",
-        )
-    p.add_argument("--protocol", choices=PROTOCOLS, default="paper", help="(default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="examples per task (default: the protocol's own)")
-    p.add_argument(
-        "--data-source",
-        choices=DATA_SOURCES,
-        default="local",
-        help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="mmpreproj",
-        description="Position-agnostic pre-projection + content skip (arXiv 2604.10791): train, evaluate, analyse.",
-    )
-    ap.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("train", help="frozen-probe training of one method -> a run folder")
-    _add_train_args(p)
-
-    p = sub.add_parser("eval", help="evaluate a model (optionally with an adapter) on the paper's or lm-eval's tasks")
-    _add_eval_args(p)
-
-    p = sub.add_parser("analyze", help="per-layer W_skip norms (JSON + PNG) and skip/attention routing ratios")
-    p.add_argument("runs", nargs="+", help="run folders written by `mmpreproj train`")
-    p.add_argument("--out", default=None, help="where to write skip_norms.json/png (default: first run folder)")
-    p.add_argument("--texts", type=int, default=32, help="evaluation rows for the routing ratio (0 = skip it)")
-    p.add_argument("--data-source", choices=("local", "hub"), default="local")
-
-    for name, helptext in (
-        ("reproduce", "baseline + every method, one Table-2-style table"),
-        ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        from .train.methods import METHODS
-        from .train.presets import PRESETS
-
-        if name == "reproduce":
-            p.add_argument("--preset", choices=sorted(PRESETS), required=True)
-        p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
-        p.add_argument(
-            "--methods", default=None, help=f"comma-separated subset of {', '.join(METHODS)} (default: all of them)"
-        )
-        _add_eval_args(p, single_model=False)
-        p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
-        p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
-        p.add_argument("--data", default=None, help="override the preset's training data (hub id or local file)")
-        p.add_argument(
-            "--seeds",
-            default=None,
-            help="K >= 1 (the preset's seed and the next K-1) or distinct seeds >= 0 such as 0,3,7 "
-            "(default: the preset's seed)",
-        )
-        _add_size_args(p)
-
-    p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
-    from .experiments.sweep import DEFAULT_LRS
-
-    p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
-    p.add_argument("--methods", default="preproj_skip,lora", help="comma-separated (default: %(default)s)")
-    p.add_argument(
-        "--lrs",
-        default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
-        help="peak LRs, distinct finite numbers > 0 (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=None, help="override the preset's seed")
-    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
-    p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
-    p.add_argument("--limit", type=int, default=None, help="PPL rows (default: the protocol's 300)")
-    p.add_argument("--data-source", choices=("local", "hub"), default="local")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    _add_size_args(p)
-
-    p = sub.add_parser(
-        "budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png"
-    )
-    from .experiments.budget import DEFAULT_BUDGETS
-    from .train.sizes import BUDGET_METHODS
-
-    p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-budget)")
-    p.add_argument(
-        "--budgets",
-        default=",".join(f"{b:g}" for b in DEFAULT_BUDGETS),
-        help="fractions of the base's parameters (default: %(default)s)",
-    )
-    p.add_argument("--methods", default=",".join(BUDGET_METHODS), help="comma-separated (default: %(default)s)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds at each best LR (default: %(default)s)")
-    p.add_argument("--seed-methods", default=None, help="methods that get the extra seeds (default: all)")
-    p.add_argument("--lrs", default=None, help="start LRs for every method (default: each method's own, 2x apart)")
-    p.add_argument(
-        "--max-extend",
-        type=int,
-        default=3,
-        help="LRs added past an edge while the best is there (default: %(default)s)",
-    )
-    p.add_argument("--no-paper-point", action="store_true", help="leave out the paper's full-size preproj_skip")
-    p.add_argument(
-        "--read-only",
-        action="store_true",
-        help="train nothing: read back the finished points and write the report (the rest: not run)",
-    )
-    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
-    p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
-    p.add_argument("--data-source", choices=("local", "hub"), default="local")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return ap
-
-
-def _count(flag: str, value: int | None, minimum: int) -> None:
-    if value is not None and value < minimum:
-        raise ValueError(f"{flag} {value}; must be an integer >= {minimum}")
-
-
-def _names(flag: str, value: str | None, allowed: Sequence[str]) -> list[str] | None:
-    """A comma-separated list of distinct names from `allowed` (None when the flag was not given)."""
-    if value is None:
-        return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in allowed]
-    if not names or unknown:
-        raise ValueError(
-            f"{flag} {value!r}: {'unknown ' + str(unknown) if unknown else 'empty'}; allowed: {', '.join(allowed)}"
-        )
-    twice = [n for i, n in enumerate(names) if n in names[:i]]
-    if twice:
-        raise ValueError(f"{flag} {value!r}: names {twice[0]!r} twice; each name once, from {', '.join(allowed)}")
-    return names
-
-
-# what a path option takes, for the message when it is given empty (`--out ''` is never read as the default)
-_PATH_OPTIONS = {
-    "out": "a folder",
-    "model": "a hub id or a local folder",
-    "data": "a hub dataset id or a local text file",
-    "json": "a file name",
-    "adapter": "a run folder or an adapter folder",
-    "runs": "a run folder",
-}
-
-
-def _refuse_empty(args: argparse.Namespace) -> None:
-    """Every string option given as '' (or blanks) is refused by name, never read as its default."""
-    for dest, value in vars(args).items():
-        values = value if isinstance(value, list) else [value]
-        if not any(isinstance(v, str) and not v.strip() for v in values):
-            continue
-        flag = "run folder" if dest == "runs" else "--" + dest.replace("_", "-")
-        if dest in _PATH_OPTIONS:
-            raise ValueError(f"{flag}: empty path; pass {_PATH_OPTIONS[dest]}")
-        if dest not in (
-            "tasks",
-            "methods",
-            "lrs",
-            "seeds",
-            "budgets",
-            "seed_methods",
-        ):  # lists: their own check names the allowed values
-            raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
-
-
-def _output_file(flag: str, value: str | None) -> None:
-    """A file the command will write: not an existing folder, and its folder not an existing file."""
-    if value is None:
-        return
-    p = Path(value)
-    if p.is_dir():
-        raise ValueError(f"{flag} {value}: is a folder; pass a file name")
-    parent = next((a for a in p.parents if a.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"{flag} {value}: {parent} is a file, not a folder")
-
-
-def _output_folder(flag: str, value: str | None) -> None:
-    if value is not None and Path(value).exists() and not Path(value).is_dir():
-        raise ValueError(f"{flag} {value}: is a file; pass a folder")
-
-
-def _existing(flag: str, value: str | None) -> None:
-    if value is not None and not Path(value).exists():
-        raise ValueError(f"{flag} {value}: no such file or folder")
-
-
 def _adapter_folder(flag: str, value: str) -> None:
     """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
     from .train.adapters import run_adapter_dir
     from .tuner.files import ADAPTER_CONFIG_NAME
 
-    _existing(flag, value)
+    check_exists(flag, value)
     if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
         raise ValueError(
             f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an adapter folder"
@@ -394,60 +86,52 @@ def _data(flag: str, value: str | None) -> None:
         raise ValueError(f"{flag} {value}: is a folder; pass a text file, one example per line")
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Every path, count and list option, checked before any work starts (no arm trained, no file written)."""
-    from .eval import TASKS
-    from .train.methods import METHODS
-
-    _refuse_empty(args)
+def _check_library(args: argparse.Namespace) -> None:
+    """The checks that read the library's facts, after `mmpreproj_cli.checks` (no arm trained, no file written)."""
     command = args.command
-    if command in ("train", "reproduce", "demo", "sweep", "budget"):  # train's counts: TrainConfig names them
-        _output_folder("--out", args.out)
     if command in ("train", "reproduce", "demo"):
         _data("--data", args.data)
-    if command in ("reproduce", "demo", "sweep", "budget"):
-        _count("--steps", args.steps, 1)
     if command == "eval":
-        _names("--tasks", args.tasks, TASKS)
-        _output_file("--json", args.json)
-        for adapter in _adapters(args.adapter):
+        for adapter in adapter_list(args.adapter):
             _adapter_folder("--adapter", adapter)
-        _count("--batch-size", args.batch_size, 1)
-        _count("--limit", args.limit, 1)
     elif command == "analyze":
-        _output_folder("--out", args.out)
-        _count("--texts", args.texts, 0)
         for run in args.runs:
             _adapter_folder("run folder", run)
     elif command == "sweep":
         from .experiments.sweep import parse_lrs
 
-        _names("--methods", args.methods, METHODS)
         parse_lrs(args.lrs, flag="--lrs")
-        _count("--seed", args.seed, 0)
-        _count("--limit", args.limit, 1)
     elif command == "budget":
         from .experiments.budget import parse_budgets
         from .experiments.sweep import parse_lrs
-        from .train.sizes import BUDGET_METHODS
 
-        methods = _names("--methods", args.methods, BUDGET_METHODS)
-        _names("--seed-methods", args.seed_methods, methods)
         parse_budgets(args.budgets, flag="--budgets")
         if args.lrs is not None:
             parse_lrs(args.lrs, flag="--lrs")
-        _count("--seeds", args.seeds, 1)
-        _count("--max-extend", args.max_extend, 0)
     elif command in ("reproduce", "demo"):
         from .experiments.reproduce import parse_seeds
 
-        _names("--methods", args.methods, METHODS)
         parse_seeds(args.seeds, 0, flag="--seeds")
-        _count("--limit", args.limit, 1)
     if command in ("train", "sweep", "reproduce", "demo"):
         _size_overrides(args)
     if command != "analyze":  # last: the other options are checked even when the model is also wrong
         _model("--model", args.model)
+
+
+def run(args: argparse.Namespace) -> str:
+    """Run the subcommand of `args` (parsed and checked by `mmpreproj_cli`); its one-line summary."""
+    _check_library(args)
+    if args.command == "train":
+        return _train(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "analyze":
+        return _analyze(args)
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "budget":
+        return _budget(args)
+    return _reproduce(args, "mini" if args.command == "demo" else args.preset)
 
 
 def _train(args: argparse.Namespace) -> str:
@@ -459,8 +143,6 @@ def _train(args: argparse.Namespace) -> str:
         if getattr(args, k, None) is not None
     }
     if "steps" in overrides and "warmup_steps" not in overrides:  # keep warmup within a shortened run
-        from .train.presets import PRESETS
-
         overrides["warmup_steps"] = min(PRESETS[args.preset]["warmup_steps"], overrides["steps"])
     overrides.update(_size_overrides(args))
     out = args.out or f"runs/{args.preset}-{args.method}"
@@ -488,17 +170,6 @@ def _loss_curve_png(run: str) -> None:
         plot_loss_curve(run)
 
 
-def _adapters(values: list[str] | None) -> list[str]:
-    """The adapters of repeated and/or comma-separated --adapter options, in order; ValueError on a repeat."""
-    names = [a.strip() for v in values or [] for a in v.split(",") if a.strip()]
-    empty = [v for v in values or [] if not v.replace(",", "").strip()]
-    if empty:
-        raise ValueError(f"--adapter {empty[0]!r}: empty path; pass a run folder or an adapter folder")
-    if len(set(names)) != len(names):
-        raise ValueError(f"--adapter {','.join(names)}: names one adapter twice")
-    return names
-
-
 def _eval(args: argparse.Namespace) -> str:
     from .eval import adapters_table, evaluate, evaluate_adapters
     from .train import load_model_and_tokenizer
@@ -506,7 +177,7 @@ def _eval(args: argparse.Namespace) -> str:
     from .tuner.load import load_adapter
     from .util.io import atomic_write
 
-    adapters = _adapters(args.adapter)
+    adapters = adapter_list(args.adapter)
     model, tok = load_model_and_tokenizer(TrainConfig(model=args.model, device="auto"))
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.json:  # checked and its folder made before the work, so the results cannot be lost at the end
@@ -578,9 +249,8 @@ def _analyze(args: argparse.Namespace) -> str:
 
 def _reproduce(args: argparse.Namespace, preset: str) -> str:
     from .experiments.reproduce import reproduce
-    from .train.methods import METHODS
 
-    methods = _names("--methods", args.methods, METHODS)
+    methods = check_names("--methods", args.methods, METHODS)
     out = args.out or f"runs/{preset}"
     kwargs: dict[str, Any] = {
         "data_source": args.data_source,
@@ -615,10 +285,9 @@ def _command_line() -> str:
 
 def _sweep(args: argparse.Namespace) -> str:
     from .experiments.sweep import lr_sweep, parse_lrs
-    from .train.methods import METHODS
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
-    methods = _names("--methods", args.methods, METHODS)
+    methods = check_names("--methods", args.methods, METHODS)
     lr_sweep(
         args.preset,
         out,
@@ -638,17 +307,16 @@ def _sweep(args: argparse.Namespace) -> str:
 def _budget(args: argparse.Namespace) -> str:
     from .experiments.budget import budget_study, parse_budgets
     from .experiments.sweep import parse_lrs
-    from .train.sizes import BUDGET_METHODS
 
     out = args.out or f"runs/{args.preset}-budget"
-    methods = _names("--methods", args.methods, BUDGET_METHODS)
+    methods = check_names("--methods", args.methods, BUDGET_METHODS)
     budget_study(
         args.preset,
         out,
         parse_budgets(args.budgets, flag="--budgets"),
         methods,
         seeds=args.seeds,
-        seed_methods=_names("--seed-methods", args.seed_methods, methods),
+        seed_methods=check_names("--seed-methods", args.seed_methods, methods),
         start_lrs=parse_lrs(args.lrs, flag="--lrs") if args.lrs else None,
         max_extend=args.max_extend,
         paper_point=not args.no_paper_point,
@@ -659,37 +327,3 @@ def _budget(args: argparse.Namespace) -> str:
         read_only=args.read_only,
     )
     return f"{out}/report.md, pareto.png"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    try:
-        _check_args(args)
-        if args.command == "train":
-            summary = _train(args)
-        elif args.command == "eval":
-            summary = _eval(args)
-        elif args.command == "analyze":
-            summary = _analyze(args)
-        elif args.command == "sweep":
-            summary = _sweep(args)
-        elif args.command == "budget":
-            summary = _budget(args)
-        else:
-            summary = _reproduce(args, "mini" if args.command == "demo" else args.preset)
-    except KeyboardInterrupt:
-        print("mmpreproj: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # one line for the user; -v shows the traceback
-        if args.verbose:
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"mmpreproj {args.command}: error: {msg}", file=sys.stderr)
-        return 1
-    print(f"mmpreproj {args.command}: {summary}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import mmpreproj
-from mmpreproj.cli import build_parser, main
+from mmpreproj_cli.command import main
+from mmpreproj_cli.parser import build_parser
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.png_content import assert_draws
 from tests.helpers.procs import HANG_GUARD_S

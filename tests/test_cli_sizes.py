@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mmpreproj.cli import _repro_overrides, _size_overrides, build_parser, main
+from mmpreproj.cli import _repro_overrides, _size_overrides
+from mmpreproj_cli.command import main
+from mmpreproj_cli.parser import build_parser
 
 
 @pytest.mark.parametrize("cmd", [["train"], ["sweep"], ["reproduce", "--preset", "mini"], ["demo"]])

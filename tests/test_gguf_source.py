@@ -5,6 +5,7 @@ does (train, the Trainer, peft, from_pretrained, the CLI), and a missing package
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -135,34 +136,10 @@ def test_load_model_inject_peft_and_trainer_on_a_gguf_name(tiny_gguf, tmp_path):
     assert all(not torch.equal(before[n], after[n].detach()) for n in before)
 
 
-@pytest.mark.slow
-def test_cli_train_takes_a_gguf_model(tiny_gguf, tmp_path):
-    out = tmp_path / "run"
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m mmpreproj ARGS` on one thread; the test asserts on the result."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "mmpreproj",
-        "train",
-        "--preset",
-        "mini",
-        "--model",
-        str(tiny_gguf),
-        "--steps",
-        "2",
-        "--warmup-steps",
-        "0",
-        "--batch-size",
-        "2",
-        "--max-len",
-        "16",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert (out / "adapter").is_dir() and (out / "metrics.json").is_file()
+    return subprocess.run([sys.executable, "-m", "mmpreproj", *args], env=env, capture_output=True, text=True)
 
 
 def test_cpu_preset_trains_on_rows_before_the_heldout_rows():
@@ -178,7 +155,7 @@ def test_cpu_preset_trains_on_rows_before_the_heldout_rows():
 
 
 @pytest.mark.slow
-def test_from_pretrained_and_cli_eval_take_a_gguf_model(tiny_gguf, tmp_path):
+def test_from_pretrained_and_cli_train_and_eval_take_a_gguf_model(tiny_gguf, tmp_path):
     import mmpreproj
 
     base = mmpreproj.from_pretrained(str(tiny_gguf), adapter=False)
@@ -186,51 +163,30 @@ def test_from_pretrained_and_cli_eval_take_a_gguf_model(tiny_gguf, tmp_path):
     ref = AutoModelForCausalLM.from_pretrained(str(folder))
     assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), ref.state_dict().values()))
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = [
-        sys.executable,
-        "-m",
-        "mmpreproj",
-        "train",
-        "--preset",
-        "mini",
-        "--model",
-        str(tiny_gguf),
-        "--steps",
-        "1",
-        "--warmup-steps",
-        "0",
-        "--batch-size",
-        "2",
-        "--max-len",
-        "16",
-        "--out",
-        str(run),
-        "--no-progress",
-    ]
-    assert subprocess.run(train, env=env, capture_output=True, text=True).returncode == 0
+    train = ("--preset", "mini", "--model", str(tiny_gguf), "--steps", "1", "--warmup-steps", "0")
+    done = _cli("train", *train, "--batch-size", "2", "--max-len", "16", "--out", str(run), "--no-progress")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "adapter").is_dir() and (run / "metrics.json").is_file()
     trained = mmpreproj.from_pretrained(str(tiny_gguf), adapter=str(run))
     assert any("preproj" in n for n, _ in trained.named_modules())
     out = tmp_path / "eval.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "mmpreproj",
-        "eval",
-        "--model",
-        str(tiny_gguf),
-        "--adapter",
-        str(run),
-        "--tasks",
-        "ppl",
-        "--limit",
-        "20",
-        "--ppl-split",
-        "heldout",
-        "--json",
-        str(out),
-        "--no-progress",
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    scored = ("--tasks", "ppl", "--limit", "20", "--ppl-split", "heldout", "--json", str(out), "--no-progress")
+    done = _cli("eval", "--model", str(tiny_gguf), "--adapter", str(run), *scored)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"ppl"' in out.read_text()
+
+
+@pytest.mark.slow
+def test_bench_smollm2_runs_on_a_tiny_gguf(tiny_gguf, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "bench/bench_smollm2.py", "--model", str(tiny_gguf), "--batch", "2", "--seq", "8"]
+    cmd += ["--repeats", "1", "--decode-tokens", "2", "--dtypes", "fp32,bf16", "--json", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    variants = {"base", "preproj_skip", "preproj_skip@1%", "lora r=64", "lora@1%"}
+    for dtype in ("fp32", "bf16"):
+        assert set(result["train_step"][dtype]) == variants
+        assert set(result["decode_per_token"][dtype]) == {"base", "preproj_skip", "lora r=64"}
+        assert set(result["peak_mb"][dtype]) == variants

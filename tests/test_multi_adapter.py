@@ -12,7 +12,7 @@ import torch
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.cli import main
+from mmpreproj_cli.command import main
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import BUILDERS, tiny_neox
 

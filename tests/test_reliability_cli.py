@@ -8,7 +8,7 @@ import json
 import pytest
 
 import mmpreproj
-from mmpreproj.cli import main
+from mmpreproj_cli.command import main
 from tests.helpers.zoo import tiny_neox
 
 

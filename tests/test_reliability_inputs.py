@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mmpreproj
-from mmpreproj.cli import main
+from mmpreproj_cli.command import main
 from tests.helpers.zoo import tiny_neox
 
 

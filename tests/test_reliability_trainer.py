@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmpreproj.data import DataUnavailableError
 from mmpreproj.train import NonFiniteLossError, TrainConfig, load_checkpoint, train
 from mmpreproj.train.checkpoint import save_checkpoint
-from mmpreproj.train.errors import CheckpointWriteError, DataUnavailableError
+from mmpreproj.train.errors import CheckpointWriteError
 from mmpreproj.train.runlock import RUN_LOCK_NAME, RunInUseError
 from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.training import DATA, byte_tokenizer, run_config, trainable

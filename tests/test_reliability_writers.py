@@ -173,7 +173,7 @@ def test_sizes_out_of_range_in_a_file_are_refused_by_every_loader(tmp_path, fiel
     [(["train", "--expansion", "1e9"], "--expansion"), (["sweep", "--expansion", "17"], "--expansion")],
 )
 def test_sizes_out_of_range_on_the_command_line_are_refused_naming_the_range(argv, flag, capsys, tmp_path):
-    from mmpreproj.cli import main
+    from mmpreproj_cli.command import main
 
     code = main([*argv, "--out", str(tmp_path / "never")])
     err = capsys.readouterr().err.strip().splitlines()

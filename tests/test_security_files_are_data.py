@@ -210,7 +210,7 @@ def test_poisoned_named_adapter_and_run_folder_loaders(clean_adapter, tmp_path, 
 @pytest.mark.parametrize("field", ["blocks", "embeddings", "modules_to_save"])
 @pytest.mark.parametrize("attack", ["call", "dunder_globals", "alternative_first_side_effect"])
 def test_poisoned_adapter_through_from_pretrained_and_cli(tmp_path, monkeypatch, field, attack, capsys):
-    from mmpreproj.cli import main
+    from mmpreproj_cli.command import main
 
     model_dir = tmp_path / "model"
     base = tiny_neox()

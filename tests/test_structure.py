@@ -96,8 +96,7 @@ def test_defaults_under_assets_honour_mmpreproj_assets(monkeypatch, tmp_path):
 
 
 def test_training_data_from_the_hub_uses_the_one_hub_probe(monkeypatch):
-    from mmpreproj.data import hub
-    from mmpreproj.train.errors import DataUnavailableError
+    from mmpreproj.data import DataUnavailableError, hub
     from mmpreproj.train.sources import read_lines
 
     calls = []
@@ -115,7 +114,8 @@ def test_training_data_from_the_hub_uses_the_one_hub_probe(monkeypatch):
 def test_every_list_of_methods_is_read_from_the_one_table():
     from mmpreproj.experiments import reproduce, sweep  # noqa: F401
     from mmpreproj.train import config as train_config
-    from mmpreproj.train.methods import METHOD_SPECS, METHODS, PAPER_METHODS, check_methods
+    from mmpreproj.train.methods import METHOD_SPECS, METHODS, check_methods
+    from mmpreproj_cli.tables import PAPER_METHODS
 
     assert tuple(METHOD_SPECS) == METHODS and train_config.METHODS is METHODS
     assert reproduce.DEFAULT_METHODS == METHODS and reproduce.DEMO_METHODS == PAPER_METHODS

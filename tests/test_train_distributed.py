@@ -11,7 +11,7 @@ import torch
 
 import mmpreproj
 from mmpreproj.train import TrainConfig, apply_method, train
-from mmpreproj.train.trainer import seed_everything
+from mmpreproj.train.rng import seed_everything
 from tests.helpers.adamw import assert_adamw_runs_agree
 from tests.helpers.distributed import CONFIG, DATA, WORKER, free_port
 from tests.helpers.procs import HANG_GUARD_S

@@ -20,7 +20,7 @@ from mmpreproj.train import (
     train,
 )
 from mmpreproj.train.order import ShardedOrder
-from mmpreproj.train.trainer import seed_everything
+from mmpreproj.train.rng import seed_everything
 from tests.helpers.adamw import assert_adamw_runs_agree
 from tests.helpers.training import DATA, byte_tokenizer, frozen, run_config, trainable
 from tests.helpers.zoo import tiny_neox

@@ -7,18 +7,6 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = [
-    "plot_loss_curve",
-    "plot_loss_curves",
-    "plot_lr_sweep",
-    "plot_pareto",
-    "plot_results",
-    "plot_skip_growth",
-    "plot_skip_norms",
-    "read_losses",
-    "smooth",
-]
-
 
 def _pyplot():
     import matplotlib

@@ -13,9 +13,6 @@ from ..modules import PreProjAttention
 from ..tuner.files import read_adapter
 from ..tuner.legacy import parse_block_key
 
-__all__ = ["skip_norms", "skip_norms_from_adapter", "routing_ratios", "PAPER_SKIP_NORMS"]
-
-# Figure 2 of the paper: Frobenius norm of W_skip per layer after the frozen-probe run.
 PAPER_SKIP_NORMS = {
     "pythia-160m": [0.1295, 0.1301, 0.1283, 0.1274, 0.1273, 0.1279, 0.1315, 0.1358, 0.1507, 0.1905, 0.2575, 0.2959],
     "pythia-410m": [
@@ -45,6 +42,7 @@ PAPER_SKIP_NORMS = {
         0.2825,
     ],
 }
+"""The paper's Figure 2: the Frobenius norm of W_skip per layer after its frozen-probe runs."""
 
 
 def skip_norms(model: nn.Module) -> dict[int, float]:

@@ -26,17 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _scipy_stats
 
-__all__ = [
-    "ITEM_METRICS",
-    "LOWER_IS_BETTER",
-    "Comparison",
-    "compare",
-    "mean_std",
-    "paired_bootstrap",
-    "t_interval",
-    "t_quantile",
-]
-
 
 def _exp_mean(x: np.ndarray) -> np.ndarray:
     return np.exp(x.mean(axis=-1))

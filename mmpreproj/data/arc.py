@@ -6,8 +6,6 @@ from typing import Any
 
 from .hub import DataUnavailableError, load_hub_split
 
-__all__ = ["arc_easy_examples"]
-
 
 def arc_easy_examples(limit: int | None = None, source: str = "hub") -> list[dict[str, Any]]:
     """The first `limit` ARC-Easy validation questions from `allenai/ai2_arc` (`ARC-Easy`).

@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 from typing import IO
 
-__all__ = ["ASSETS_ENV", "asset_path", "assets_root", "open_text", "repo_root", "resolve_path"]
-
 ASSETS_ENV = "MMPREPROJ_ASSETS"
+"""The environment variable that points the shipped-data locator at another assets folder."""
 
 
 def repo_root() -> Path:

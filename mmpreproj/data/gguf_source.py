@@ -32,8 +32,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..util.io import set_new_file_modes, umask
 from .assets import resolve_path
 
-__all__ = ["CACHE_ENV", "GGUF_MODELS", "GgufModel", "gguf_cache_root", "gguf_file", "is_gguf_name", "plain_folder"]
-
 CACHE_ENV = "MMPREPROJ_CACHE"
 SOURCE_FILE = "mmpreproj_source.json"
 

@@ -10,8 +10,6 @@ from typing import Any
 from .assets import asset_path, open_text
 from .hub import load_hub_split
 
-__all__ = ["HELLASWAG_FILE", "hellaswag_examples"]
-
 # A fixed 1,000-example subset of the 10,042 validation examples, in random order (assets/data/README.md).
 HELLASWAG_FILE = ("data", "hellaswag", "hellaswag_val_subset1000.jsonl.gz")
 _FIELDS = ("ctx", "endings", "label", "activity_label", "ctx_a", "ctx_b")

@@ -7,8 +7,6 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["DataUnavailableError", "hub_offline", "hub_reachable", "load_hub_split"]
-
 _TRUE = {"1", "true", "yes", "on"}
 
 

@@ -8,8 +8,6 @@ import os
 from .assets import asset_path, open_text
 from .hub import load_hub_split
 
-__all__ = ["LAMBADA_FILE", "lambada_examples", "split_lambada"]
-
 LAMBADA_FILE = ("data", "lambada_openai", "lambada_test.jsonl.gz")
 
 

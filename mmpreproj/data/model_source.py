@@ -16,8 +16,6 @@ from . import hub
 from .assets import resolve_path
 from .gguf_source import is_gguf_name, plain_folder
 
-__all__ = ["check_local_model", "corrupt_weights_error", "pretrained_source"]
-
 
 def check_local_model(name: str, what: str = "model folder") -> None:
     """FileNotFoundError when `name` is written as a local path (it starts with `/`, `.` or `~`, or has more

@@ -9,8 +9,6 @@ from transformers import PreTrainedTokenizerFast
 
 from .assets import asset_path, open_text
 
-__all__ = ["PYTHIA_TOKENIZER_FILE", "pythia_tokenizer"]
-
 PYTHIA_TOKENIZER_FILE = ("tokenizers", "pythia-20b.json.gz")
 
 

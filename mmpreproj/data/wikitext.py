@@ -8,8 +8,6 @@ import re
 from .assets import asset_path, open_text
 from .hub import DataUnavailableError, load_hub_split
 
-__all__ = ["HELDOUT_FROM", "WIKITEXT_FILES", "wikitext_articles", "wikitext_detokenize", "wikitext_lines"]
-
 # The shipped files are WikiText-2's raw valid/test, which are also WikiText-103's (assets/data/README.md).
 WIKITEXT_FILES = {"validation": "wiki.valid.raw.gz", "test": "wiki.test.raw.gz"}
 _SPLITS = {"validation": "validation", "valid": "validation", "test": "test", "train": "train", "heldout": "heldout"}

@@ -18,8 +18,6 @@ from ..tuner.load import load_adapter
 from ..tuner.state import is_injected
 from .evaluate import evaluate
 
-__all__ = ["adapters_table", "evaluate_adapters", "take_off_adapters"]
-
 
 def take_off_adapters(model: nn.Module) -> nn.Module:
     """The base again: peft's LoRA layers removed (not merged), then the mmpreproj modules unloaded."""

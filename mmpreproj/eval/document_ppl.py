@@ -12,8 +12,6 @@ from torch import nn
 from .runtime import encode
 from .scoring import score_continuations
 
-__all__ = ["document_perplexity", "rolling_windows"]
-
 
 def rolling_windows(
     tokens: Sequence[int], max_length: int, prefix_token: int, stride: int | None = None

@@ -8,6 +8,8 @@ from typing import Any
 
 from torch import nn
 
+from mmpreproj_cli.tables import DATA_SOURCES, PROTOCOLS, TASKS
+
 from ..data import (
     DataUnavailableError,
     arc_easy_examples,
@@ -23,13 +25,8 @@ from .line_ppl import line_perplexity
 from .lm_eval_bridge import LM_EVAL_LOCAL_TASKS, LmEvalUnavailableError, run_lm_eval
 from .multiple_choice import arc_easy_accuracy, hellaswag_accuracy
 
-__all__ = ["DATA_SOURCES", "LM_EVAL_TASK_NAMES", "PAPER_LIMITS", "PROTOCOLS", "TASKS", "evaluate"]
-
 log = logging.getLogger(__name__)
 
-TASKS = ("ppl", "lambada", "hellaswag", "arc_easy", "doc_ppl")
-PROTOCOLS = ("paper", "lm-eval")
-DATA_SOURCES = ("local", "hub")
 # The paper's sample counts (arXiv 2604.10791, its evaluation protocol; see `evaluate`), used when `limit` is None
 # under protocol="paper".
 PAPER_LIMITS: dict[str, int | None] = {
@@ -39,13 +36,14 @@ PAPER_LIMITS: dict[str, int | None] = {
     "arc_easy": 500,
     "doc_ppl": None,
 }
-# Our task name -> lm-eval's. "doc_ppl" is ours under both protocols (lm-eval's wikitext is "ppl" there).
+"""The paper's examples per task under protocol `paper` when `limit` is None (None = all)."""
 LM_EVAL_TASK_NAMES = {
     "ppl": "wikitext",
     "lambada": "lambada_openai",
     "hellaswag": "hellaswag",
     "arc_easy": "arc_easy",
 }
+"""Our task name -> lm-eval's. `doc_ppl` is ours under both protocols (lm-eval's wikitext is `ppl` there)."""
 
 
 def _check_choice(kind: str, value: str, allowed: Sequence[str]) -> None:

@@ -11,8 +11,6 @@ from torch import nn
 from .runtime import encode
 from .scoring import score_continuations
 
-__all__ = ["lambada_accuracy"]
-
 
 def lambada_accuracy(
     model: nn.Module,

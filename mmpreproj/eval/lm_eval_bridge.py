@@ -11,10 +11,8 @@ from torch import nn
 from ..data import hellaswag_examples, hub_offline, hub_reachable, lambada_examples, wikitext_articles
 from .runtime import inference_mode
 
-__all__ = ["LM_EVAL_LOCAL_TASKS", "LmEvalUnavailableError", "make_hflm", "run_lm_eval"]
-
-# lm-eval tasks that can run on the data shipped in assets/ (arc_easy cannot: no local copy).
 LM_EVAL_LOCAL_TASKS = ("lambada_openai", "hellaswag", "wikitext")
+"""lm-eval tasks that run on the data shipped in assets/ (arc_easy cannot: no local copy)."""
 # Folders of lm_eval/tasks/ holding the tasks we use: indexing only these takes milliseconds, not ~10 s.
 _TASK_DIRS = {
     "lambada_openai": "lambada",

@@ -10,8 +10,6 @@ from torch import nn
 from .runtime import encode
 from .scoring import score_continuations
 
-__all__ = ["arc_easy_accuracy", "choice_requests", "hellaswag_accuracy", "multiple_choice_accuracy"]
-
 
 def choice_requests(tokenizer, context: str, choice: str, max_length: int = 512) -> tuple[list[int], list[int]]:
     """`(context_ids, choice_ids)` the way the paper's evaluators split `context + " " + choice`.

@@ -8,8 +8,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-__all__ = ["encode", "inference_mode", "model_device"]
-
 
 @contextmanager
 def inference_mode(model: nn.Module) -> Iterator[nn.Module]:

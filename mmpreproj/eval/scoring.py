@@ -15,8 +15,6 @@ from tqdm.auto import tqdm
 
 from .runtime import inference_mode, model_device
 
-__all__ = ["ContinuationScore", "score_continuations"]
-
 # b - batch, s - padded input length, v - vocabulary, n - continuation length
 
 

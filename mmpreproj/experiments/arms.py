@@ -27,8 +27,6 @@ from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
 from ..train.runlog import write_json
 from ..tuner.report import trainable_report
 
-__all__ = ["ARM_FILE", "arm_key", "eval_arm", "finish_curve", "read_arm", "run_arm", "skip_rows", "train_arm"]
-
 ARM_FILE = "eval.json"
 
 

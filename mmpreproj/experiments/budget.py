@@ -24,22 +24,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmpreproj_cli.tables import BUDGET_METHODS, DEFAULT_BUDGETS
+
 from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto
 from ..analysis.stats import compare, mean_std
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import host_shape, lora_per_rank
 from ..train.presets import ppl_split_for
-from ..train.sizes import BUDGET_METHODS, sizes_for_budget
+from ..train.sizes import sizes_for_budget
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
 from .sweep import SWEEP_EVAL, check_lrs
 
-__all__ = ["DEFAULT_BUDGETS", "START_LRS", "budget_study", "parse_budgets"]
-
 log = logging.getLogger("mmpreproj.budget")
 
-DEFAULT_BUDGETS = (0.01, 0.03, 0.1, 0.3)
 # Where each method's search starts on mini: 2x around its best LR at the full size (docs/evidence/mini-lr-sweep:
 # LoRA 3e-3, pre-projection + skip 1e-2, skip 3e-2; pre-projection alone unmeasured, started as preproj_skip).
 START_LRS: Mapping[str, tuple[float, ...]] = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["PAPER_TABLE2", "TABLE_METRICS"]
-
 # (task, metric) read from each evaluation result, in the paper's column order.
 TABLE_METRICS = (("lambada", "acc"), ("hellaswag", "acc"), ("arc_easy", "acc"), ("ppl", "ppl"))
 

@@ -9,15 +9,6 @@ from typing import Any
 from ..analysis.stats import Comparison
 from .paper import PAPER_TABLE2, TABLE_METRICS
 
-__all__ = [
-    "METRIC_LABELS",
-    "format_budget_table",
-    "format_comparisons",
-    "format_summary_table",
-    "format_sweep_table",
-    "noise_sentences",
-]
-
 METRIC_LABELS = {
     "lambada.acc": "LAMBADA acc",
     "hellaswag.acc": "HellaSwag acc",

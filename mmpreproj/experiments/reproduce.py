@@ -24,20 +24,20 @@ from typing import Any
 
 import torch
 
+from mmpreproj_cli.tables import METHODS, PAPER_METHODS
+
 from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.plot import read_losses
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from ..data import wikitext_lines
 from ..train import get_preset, load_model_and_tokenizer
-from ..train.methods import METHODS, PAPER_METHODS, check_methods
+from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from ..tuner.config import PreProjConfig
 from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
 from .paper import PAPER_TABLE2
 from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
-
-__all__ = ["DEFAULT_METHODS", "DEMO_EVAL", "DEMO_METHODS", "format_table", "parse_seeds", "reproduce", "summarize"]
 
 log = logging.getLogger("mmpreproj.reproduce")
 

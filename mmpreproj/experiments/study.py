@@ -5,7 +5,7 @@ several processes at once and over several sessions.
 
 A *group* is one row of the table: a method at a size (the paper's, or a trainable budget such as 1% of the
 base). For each group, in order:
-1. **LR search** on seed 0: train at each start LR and score line PPL on held-out rows (`ppl_split="heldout"`,
+1. **LR search** on the first seed: train at each start LR and score line PPL on held-out rows (`ppl_split="heldout"`,
    never the test rows). While the best held-out PPL sits at an edge of what was tried,
    the next rung of `LR_LADDER` on that side is tried (at most `max_extend` times).
 2. **Full evaluation** of the best LR's arm: line PPL on the first 300 test rows, LAMBADA (first 500: accuracy
@@ -52,19 +52,6 @@ from ..train.runlog import write_json
 from ..train.sizes import sizes_for_budget
 from ..tuner.load import load_adapter
 from .arms import arm_key, train_arm
-
-__all__ = [
-    "LR_LADDER",
-    "Group",
-    "Step",
-    "Study",
-    "best_lr",
-    "open_study",
-    "plan",
-    "read_baseline",
-    "study",
-    "table2_groups",
-]
 
 log = logging.getLogger("mmpreproj.study")
 
@@ -201,7 +188,7 @@ class Study:
         return _read(self.out / "arms" / step.arm / (SELECT_FILE if kind == "select" else FULL_FILE), key)
 
     def selected(self, g: Group) -> tuple[dict[float, float | None], bool]:
-        """(held-out PPL by LR on seed 0 for the finished LRs, whether the search is settled)."""
+        """(held-out PPL by LR on the first seed for the finished LRs, whether the search is settled)."""
         tried, seed0 = {}, self.seeds[0]
         lrs = list(g.start_lrs)
         while True:

@@ -16,8 +16,6 @@ from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .report_md import METRIC_LABELS, format_comparisons, noise_sentences
 from .study import Step, Study, best_lr, read_baseline
 
-__all__ = ["METRICS", "PAPER_CLAIMS", "compute_seconds", "gather", "setting_lines", "write_report"]
-
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
 # The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.
 PAPER_CLAIMS = {
@@ -247,7 +245,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
             baseline=(data["baseline"] or {}).get("select.ppl"),
             title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})",
         )
-        figs.append(("lr_search.png", "Held-out line PPL against the peak LR, seed 0 of each group."))
+        figs.append(("lr_search.png", f"Held-out line PPL against the peak LR, seed {s.seeds[0]} of each group."))
     norms = {k: v for k, v in _per_layer(data, "skip_norms").items() if "/" not in k}  # full d x d skips
     if norms:
         init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
@@ -298,7 +296,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
         "",
         summary_table(data, base_params),
         "",
-        "## Learning-rate search (seed 0; the pick is the lowest held-out PPL)",
+        f"## Learning-rate search (seed {s.seeds[0]}; the pick is the lowest held-out PPL)",
         "",
         lr_table(data),
         "",

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mmpreproj_cli.tables import DEFAULT_LRS
+
 from ..analysis import plot_lr_sweep
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.methods import check_methods
@@ -26,11 +28,8 @@ from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_sweep_table
 
-__all__ = ["DEFAULT_LRS", "SWEEP_EVAL", "check_lrs", "lr_sweep", "parse_lrs"]
-
 log = logging.getLogger("mmpreproj.sweep")
 
-DEFAULT_LRS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2)
 SWEEP_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "test", "limit": None}
 
 

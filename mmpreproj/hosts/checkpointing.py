@@ -18,8 +18,6 @@ import sys
 
 from torch import nn
 
-__all__ = ["CHECKPOINTING", "reentrant_checkpointing"]
-
 CHECKPOINTING = ("transformers", "timm", "open_clip", "any")
 
 

@@ -13,8 +13,6 @@ from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
 from .spec import HostSpec, PartSpec
 
-__all__ = ["GPT_NEOX"]
-
 GPT_NEOX = register_host(
     HostSpec(
         name="gpt_neox",

@@ -18,8 +18,6 @@ from torch import nn
 
 from .spec import HostError, HostSpec, Site, resolve_sites
 
-__all__ = ["lora_modules", "lora_params_per_rank", "lora_sites", "peft_target_modules"]
-
 
 def lora_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
     """The sites of the row's default parts (every part when the row names none), as `inject` picks them."""

@@ -7,8 +7,6 @@ from ..modules.wrapper import AttentionCall
 from .registry import register_host
 from .spec import HostSpec, PartSpec
 
-__all__ = ["NATIVE"]
-
 NATIVE = register_host(
     HostSpec(
         name="mmpreproj_block",

@@ -59,15 +59,6 @@ from ..modules.wrapper import AttentionCall
 from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 
-__all__ = [
-    "OPEN_CLIP",
-    "OPEN_CLIP_COCA",
-    "OPEN_CLIP_MULTIMODAL",
-    "OPEN_CLIP_TEXT",
-    "OPEN_CLIP_TRANSFORMER",
-    "OPEN_CLIP_VIT",
-]
-
 # ResidualAttentionBlock: attn(query, key, value, need_weights=False, attn_mask=...) -> (out, None)
 # CustomResidualAttentionBlock: attn(x, attn_mask=...) -> out (slot 0 only; a tensor result takes the skip as is)
 _CALL = AttentionCall(inputs=((0, "query"), (1, "key"), (2, "value")), output_index=0)

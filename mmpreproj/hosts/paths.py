@@ -25,16 +25,6 @@ from typing import Any
 
 from torch import nn
 
-__all__ = [
-    "INPUT_EMBEDDINGS",
-    "LEGACY_KEYWORDS",
-    "PATH_KEYWORDS",
-    "HostError",
-    "PathError",
-    "check_path",
-    "get_path",
-]
-
 
 class HostError(ValueError):
     """A model does not fit a host description (a path that does not resolve, a refused block type...)."""

@@ -14,9 +14,8 @@ from torch import nn
 from .spec import HostError, HostSpec
 from .structure import StructureMatch, match_structure, resolve_row, shared_prefix, written_by
 
-__all__ = ["HOSTS", "HostSpec", "as_host", "find_host", "get_host", "host_for_adapter", "register_host", "supported"]
-
 HOSTS: dict[str, HostSpec] = {}
+"""Every registered host row by name (`register_host` adds one; `find_host` picks one for a model)."""
 
 DESCRIBE_HINT = (
     "describe it yourself: mmpreproj.inject(model, host={'name': ..., 'parts': [{'name': 'language', "
@@ -36,6 +35,7 @@ def supported() -> str:
 
 
 def get_host(name: str) -> HostSpec:
+    """The host row registered as `name`; ValueError naming the rows there are."""
     if name not in HOSTS:
         raise ValueError(f"unknown host {name!r}; supported: {supported()}")
     return HOSTS[name]

@@ -8,8 +8,6 @@ from .lora import lora_sites
 from .registry import find_host
 from .spec import HostError
 
-__all__ = ["host_shape"]
-
 
 def host_shape(model: nn.Module) -> tuple[int, int]:
     """(width d, blocks L) for the rank rules: the host row's sites (default parts), else `model.config`.

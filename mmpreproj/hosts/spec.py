@@ -33,17 +33,6 @@ from ..modules.wrapper import AttentionCall
 from .checkpointing import CHECKPOINTING
 from .paths import HostError, check_path, get_path
 
-__all__ = [
-    "HostError",
-    "HostSpec",
-    "PartSpec",
-    "Site",
-    "call_from_dict",
-    "call_to_dict",
-    "get_path",
-    "resolve_sites",
-]
-
 
 def call_to_dict(call: AttentionCall) -> dict:
     return {"inputs": [list(i) for i in call.inputs], "output_index": call.output_index}

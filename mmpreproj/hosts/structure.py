@@ -33,8 +33,6 @@ from torch import nn
 from .paths import get_path
 from .spec import HostError, HostSpec, Site, _first_path, resolve_sites
 
-__all__ = ["StructureMatch", "match_structure", "resolve_row", "written_by"]
-
 
 @dataclasses.dataclass
 class StructureMatch:

@@ -49,8 +49,6 @@ from .registry import register_host
 from .spec import HostSpec
 from .timm_vit import check_blocks, is_timm_instance, timm_part
 
-__all__ = ["TIMM_BEIT", "TIMM_NAFLEXVIT", "TIMM_VIT_RELPOS", "TIMM_VIT_SAM"]
-
 _EMBED = "patch_embed|model.patch_embed"
 _QKV = ("qkv", "proj")
 

@@ -32,8 +32,6 @@ from ..modules.wrapper import AttentionCall
 from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 
-__all__ = ["TIMM_EVA", "TIMM_VIT", "check_blocks", "is_timm_instance", "timm_part"]
-
 # attn(x, attn_mask=..., is_causal=...[, rope=...]) -> tensor (B, N, d)
 _CALL = AttentionCall(inputs=((0, "x"),), output_index=None)
 

@@ -48,8 +48,6 @@ from .registry import register_host
 from .spec import HostError, HostSpec
 from .timm_vit import is_timm_instance, timm_part
 
-__all__ = ["TIMM_MAXVIT", "TIMM_SWIN"]
-
 _MAXXVIT = "timm.models.maxxvit"
 
 

@@ -38,8 +38,6 @@ from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 
-__all__ = ["DECODER_ROWS", "hf_decoder_part"]
-
 HF_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=0)  # self_attn(hidden_states=...) -> (out, w)
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 

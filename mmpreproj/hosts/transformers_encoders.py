@@ -20,8 +20,6 @@ from .registry import register_host
 from .spec import HostSpec, PartSpec
 from .transformers_decoders import HF_CALL
 
-__all__ = ["ENCODER_ROWS"]
-
 
 def _t5_part(name: str) -> PartSpec:
     return PartSpec(

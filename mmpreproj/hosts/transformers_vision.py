@@ -35,8 +35,6 @@ from .registry import register_host
 from .spec import HostError, HostSpec, PartSpec
 from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
 
-__all__ = ["VISION_ROWS"]
-
 TENSOR_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=None)
 
 

@@ -45,8 +45,6 @@ from .registry import DESCRIBE_HINT, register_host
 from .spec import HostError, HostSpec, PartSpec
 from .transformers_decoders import DECODER_ROWS, HF_CALL, QKVO, hf_decoder_part
 
-__all__ = ["VLM_ROWS"]
-
 VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")  # the encoder layout `layer_norm1 -> self_attn`
 # decoders whose layers are `input_layernorm -> self_attn(hidden_states=...)` under `.layers`, refused by none
 LANGUAGE_MODELS = tuple(

@@ -7,5 +7,3 @@ transformers' `Trainer`, TRL's `SFTTrainer` and `accelerate launch` need no glue
 (`peft.get_peft_model(model, PreProjConfig())`, `SFTTrainer(peft_config=PreProjConfig())`), so their own peft
 path checkpoints the adapter alone and resumes it; `mmpreproj.load_adapter` reads what they write.
 """
-
-__all__: list[str] = []

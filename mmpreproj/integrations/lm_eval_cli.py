@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from ..tuner import PREPROJ  # noqa: F401  (importing the tuner registers PREPROJ with peft before lm-eval reads any adapter)
 
-__all__ = ["main"]
-
 
 def main() -> None:
     """Run lm-eval's command line (`lm_eval.__main__.cli_evaluate`) with PREPROJ registered."""

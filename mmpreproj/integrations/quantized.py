@@ -47,8 +47,10 @@ QUANT_SCHEMES = {
     "nf4": "bitsandbytes Linear4bit, NF4 4-bit weights in blocks of 64 with a nested-quantized scale",
     "fp4": "bitsandbytes Linear4bit, FP4 4-bit weights in blocks of 64 with a nested-quantized scale",
 }
+"""The quantizers `quantize_frozen_base` applies, by name, with what each stores."""
 _PACKAGES = {"int8": "torchao", "nf4": "bitsandbytes", "fp4": "bitsandbytes"}  # import name = pip name
-COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what a 4-bit layer may compute in
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes a 4-bit layer may compute in."""
 
 
 def is_quantized_tensor(t: torch.Tensor) -> bool:

@@ -15,8 +15,6 @@ from torch import nn
 from ..modules import Block
 from .positions import TokenPositions
 
-__all__ = ["TokenEncoder", "init_vit_weights"]
-
 
 def init_vit_weights(module: nn.Module) -> None:
     """timm's ViT init for Linear layers: truncated normal std 0.02, zero bias."""

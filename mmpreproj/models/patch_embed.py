@@ -6,8 +6,6 @@ import torch
 from einops import rearrange
 from torch import nn
 
-__all__ = ["PatchEmbed"]
-
 
 class PatchEmbed(nn.Module):
     """Cut the input into non-overlapping patches and project each to `dim`.

@@ -20,8 +20,6 @@ from torch import nn
 
 from ..rope import RoPE1D, RoPE2D, RoPE3D, grid_positions
 
-__all__ = ["LearnedPositions", "TokenPositions", "parse_positions"]
-
 ROPES = {"rope1d": 1, "rope2d": 2, "rope3d": 3}  # kind -> number of grid axes it needs (1 = any)
 
 

@@ -9,8 +9,6 @@ from .encoder import TokenEncoder
 from .patch_embed import PatchEmbed
 from .positions import TokenPositions
 
-__all__ = ["VideoViT"]
-
 
 class VideoViT(nn.Module):
     """clips (B, C, T, H, W) -> tubelets -> `TokenEncoder` -> logits (B, num_classes).

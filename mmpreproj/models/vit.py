@@ -9,8 +9,6 @@ from .encoder import TokenEncoder
 from .patch_embed import PatchEmbed
 from .positions import TokenPositions
 
-__all__ = ["ViT"]
-
 
 def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))

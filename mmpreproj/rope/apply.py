@@ -10,10 +10,10 @@ from typing import Literal
 import torch
 from einops import rearrange
 
-__all__ = ["PAIRINGS", "Pairing", "apply_rotary", "check_pairing", "expand_pairs"]
-
 Pairing = Literal["half", "interleaved"]
+"""Which channels rotate together: `half` (x_i with x_{i+d/2}) or `interleaved` (x_2i with x_2i+1)."""
 PAIRINGS: tuple[str, ...] = ("half", "interleaved")
+"""The values `Pairing` allows, for checks of a string read at run time."""
 
 
 def check_pairing(pairing: str) -> None:

@@ -26,8 +26,6 @@ from torch import nn
 
 from .apply import apply_rotary, check_pairing, expand_pairs
 
-__all__ = ["RotaryEncoder", "RotaryLike"]
-
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 

@@ -19,9 +19,8 @@ from .base import RotaryEncoder
 from .mrope import MultimodalRoPE
 from .spectrum import inv_frequencies, rotary_dim_from_fraction
 
-__all__ = ["MROPE_LAYOUTS", "InterleavedMultimodalRoPE", "default_sections", "make_mrope"]
-
 MROPE_LAYOUTS = ("chunked", "interleaved")
+"""How M-RoPE lays its three axes over the channels: Qwen2-VL's chunks or Qwen3-VL's interleave."""
 
 
 def default_sections(rotary_dim: int, layout: str = "chunked") -> tuple[int, int, int]:

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from .base import RotaryEncoder
 from .spectrum import rotary_dim_from_fraction, shared_spectrum
 
-__all__ = ["MultimodalRoPE"]
-
 
 class MultimodalRoPE(RotaryEncoder):
     """M-RoPE: `q2, k2 = rope(q, k, pos)`, pos (N, 3) or (B, N, 3) = (t, h, w), e.g. from `multimodal_positions`.

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SEGMENT_KINDS", "grid_positions", "multimodal_positions"]
-
 SEGMENT_KINDS: tuple[str, ...] = ("text", "image", "video")
+"""The segment kinds `multimodal_positions` places: text runs, image grids, video grids."""
 _GRID_AXES = {"image": ("h", "w"), "video": ("t", "h", "w")}
 
 

@@ -8,8 +8,6 @@ from .apply import Pairing
 from .base import RotaryEncoder
 from .spectrum import inv_frequencies, rotary_dim_from_fraction
 
-__all__ = ["RoPE1D"]
-
 
 class RoPE1D(RotaryEncoder):
     """1D rotary embedding: `q2, k2 = rope(q, k, pos)`, pos (N,), (B, N), (N, 1) or (B, N, 1).

@@ -6,8 +6,6 @@ from .apply import Pairing
 from .base import RotaryEncoder
 from .spectrum import axial_spectrum
 
-__all__ = ["RoPE2D"]
-
 
 class RoPE2D(RotaryEncoder):
     """2D axial rotary embedding: `q2, k2 = rope(q, k, pos)`, pos (N, 2) or (B, N, 2) = (row, column).

@@ -8,8 +8,6 @@ from .apply import Pairing
 from .base import RotaryEncoder
 from .spectrum import axial_spectrum
 
-__all__ = ["RoPE3D"]
-
 
 def _default_sections(head_dim: int) -> tuple[int, int, int]:
     """diffusers' split: t = D/4, h = w = 3D/8 channels; needs D divisible by 16."""

@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["axial_spectrum", "inv_frequencies", "rotary_dim_from_fraction", "shared_spectrum"]
-
 
 def inv_frequencies(rotary_dim: int, theta: float) -> torch.Tensor:
     """theta^(-2k/r) for k < r/2, with r = rotary_dim (not head_dim); (r/2,) float32 on CPU.

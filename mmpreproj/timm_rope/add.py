@@ -37,8 +37,6 @@ from ..rope import RoPE2D
 from .attention import RotaryAttention, supported_attention
 from .grid import GridPositions
 
-__all__ = ["EvaPositions", "RopeState", "add_rope", "has_rope", "remove_rope"]
-
 Positions = Callable[..., torch.Tensor]  # positions(h, w, device=...) -> (h*w, A)
 
 
@@ -90,6 +88,7 @@ def _attn_slot(block: nn.Module) -> tuple[nn.Module, str]:
 
 
 def has_rope(model: nn.Module) -> bool:
+    """Whether `add_rope` put rotary positions into `model` (and `remove_rope` has not taken them out)."""
     return hasattr(model, "mmpreproj_rope")
 
 

@@ -23,8 +23,6 @@ from torch import nn
 
 from ..modules.base_wrapper import BaseLayerWrapper
 
-__all__ = ["RotaryAttention", "supported_attention"]
-
 
 def _timm_class(module: str, name: str) -> type | None:
     return getattr(sys.modules.get(module), name, None)

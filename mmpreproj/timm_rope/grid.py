@@ -15,8 +15,6 @@ from torch import nn
 
 from ..rope import RoPE2D, grid_positions
 
-__all__ = ["GridPositions", "rope_from_timm"]
-
 
 @dataclass(frozen=True)
 class GridPositions:

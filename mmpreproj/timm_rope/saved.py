@@ -26,8 +26,6 @@ from ..rope import RoPE2D
 from .add import _check, _kind, add_rope
 from .grid import GridPositions
 
-__all__ = ["describe_rope", "rope_for_load"]
-
 
 def _encoder(rope: nn.Module) -> dict[str, Any]:
     if type(rope) is RoPE2D:

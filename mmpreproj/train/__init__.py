@@ -11,11 +11,12 @@ schedule, checkpoint (resumable state), rng (the run's own seeded RNG stream), d
 FSDP2), runlog (run folder), adapters (save/load trained weights), trainer (train).
 """
 
+from ..data.hub import DataUnavailableError  # one class for "data cannot be reached", shared with eval
 from .adapters import run_adapter_dir, save_run_adapter
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint
 from .config import METHODS, TrainConfig
 from .data import LMExamples, build_examples, pack_lines, pad_lines, select_lines
-from .errors import DataUnavailableError, ModelUnavailableError, NonFiniteLossError
+from .errors import ModelUnavailableError, NonFiniteLossError
 from .methods import (
     apply_method,
     count_trainable,

@@ -22,14 +22,6 @@ from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS
 
-__all__ = [
-    "ADAPTER_DIR",
-    "LORA_SUBDIR",
-    "gather_run_adapter",
-    "run_adapter_dir",
-    "save_run_adapter",
-]
-
 ADAPTER_DIR = "adapter"
 
 

@@ -20,18 +20,8 @@ from ..util.io import atomic_write, remove_stale_temps
 from ..version import __version__
 from .errors import CheckpointWriteError
 
-__all__ = [
-    "CHECKPOINT_NAME",
-    "CHECKPOINT_FORMAT",
-    "capture_rng",
-    "load_checkpoint",
-    "load_trainable_state",
-    "restore_rng",
-    "save_checkpoint",
-    "trainable_state",
-]
-
 CHECKPOINT_NAME = "checkpoint.pt"
+"""The trainer's resumable checkpoint file in a run folder (`--resume` continues from it)."""
 CHECKPOINT_FORMAT = 1
 
 

@@ -8,22 +8,16 @@ from typing import Any
 
 import torch
 
+from mmpreproj_cli.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
+
 from ..tuner.config import PreProjConfig
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
-from .methods import METHOD_SPECS, METHODS  # the one definition of the method names
+from .methods import METHOD_SPECS
 
-__all__ = ["METHODS", "PARALLEL", "PRECISIONS", "MODEL_DTYPES", "SCHEDULES", "SIZE_DEFAULTS", "TrainConfig"]
-
-PRECISIONS = ("bf16", "fp32")  # bf16 = torch.autocast(dtype=bfloat16); trainable weights stay fp32
-MODEL_DTYPES = ("float32", "bfloat16")  # dtype the frozen base is loaded in
-SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
-PARALLEL = ("ddp", "fsdp")  # how several processes (torchrun / accelerate launch) share the work
-
+# The choices (PRECISIONS, ...) and the size defaults are plain data in `mmpreproj_cli/tables.py`, which the
+# command's --help shows without loading torch.
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
-# The size fields and their defaults (the paper's modules); `arms.arm_key` leaves a field at its default out.
-SIZE_DEFAULTS: dict[str, Any] = {"expansion": 1.25, "skip_rank": None, "layers": None, "parts": None}
-
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
 
 
@@ -107,7 +101,7 @@ class TrainConfig(JsonConfig):
     reentrant_checkpointing: bool = False
     lora_r: int | None = None
     lora_alpha: int | None = None
-    expansion: float = 1.25
+    expansion: float = SIZE_DEFAULTS["expansion"]
     skip_rank: int | None = None
     layers: list[int] | None = None
     parts: list[str] | None = None

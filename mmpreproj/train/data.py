@@ -17,17 +17,8 @@ from typing import Any
 
 import torch
 
-from .errors import DataUnavailableError
+from ..data.hub import DataUnavailableError
 from .sources import read_lines
-
-__all__ = [
-    "IGNORE_INDEX",
-    "LMExamples",
-    "build_examples",
-    "pack_lines",
-    "pad_lines",
-    "select_lines",
-]
 
 IGNORE_INDEX = -100
 

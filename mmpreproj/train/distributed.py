@@ -29,18 +29,6 @@ from torch import nn
 from ..hosts import find_host
 from .models import resolve_device
 
-__all__ = [
-    "DistContext",
-    "all_gather_objects",
-    "all_reduce_sum",
-    "barrier",
-    "grad_sync",
-    "init_distributed",
-    "shutdown",
-    "wrap_ddp",
-    "wrap_fsdp",
-]
-
 
 @dataclass
 class DistContext:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointWriteError", "DataUnavailableError", "ModelUnavailableError", "NonFiniteLossError"]
-
-
-from ..data.hub import DataUnavailableError  # one class for "data cannot be reached", shared with eval
-
 
 class CheckpointWriteError(OSError):
     """A checkpoint or the final adapter could not be written (disk full, permissions, ...); the message names

@@ -12,13 +12,15 @@
 P = 2*d*int(1.25d)*L is the pre-projection's parameter count, so r = 480 (d=768, L=12) and 640 (d=1024, L=24);
 LoRA uses alpha = 2r and dropout 0 (peft, as the paper). `lora_matched` is not in the paper: its rank makes
 LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 160M, 597 at 410M, 149 on mini).
+
+The table of methods itself (`METHOD_SPECS`, `MethodSpec`, `METHODS`) is plain data in `mmpreproj_cli/tables.py`,
+so `mmpreproj train --help` lists the methods without loading torch; this module applies them.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,61 +28,14 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from mmpreproj_cli.tables import METHOD_SPECS, METHODS, MethodSpec
+
 from .. import tuner as _adapter
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules
 from ..hosts.shape import host_shape
 from ..modules import ContentSkip, PreProjection
 from ..tuner.config import PreProjConfig
-
-__all__ = [
-    "METHODS",
-    "PAPER_METHODS",
-    "MethodSpec",
-    "METHOD_SPECS",
-    "apply_method",
-    "check_methods",
-    "count_trainable",
-    "expected_trainable",
-    "host_shape",
-    "lora_per_rank",
-    "meta_model",
-    "method_param_table",
-    "matched_lora_rank",
-    "paper_lora_rank",
-    "preproj_params",
-    "resolve_lora",
-]
-
-PREPROJ_LORA_RANK = 64  # with alpha 2r = 128, as the paper
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """What a method adds: pre-projection, content skip, LoRA (with the rank rule "paper" or a fixed rank)."""
-
-    name: str
-    preproj: bool
-    skip: bool
-    lora: bool
-    lora_rank: str | int | None = None  # "paper" = the paper's rule; "matched" = as many params as preproj_skip
-    in_paper: bool = True  # one of the paper's five (Table 1/2)
-
-
-# The one definition of the methods: every list of names (CLI choices, TrainConfig, reproduce/sweep defaults,
-# the `method` tag an adapter folder carries) is read from this table.
-METHOD_SPECS: dict[str, MethodSpec] = {
-    "preproj": MethodSpec("preproj", preproj=True, skip=False, lora=False),
-    "skip": MethodSpec("skip", preproj=False, skip=True, lora=False),
-    "preproj_skip": MethodSpec("preproj_skip", preproj=True, skip=True, lora=False),
-    "lora": MethodSpec("lora", preproj=False, skip=False, lora=True, lora_rank="paper"),
-    "preproj_lora": MethodSpec("preproj_lora", preproj=True, skip=False, lora=True, lora_rank=PREPROJ_LORA_RANK),
-    "lora_matched": MethodSpec(
-        "lora_matched", preproj=False, skip=False, lora=True, lora_rank="matched", in_paper=False
-    ),
-}
-METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
-PAPER_METHODS: tuple[str, ...] = tuple(n for n, s in METHOD_SPECS.items() if s.in_paper)
 
 
 def check_methods(names: Sequence[str]) -> tuple[str, ...]:

@@ -13,15 +13,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..data.model_source import check_local_model, corrupt_weights_error, pretrained_source
 from .errors import ModelUnavailableError
 
-__all__ = [
-    "enable_checkpointing",
-    "load_model",
-    "load_model_and_tokenizer",
-    "load_tokenizer",
-    "resolve_device",
-    "unavailable_error",
-]
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

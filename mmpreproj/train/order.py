@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ShardedOrder"]
-
 
 @dataclass
 class ShardedOrder:

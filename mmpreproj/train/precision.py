@@ -13,8 +13,6 @@ import contextlib
 import torch
 from torch import nn
 
-__all__ = ["autocast", "cast_trainable_", "trainable_dtypes"]
-
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """`torch.autocast(device.type, bfloat16)` for precision "bf16" (CPU too), a no-op for "fp32"."""

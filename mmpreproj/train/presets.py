@@ -1,102 +1,14 @@
-"""Named presets: the paper's two frozen-probe runs, the same protocol on SmolLM2-135M (GPU) and a CPU-sized
-run of it, and a CPU-sized `mini` run for the offline demo.
-
-The paper (arXiv 2604.10791, Sec. 3.2) fixes: frozen base, AdamW, cosine schedule, 50 warmup steps, LR 1e-5,
-500 steps, effective batch 16 (160M: 4 x accum 4; 410M: 2 x 8), bf16, gradient checkpointing, seed 42,
-512 tokens, the first 2,000 WikiText-103 train lines longer than 50 characters. What the paper leaves open
-is taken from the authors' script, which trains with the `transformers` Trainer defaults: AdamW betas
-(0.9, 0.999), eps 1e-8, weight decay 0.0 (torch's own AdamW default would be 0.01), gradient clipping at
-norm 1.0, cosine down to 0, and the base loaded in bfloat16. Injected weights stay fp32 (see
-`TrainConfig.paper_bf16_weights` for the paper's pure-bf16 setting).
-"""
+"""Named presets as `TrainConfig`s: the table itself is plain data in `mmpreproj_cli/tables.py` (`PRESETS`, with
+the paper's protocol and why each CPU preset is sized as it is), so `mmpreproj --help` lists them without
+loading torch."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any
 
+from mmpreproj_cli.tables import PRESETS, TRAINS_ON_VALIDATION
+
 from .config import TrainConfig
-
-__all__ = ["PRESETS", "TRAINS_ON_VALIDATION", "get_preset", "ppl_split_for"]
-
-_PAPER: dict[str, Any] = dict(
-    data="wikitext",
-    data_config="wikitext-103-raw-v1",
-    data_split="train",
-    num_lines=2000,
-    min_chars=50,
-    max_len=512,
-    steps=500,
-    warmup_steps=50,
-    lr=1e-5,
-    schedule="cosine",
-    min_lr_ratio=0.0,
-    weight_decay=0.0,
-    adam_betas=(0.9, 0.999),
-    adam_eps=1e-8,
-    max_grad_norm=1.0,
-    precision="bf16",
-    model_dtype="bfloat16",
-    gradient_checkpointing=True,
-    seed=42,
-)
-
-# What the CPU presets share: WikiText valid lines (so PPL is measured on test rows), 128 tokens, fp32, LR 1e-3.
-_CPU: dict[str, Any] = dict(
-    data="assets/data/wikitext-103-raw/wiki.valid.raw.gz",
-    data_config=None,
-    min_chars=50,
-    max_len=128,
-    lr=1e-3,
-    schedule="cosine",
-    grad_accum=1,
-    weight_decay=0.0,
-    max_grad_norm=1.0,
-    precision="fp32",
-    model_dtype="float32",
-    gradient_checkpointing=False,
-    seed=42,
-)
-
-PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
-    {
-        "pythia-160m": MappingProxyType(dict(_PAPER, model="EleutherAI/pythia-160m", batch_size=4, grad_accum=4)),
-        "pythia-410m": MappingProxyType(dict(_PAPER, model="EleutherAI/pythia-410m", batch_size=2, grad_accum=8)),
-        # SmolLM2-135M-Instruct (a GGUF file a package ships, `make smollm2`; data/gguf_source.py), the paper's
-        # protocol unchanged but the model: for a GPU (recipes/smollm2/gpu_table2.py).
-        "smollm2-135m": MappingProxyType(dict(_PAPER, model="smollm2-135m", batch_size=4, grad_accum=4)),
-        # The same model on 2 CPU cores, chosen by measurement (docs/evidence/smollm2-135m): one step of 4 x 128
-        # tokens takes 5.2-5.7 s on one thread (pre-projection + skip at 1%, LoRA r=64), so 100 steps are ~10
-        # min an arm and two single-thread processes run two arms at once. Train on the first 1,500 WikiText
-        # valid lines longer than 50 characters (they end at row 3,239); learning rates are chosen on the
-        # held-out rows after them (`ppl_split="heldout"`), results are measured on test rows.
-        "smollm2-135m-cpu": MappingProxyType(
-            dict(_CPU, model="smollm2-135m", num_lines=1500, steps=100, warmup_steps=10, batch_size=4, save_every=25)
-        ),
-        # The offline demo: a ~7M-parameter Pythia-architecture model (assets/mini-pythia) on 2 CPU cores,
-        # five methods plus evaluation in 15 minutes: 200 steps of 8 x 128 tokens take ~0.4 CPU-seconds per
-        # step on one core (~80 CPU-s per method). fp32 (CPU bf16 autocast is slow and the model is small),
-        # no checkpointing (memory is not the limit). Train on WikiText valid lines; the demo scores PPL on test.
-        # LR 1e-3, not 1e-5: with 200 steps, 1e-5 leaves the ~0.01-sized injected weights where they started.
-        # The paper's "1e-3 is catastrophic" concerns its 500-step Pythia runs; on mini-pythia, 100 steps at
-        # 1e-3 lowered the held-out loss on 64 WikiText test lines from 7.28 to 6.20 (preproj_skip) / 6.18 (lora).
-        "mini": MappingProxyType(
-            dict(
-                _CPU,
-                model="assets/mini-pythia",
-                num_lines=2000,
-                steps=200,
-                warmup_steps=20,
-                batch_size=8,
-                save_every=100,
-            )
-        ),
-    }
-)
-
-
-# Presets that train on WikiText validation lines: their line PPL is measured on test rows instead.
-TRAINS_ON_VALIDATION = frozenset({"mini", "smollm2-135m-cpu"})
 
 
 def ppl_split_for(preset: str) -> str:

@@ -19,8 +19,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "seeded_rng"]
-
 
 def seed_everything(seed: int) -> None:
     """Seed torch (all devices), python `random` and numpy, process-wide and for good: a caller's choice;

@@ -25,8 +25,6 @@ from typing import Any
 
 from ..util.io import set_new_file_mode
 
-__all__ = ["RUN_LOCK_NAME", "RunInUseError", "run_lock"]
-
 RUN_LOCK_NAME = ".mmpreproj-run.lock"
 
 

@@ -18,8 +18,6 @@ from typing import Any
 
 from ..util.io import atomic_write
 
-__all__ = ["CONFIG_NAME", "LOG_NAME", "METRICS_NAME", "StepLog", "write_json"]
-
 CONFIG_NAME = "train_config.json"
 METRICS_NAME = "metrics.json"
 LOG_NAME = "log.jsonl"

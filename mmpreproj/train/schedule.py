@@ -14,8 +14,6 @@ import math
 
 import torch
 
-__all__ = ["lr_factor", "make_scheduler"]
-
 
 def lr_factor(step: int, *, warmup: int, total: int, kind: str = "cosine", min_ratio: float = 0.0) -> float:
     """Multiplier of the base LR for the optimizer step with 0-based index `step`."""

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmpreproj_cli.tables import BUDGET_METHODS
+
 from ..modules import ContentSkip, PreProjection
 from ..tuner.budget import preproj_sizes
 from .methods import METHOD_SPECS
 
-__all__ = ["BUDGET_METHODS", "SIZE_FIELDS", "budget_params", "sizes_for_budget", "sizes_for_method"]
-
-BUDGET_METHODS = ("lora", "preproj_skip", "preproj", "skip")
 SIZE_FIELDS = ("expansion", "skip_rank", "layers", "parts")  # TrainConfig's sizes of the injected modules
 
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 from ..data import hub
 from ..data.assets import resolve_path  # the one locator (honours MMPREPROJ_ASSETS)
-from .errors import DataUnavailableError
-
-__all__ = ["looks_like_path", "read_lines", "resolve_path"]
+from ..data.hub import DataUnavailableError
 
 
 def looks_like_path(source: str) -> bool:

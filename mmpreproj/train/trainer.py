@@ -63,12 +63,10 @@ from .methods import METHOD_SPECS, apply_method, count_trainable
 from .models import enable_checkpointing, load_model, load_tokenizer, resolve_device
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
-from .rng import seed_everything, seeded_rng
+from .rng import seeded_rng
 from .runlock import RunInUseError, run_lock
 from .runlog import CONFIG_NAME, LOG_NAME, METRICS_NAME, StepLog, write_json
 from .schedule import make_scheduler
-
-__all__ = ["RunResult", "seed_everything", "train"]
 
 log = logging.getLogger("mmpreproj.train")
 _RUN_FILES = (CHECKPOINT_NAME, LOG_NAME, METRICS_NAME, CONFIG_NAME, ADAPTER_DIR)

@@ -49,6 +49,9 @@ FUSE_QKV_SKIP_REMOVED = (
 )
 
 
+# what peft's `PeftModel.save_pretrained` writes in place before it calls `PreProjConfig.save_pretrained`
+PEFT_WRITES_BEFORE_CONFIG = ("README.md", "adapter_model.safetensors", "adapter_model.bin")
+
 # peft's own PeftConfig fields: peft checks them; ours are checked by `check_field_types`
 PEFT_FIELDS = (
     "task_type",
@@ -239,7 +242,21 @@ class PreProjConfig(JsonConfig, PeftConfig):
     def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:
         """peft's writer of `adapter_config.json`, which never writes through a link: a symlink (or any
         non-file) placed at `save_directory/adapter_config.json` is removed first, so the file it points to,
-        inside the folder or out of it, is left as it was and a plain file takes the link's place."""
+        inside the folder or out of it, is left as it was and a plain file takes the link's place.
+
+        peft's `PeftModel.save_pretrained` calls it last, after writing `README.md` and the weights in place,
+        following any link there (peft hands no hook the folder before those writes). A link found at one of
+        them is refused here, naming it: the config is not written, so the folder is not a pair a loader takes
+        (with an older config beside it, the digest refuses the mix)."""
+        followed = [n for n in PEFT_WRITES_BEFORE_CONFIG if Path(save_directory, n).is_symlink()]
+        if followed:
+            link = Path(save_directory, followed[0])
+            raise ValueError(
+                f"PreProjConfig.save_pretrained: {link} is a symlink (to {os.readlink(link)}); peft's "
+                "save_pretrained writes it before the config and follows links, so what it points to may have been "
+                "overwritten. adapter_config.json was not written (the folder does not load); remove the link and "
+                "save again, or save with mmpreproj.save_adapter(model, DIR), which never follows links"
+            )
         target = Path(save_directory, "adapter_config.json")
         if target.is_symlink():
             os.unlink(target)

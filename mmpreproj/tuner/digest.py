@@ -10,7 +10,7 @@ write, in the config peft writes last) and `mmpreproj.save_adapter`. `PreProjCon
 nothing is loaded. Not covered: `PeftModel.load_adapter` into a name already loaded (the Trainer's resume and
 best-model load) reads the weights without the config, and transformers' `model.load_adapter` builds the
 config with peft's generic `PeftConfig.from_pretrained`, which hands our hooks no folder: neither has a
-digest to compare against (`docs`: the loaders table).
+digest to compare against (`docs/peft-guide.md`: what each loader checks).
 
 The digest covers each tensor's key name, dtype, shape and bytes: two same-shaped tensors swapped between
 keys give another digest. Names are taken without peft's `base_model.model.` prefix, so a file written

@@ -4,10 +4,13 @@ floating point and finite; nothing else. `PreProjConfig.from_pretrained` runs it
 anything, so `PeftModel.from_pretrained` and `AutoPeftModel*` refuse a bad folder with the base untouched.
 
     check_file_tensors(config, tensors, weights_file)   # ValueError naming the file and the tensor
+    refuse_links(folder, names, where)                  # before a writer that writes in place follows one
 """
 
 from __future__ import annotations
 
+import os
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,10 @@ import torch
 from ..modules.preproj import PreProjection
 from ..modules.skip import ContentSkip
 
-__all__ = ["check_file_tensors", "expected_slot_shapes"]
+__all__ = ["BASE_FILES", "check_file_tensors", "expected_slot_shapes", "refuse_links"]
+
+# what transformers' `save_pretrained` writes into a model folder (config and generation config in place)
+BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 
 _PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (keys.py sits above this file)
 
@@ -86,3 +92,18 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     missing = sorted(set(expected) - {k.removeprefix(_PEFT_PREFIX) for k in tensors})
     if missing:
         raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")
+
+
+def refuse_links(folder: str | Path, names: tuple[str, ...], where: str) -> None:
+    """ValueError naming the first entry of `folder` matching one of `names` (names or glob patterns) that is a
+    symlink, before anything is written: a writer that writes in place (transformers' `config.json`) would write
+    through it, to wherever it points, out of the folder too."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.iterdir()):  # a dangling link too (a glob skips it)
+        if path.is_symlink() and any(fnmatch(path.name, pattern) for pattern in names):
+            raise ValueError(
+                f"{where}: {path} is a symlink (to {os.readlink(path)}); a writer would write through it, "
+                "out of the folder; remove the link (or save to another folder); nothing was written"
+            )

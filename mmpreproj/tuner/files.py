@@ -26,7 +26,14 @@ from .keys import PEFT_PREFIX, description_from_peft_config, peft_config_from_de
 from .legacy import OLD_SLOTS, is_legacy_description, model_keys
 from .model_card import card_fields, model_card
 from .state import ADAPTER_TYPE, InjectionState, named_adapter
-from .state_dict import SLOTS, adapter_state_dict, injected_paths, named_adapter_tensors, refuse_non_finite
+from .state_dict import (
+    SLOTS,
+    adapter_state_dict,
+    injected_paths,
+    named_adapter_tensors,
+    refuse_empty,
+    refuse_non_finite,
+)
 from .unwrap import STATE_ATTR, injected_owner
 
 __all__ = [
@@ -59,8 +66,10 @@ def save_adapter(
 ) -> Path:
     """Write only the injected weights (`adapter_model.safetensors`) and `adapter_config.json` to `path`.
 
-    `state_dict` is what to write (default `adapter_state_dict(model)`): pass the one every rank gathered
-    from a sharded model when only one rank writes. Each file is written to a temporary name and renamed,
+    `state_dict` is what to write (default `adapter_state_dict(model)`, keyed by block index): on a model
+    sharded by FSDP2 the default gathers, a collective every rank must call; when only one rank writes, pass
+    what every rank gathered (`adapter_state_dict`, or `adapter_tensors_from_state_dict` of the model's full
+    state dict). Each file is written to a temporary name and renamed,
     so a crash never leaves a torn file, and the two files are replaced together (`util.file_sets`): a
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
@@ -77,6 +86,10 @@ def save_adapter(
     state_dict = model_keys(state_dict, injected_paths(owner), state.modules_to_save)  # older keys: legacy.py
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
+    try:
+        refuse_empty(tensors, "the weights to save")
+    except ValueError as e:
+        raise ValueError(f"save_adapter: refusing to write {path}: {e}") from None
     meta = {"format": "pt", "mmpreproj_version": __version__}
     desc = describe_for_save(owner, name, tensors)
     if base_save_token is not None:

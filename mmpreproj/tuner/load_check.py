@@ -5,6 +5,7 @@ move weights between blocks; one saved with other `layers` or sizes would half-l
 
     check_record(model, plan, record, where, by_path=False)  # mmpreproj.load_adapter (by block index)
     check_record_fits(model, config)  # peft and transformers loaders (by path), before `inject`
+    check_added_record(model, config, record, where, by_path=...)  # an adapter added beside a loaded one
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from .config import PreProjConfig
 from .legacy import model_keys
 from .plan import Plan, config_host, plan_injection
 from .state_dict import rekeyed_by_block, saved_module_tensors, wrapper_tensors
+from .unwrap import injected_owner
 
-__all__ = ["check_record", "check_record_fits"]
+__all__ = ["check_added_record", "check_record", "check_record_fits"]
 
 
 def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: str, *, by_path: bool) -> None:
@@ -29,29 +31,7 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
     `by_path`: the loader finds each weight by its module path (peft's, transformers'), so the record's paths
     must be the model's, in order. Otherwise (`mmpreproj.load_adapter`, by block index) the paths may differ
     (a `features_only` net, another wrapping), but a path the model has must sit at the same block."""
-    have = {"layers": plan.state.layers, "num_blocks": plan.state.num_blocks, "hidden_size": plan.state.hidden_size}
-    if by_path:
-        have.update(modules=plan.state.modules, modules_to_save=plan.state.modules_to_save)
-    for name, value in have.items():
-        saved = record.get(name)
-        if name not in record or (name == "modules_to_save" and not saved and not value):
-            continue
-        if saved != value:
-            raise ValueError(
-                f"{where}: injection.{name}={saved!r:.120} but its config resolves to {value!r:.120} "
-                f"on this model; nothing was loaded"
-            )
-    saved_paths = record.get("modules")
-    if isinstance(saved_paths, list):
-        at = {path: i for i, path in enumerate(plan.state.modules)}
-        moved = [(i, p) for i, p in enumerate(saved_paths) if p in at and at[p] != i]
-        if moved:
-            i, p = moved[0]
-            raise ValueError(
-                f"{where}: injection.modules lists {p!r} at position {i}, but on this model it is "
-                f"block {plan.state.layers[at[p]]} (position {at[p]}): the same blocks in another order "
-                "would move weights between blocks; nothing was loaded"
-            )
+    _check_sites(plan.state, record, where, by_path=by_path)
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
         pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
@@ -76,3 +56,67 @@ def check_record_fits(model: nn.Module, config: PreProjConfig) -> None:
     with torch.random.fork_rng(devices=[]):
         plan = plan_injection(model, config, config_host(model, config))
     check_record(model, plan, config.injection or {}, "adapter config", by_path=True)
+
+
+def check_added_record(
+    model: nn.Module, config: PreProjConfig, record: dict[str, Any], where: str, *, by_path: bool
+) -> None:
+    """An adapter added beside the loaded ones (peft's `load_adapter` of a new name, `mmpreproj.load_adapter(...,
+    adapter_name=)`) checked as the first one is, against the injection already in `model`: its record (`record`:
+    the config's `injection`, or a description) names the same blocks, count, widths and, `by_path`, paths in the
+    same order (by block index, `named.add_named_adapter` compares the other sites), and its config's `layers`
+    select the blocks the record names."""
+    _, state = injected_owner(model, "load_adapter")
+    if by_path:
+        _check_sites(state, record, where, by_path=True, against="the adapter already injected in this model has")
+    else:
+        _check_order(state, record, where)
+    layers, count = record.get("layers"), record.get("num_blocks")
+    parts = record.get("parts")
+    if isinstance(config.layers, list) and isinstance(layers, list) and type(count) is int:
+        if isinstance(parts, list) and len(parts) > 1:  # a list indexes the selected parts' blocks: not compared
+            return
+        try:
+            selected = config.resolve_layers(count)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}; nothing was loaded") from None
+        if selected != layers:
+            raise ValueError(
+                f"{where}: config.layers={config.layers!r:.80} selects blocks {selected!r:.80} of {count}, but its "
+                f"injection.layers={layers!r:.80}: the config and the weights are not one save; nothing was loaded"
+            )
+
+
+def _check_sites(
+    state: Any, record: dict[str, Any], where: str, *, by_path: bool, against: str = "its config resolves to"
+) -> None:
+    """The record's blocks, count, widths (and, `by_path`, module paths and `modules_to_save`) against `state` (a
+    planned or an injected `InjectionState`); a path the model has must sit at the same block either way."""
+    have = {"layers": state.layers, "num_blocks": state.num_blocks, "hidden_size": state.hidden_size}
+    if by_path:
+        have.update(modules=state.modules, modules_to_save=state.modules_to_save)
+    for name, value in have.items():
+        saved = record.get(name)
+        if name not in record or (name == "modules_to_save" and not saved and not value):
+            continue
+        if saved != value:
+            raise ValueError(
+                f"{where}: injection.{name}={saved!r:.120} but {against} {value!r:.120} "
+                f"on this model; nothing was loaded"
+            )
+    _check_order(state, record, where)
+
+
+def _check_order(state: Any, record: dict[str, Any], where: str) -> None:
+    """A module path of the record that the model has must sit at the same block (position) as on the model."""
+    saved_paths = record.get("modules")
+    if isinstance(saved_paths, list):
+        at = {path: i for i, path in enumerate(state.modules)}
+        moved = [(i, p) for i, p in enumerate(saved_paths) if p in at and at[p] != i]
+        if moved:
+            i, p = moved[0]
+            raise ValueError(
+                f"{where}: injection.modules lists {p!r} at position {i}, but on this model it is "
+                f"block {state.layers[at[p]]} (position {at[p]}): the same blocks in another order "
+                "would move weights between blocks; nothing was loaded"
+            )

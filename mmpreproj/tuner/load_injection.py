@@ -14,7 +14,7 @@ from .config import PreProjConfig
 from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
 from .inject import apply_plan
 from .legacy import model_keys
-from .load_check import check_record
+from .load_check import check_added_record, check_record
 from .named import add_named_adapter
 from .plan import plan_injection, saved_host
 from .pretrained import check_saved_pair, config_save_token
@@ -65,7 +65,9 @@ def load_injection(
     check_saved_paths(desc, path)
     if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
         check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
-    if adapter_name is not None and is_injected(model):
+    if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
+        config = PreProjConfig.from_dict(desc["config"])
+        check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
         return add_named_adapter(model, desc, tensors, adapter_name, path)
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:

@@ -28,11 +28,12 @@ from .files import describe_for_save
 from .inject import inject, unload
 from .keys import PEFT_PREFIX, injection_of
 from .legacy import model_keys
-from .load_check import check_record_fits
+from .load_check import check_added_record, check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
 from .state_dict import (
     SLOTS,
+    adapter_tensors_from_state_dict,
     check_tensors_match,
     injected_paths,
     is_slot_key,
@@ -79,6 +80,8 @@ class PreProjModel(BaseTuner):
         if not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
         if is_injected(model):
+            if config.injection is not None:  # a saved adapter added beside a loaded one: checked as the first is
+                check_added_record(model, config, config.injection, "adapter config", by_path=True)
             add_fresh_adapter(model, adapter_name, config)
         else:
             if config.injection is not None:  # a config read from a file: its record must fit this model
@@ -89,6 +92,23 @@ class PreProjModel(BaseTuner):
         owner, state = injected_owner(model, "PreProjModel")
         self.targeted_module_names = list(state.modules)
         config.injection = injection_of(describe_for_save(owner, adapter_name))  # what it resolved
+
+    def _pre_injection_hook(self, model: nn.Module, config: PreProjConfig, adapter_name: str) -> None:
+        """A new tuner over a model that already holds a PREPROJ adapter, for a config read from a folder: that is
+        transformers' `model.load_adapter(DIR, adapter_name=...)` (peft's `inject_adapter_in_model`), which then
+        loads the file by its keys, and those keys are the active adapter's: its weights would overwrite the
+        loaded adapter and leave the new one at its init. Refused before anything changes (peft's `__init__`
+        already put the config into the model's `peft_config`; it is taken out again)."""
+        if isinstance(config, PreProjConfig) and config.injection is not None and is_injected(model):
+            if self.peft_config.get(adapter_name) is config:
+                del self.peft_config[adapter_name]
+            raise ValueError(
+                f"loading a saved PREPROJ adapter as {adapter_name!r} onto a model that already holds one, through "
+                "a new tuner (transformers' model.load_adapter, peft's inject_adapter_in_model): the caller then "
+                "loads the file by its keys, over the adapter already there. Load it with peft's "
+                "PeftModel.load_adapter(DIR, adapter_name=...) or mmpreproj.load_adapter(model, DIR, "
+                "adapter_name=...); nothing was changed"
+            )
 
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         return peft_config
@@ -195,35 +215,29 @@ class PreProjModel(BaseTuner):
         state_dict: dict[str, torch.Tensor],
         unwanted_adapter_names: list[str],
     ) -> dict[str, torch.Tensor]:
-        """Adapter `adapter_name`'s entries of `state_dict` (the model's keys, adapter name still in them, as
-        peft's default hook returns them), plus its `modules_to_save` values (an inactive adapter's wait in the
-        injection state). Built from `state_dict` alone: no live tensor is read, nothing is gathered, so a
-        sharded model's state dict passes through as given."""
+        """Adapter `adapter_name`'s weights taken from `state_dict` (the caller's: a Trainer's gathered full state
+        dict under FSDP2 / ZeRO-3, saved by the main process alone; or peft's `model.state_dict()`), keyed as the
+        model keys them, the adapter name still in (peft removes it, `_remove_adapter_name_from_key`); an inactive
+        adapter's `modules_to_save` values come from the injection state. The live weights are never read
+        (sharded, they would need a collective on one rank: a deadlock); only FSDP2 shards in `state_dict`
+        itself are gathered (`state_dict.adapter_tensors_from_state_dict`)."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
         prefix = _owner_prefix(model, owner)
-        heads = {f"{prefix}{path}.{slot}.{adapter_name}.": (path, slot) for path in state.modules for slot in SLOTS}
-        picked, tensors = {}, {}
-        for key, value in state_dict.items():
-            head = next((h for h in heads if key.startswith(h)), None)
-            if head is not None:
-                path, slot = heads[head]
-                picked[key] = value
-                tensors[f"{path}.{slot}.{key[len(head) :]}"] = value
-        if adapter_name == state.active_adapter:
-            saved = tuple(f"{prefix}{path}." for path in state.modules_to_save.values())
-            saved_items = {k: v for k, v in state_dict.items() if k.startswith(saved)} if saved else {}
-        else:
-            saved_items = {f"{prefix}{k}": v for k, v in state.stored_modules.get(adapter_name, {}).items()}
-        picked.update(saved_items)
-        tensors.update({k.removeprefix(prefix): v for k, v in saved_items.items()})
+        try:
+            tensors = adapter_tensors_from_state_dict(owner, adapter_name, state_dict, prefix)
+        except ValueError as e:
+            raise ValueError(f"get_peft_model_state_dict({adapter_name!r}): {e}") from None
         desc = describe_for_save(owner, adapter_name, tensors)
-        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two); a
-        # sharded (DTensor) value is not read here, so its folder carries no digest
-        sharded = any(hasattr(v, "full_tensor") for v in tensors.values())
-        digest = {} if sharded else {DIGEST_KEY: weights_digest(tensors)}
-        config.injection = {**injection_of(desc), **digest}
+        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
+        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(tensors)}
         config.format_version = ADAPTER_FORMAT  # the keys are written as today
-        return picked
+        out = {}
+        for key, value in tensors.items():
+            if is_slot_key(key):
+                path, slot, param = _split_slot_key(key, state.modules)
+                key = f"{path}.{slot}.{adapter_name}.{param}"
+            out[f"{prefix}{key}"] = value
+        return out
 
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:

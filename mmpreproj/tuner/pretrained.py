@@ -44,9 +44,10 @@ from torch import nn
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
+from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .legacy import OLD_SLOTS
-from .state_dict import SLOTS, adapter_state_dict
+from .state_dict import SLOTS, local_adapter_state_dict
 from .unwrap import STATE_ATTR
 
 __all__ = [
@@ -171,7 +172,7 @@ def split_state_dict(
             adapter[key] = value
             value = state.saved_originals[f"{saved[path]}.{rest}"]
         base[key] = value
-    complete = set(adapter) == set(adapter_state_dict(model))
+    complete = set(adapter) == set(local_adapter_state_dict(model))  # keys only: no gather
     return base, adapter if complete else None
 
 
@@ -262,7 +263,9 @@ def _save_pretrained(
     `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...).
 
     `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
-    `adapter_state_dict` keys it; the base is then read from the model)."""
+    `adapter_state_dict` keys it; the base is then read from the model). A sharded model (FSDP2) saved by
+    the main process alone needs it (the full state dict every rank gathered, as the Trainer passes it):
+    without it the adapter is gathered from the model, a collective every rank must call."""
     cls_save = type(self).save_pretrained
     if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
         return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
@@ -276,7 +279,7 @@ def _save_pretrained(
         raise ValueError(f"save_pretrained: {folder} is a file; pass a folder")
     if state_dict is None:
         base_sd, adapter_sd = None, None
-    elif set(state_dict) == set(adapter_state_dict(self)):  # already the adapter's (`adapter_state_dict`)
+    elif set(state_dict) == set(local_adapter_state_dict(self)):  # already the adapter's (keys only: no gather)
         base_sd, adapter_sd = None, state_dict
     else:
         base_sd, adapter_sd = split_state_dict(self, state_dict)
@@ -285,6 +288,7 @@ def _save_pretrained(
             save_adapter(self, folder, state_dict=adapter_sd)
         return None
     _refuse_torchao_base(self)
+    refuse_links(folder, (*BASE_FILES, PRETRAINED_ADAPTER_DIR), "save_pretrained")  # transformers writes in place
     with base_view(self), _save_token_in_config(self) as token:  # config.json carries the token
         cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask

@@ -26,10 +26,13 @@ from .unwrap import STATE_ATTR, injected_owner
 __all__ = [
     "SLOTS",
     "adapter_state_dict",
+    "adapter_tensors_from_state_dict",
     "check_tensors_match",
     "injected_paths",
     "is_slot_key",
+    "local_adapter_state_dict",
     "named_adapter_tensors",
+    "refuse_empty",
     "refuse_non_finite",
     "rekeyed_by_block",
     "saved_module_tensors",
@@ -99,13 +102,87 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     `state_dict()` keys them without the adapter name (`gpt_neox.layers.3.attention.preproj.up.weight`).
 
     Weights sharded by FSDP2 (DTensors) are gathered into full tensors: a collective, so on a sharded
-    model every rank must call this.
+    model every rank must call this (one rank alone waits forever). To save from one rank, gather the
+    model's state dict on every rank and pass it (`adapter_tensors_from_state_dict`, `save_adapter(state_dict=)`).
     """
+    return {k: _full(v) for k, v in local_adapter_state_dict(model).items()}
+
+
+def local_adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`adapter_state_dict`'s keys and this process's tensors: shards stay shards (no collective)."""
     owner, state = injected_owner(model, "adapter_state_dict")
     out = wrapper_tensors(injected_paths(owner))
     out.update(saved_module_tensors(owner, state.modules_to_save))
-    # FSDP2 DTensor -> full tensor
-    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in out.items()}
+    return out
+
+
+def _full(v: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 DTensor's full tensor (a collective: every rank must take part); any other tensor as it is."""
+    return v.full_tensor() if hasattr(v, "full_tensor") else v
+
+
+# what wrappers put in module names (FSDP1, activation checkpointing); gathered state dicts leave them out
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def adapter_tensors_from_state_dict(
+    owner: nn.Module, name: str, state_dict: dict[str, torch.Tensor], prefix: str = "", *, gather: bool = True
+) -> dict[str, torch.Tensor]:
+    """Adapter `name`'s weights keyed as `named_adapter_tensors` keys them, read from `state_dict`, a state dict of
+    the model that holds `owner` under `prefix` ("base_model.model." in a PeftModel): the model's key of each
+    weight, `{path}.{slot}.{name}.{param}`, without the adapter name.
+
+    What a Trainer or accelerate saves under FSDP2 / ZeRO-3: the full state dict gathered on every rank, then
+    written by the main process alone. The live weights are never read (they are shards there) and nothing
+    is gathered, unless `state_dict` itself holds FSDP2 shards and `gather` (peft's default `model.state_dict()`,
+    when `save_pretrained` runs on every rank): those are gathered, a collective. A stored adapter's
+    `modules_to_save` values are not in a model's state dict and come from the injection state. ValueError
+    naming the missing keys, or a state dict of empty ZeRO-3 partitions.
+    """
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    active = name == state.active_adapter
+    wanted: dict[str, str] = {}  # our key -> the model's key
+    for path, w in injected_paths(owner):
+        for slot, module in zip(SLOTS, w.slots(name)):
+            if module is not None:
+                for k in module.state_dict():
+                    wanted[f"{path}.{slot}.{k}"] = f"{path}.{slot}.{name}.{k}"
+    if active:
+        for path in state.modules_to_save.values():
+            for k in get_path(owner, path).state_dict():
+                wanted[f"{path}.{k}"] = f"{path}.{k}"
+    given = {_bare(k, prefix): v for k, v in state_dict.items()}
+    missing = [k for k in wanted.values() if k not in given]
+    if missing:
+        raise ValueError(
+            f"the given state_dict lacks {len(missing)} weight(s) of adapter {name!r} (e.g. {prefix}{missing[0]}); "
+            "pass the model's full state dict (under FSDP2: get_model_state_dict(model, options=StateDictOptions("
+            "full_state_dict=True)) on every rank; under ZeRO-3: the engine's consolidated one)"
+        )
+    out = {k: _full(given[v]) if gather else given[v] for k, v in wanted.items()}
+    if not active:
+        out.update(state.stored_modules.get(name, {}))
+    refuse_empty(out, "the given state dict")
+    return out
+
+
+def refuse_empty(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """ValueError naming the first empty weight: a DeepSpeed ZeRO-3 partition read outside a gather (an adapter
+    weight is never empty: its inner width is at least 1)."""
+    empty = next((k for k, v in tensors.items() if v.numel() == 0), None)
+    if empty is not None:
+        raise ValueError(
+            f"adapter weight {empty} is empty in {where} (DeepSpeed ZeRO-3 partitions hold no data outside a "
+            "gather): pass the consolidated state dict (engine._zero3_consolidated_16bit_state_dict(), or "
+            "accelerator.get_state_dict(engine), on every rank) as state_dict="
+        )
+
+
+def _bare(key: str, prefix: str) -> str:
+    """A state dict key without `prefix` and the names module wrappers insert."""
+    for segment in _WRAPPER_SEGMENTS:
+        key = key.replace(segment, "")
+    return key.removeprefix(prefix) if prefix else key
 
 
 def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], what: str) -> None:

@@ -37,8 +37,6 @@ from pathlib import Path
 
 from .io import atomic_write, fsync_dir, fsync_file, remove_stale_temps, set_new_file_mode
 
-__all__ = ["COMMIT_MARKER", "committed_files", "write_files"]
-
 COMMIT_MARKER = ".mmpreproj-commit.json"
 _TOKEN = re.compile(r"[0-9a-f]{16}")  # what `secrets.token_hex(8)` writes
 

@@ -13,17 +13,6 @@ from collections.abc import Callable
 from glob import escape as glob_escape
 from pathlib import Path
 
-__all__ = [
-    "atomic_write",
-    "fsync_dir",
-    "fsync_file",
-    "new_file_mode",
-    "remove_stale_temps",
-    "set_new_file_mode",
-    "set_new_file_modes",
-    "umask",
-]
-
 
 def umask() -> int:
     """This process's umask, read without changing it.

@@ -10,8 +10,6 @@ from typing import Any, TypeVar
 
 from ..version import __version__
 
-__all__ = ["JsonConfig"]
-
 C = TypeVar("C", bound="JsonConfig")
 
 

@@ -8,8 +8,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["probing"]
-
 
 @contextlib.contextmanager
 def probing(model: nn.Module) -> Iterator[None]:

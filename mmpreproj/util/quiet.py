@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["KNOWN_MESSAGES", "install"]
-
 # logger name -> the start of the format string (`record.msg`) of the one message dropped there
 KNOWN_MESSAGES: dict[str, str] = {
     "torch.utils._pytree": (

@@ -16,8 +16,6 @@ import typing
 from functools import cache
 from typing import Any
 
-__all__ = ["ConfigTypeError", "check_choice", "check_field_types", "check_rule"]
-
 
 class ConfigTypeError(TypeError, ValueError):
     """A config field holds a value of the wrong type (also a ValueError, so either `except` catches it)."""

@@ -1,0 +1,32 @@
+"""`main`: parse and check the arguments without the library, then load it and run the subcommand."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from .checks import check_args
+from .parser import build_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `mmpreproj` command: 0 on success, 1 with a one-line error (-v: the traceback), 2 on a usage error."""
+    args = build_parser().parse_args(argv)  # --help and usage errors end here, before torch or peft load
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        check_args(args)
+        from mmpreproj.cli import run  # the library: peft, transformers, the subcommand's modules
+
+        summary = run(args)
+    except KeyboardInterrupt:
+        print("mmpreproj: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user; -v shows the traceback
+        if args.verbose:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"mmpreproj {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    print(f"mmpreproj {args.command}: {summary}")
+    return 0
