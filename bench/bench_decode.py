@@ -53,7 +53,7 @@ def plain_linear(model: torch.nn.Module) -> torch.nn.Module:
     """The injected modules of `model` run every inference matmul as `F.linear` on the kept cast (the code
     before the decode layouts of `WeightCasts.linear`), for a before/after side by side in one process."""
     for w in mmpreproj.injected_modules(model):
-        for part in (w.preproj, w.skip):
+        for part in w.slots():
             casts = part.casts
             casts.linear = lambda x, weight, casts=casts: F.linear(x, casts(weight, x.dtype))
     return model
@@ -66,7 +66,7 @@ def variants(base: torch.nn.Module, before: bool = False) -> dict[str, torch.nn.
     if base.dtype != torch.float32:
         authors = mmpreproj.inject(copy.deepcopy(base))
         for w in mmpreproj.injected_modules(authors):
-            for part in (w.preproj, w.skip):
+            for part in w.slots():
                 part.to(base.dtype)
         out["bf16 modules"] = authors
     return out
@@ -88,7 +88,7 @@ def weight_bytes(model: torch.nn.Module, head: bool = True) -> int:
         if id(p) not in skip:
             total += p.numel() * p.element_size()
     for w in mmpreproj.injected_modules(model):
-        for part in (w.preproj, w.skip):
+        for part in w.slots():
             for p in part.parameters():
                 total -= p.numel() * (p.element_size() - dtype.itemsize)
     return total

@@ -40,7 +40,7 @@ def variants(base: torch.nn.Module) -> dict[str, torch.nn.Module]:
         out["fp32 modules"] = mmpreproj.inject(copy.deepcopy(base))
     authors = mmpreproj.inject(copy.deepcopy(base))
     for w in mmpreproj.injected_modules(authors):
-        for part in (w.preproj, w.skip):
+        for part in w.slots():
             part.to(base.dtype)
     out["bf16 modules"] = authors
     return out

@@ -89,9 +89,9 @@ def main() -> dict:
     }
     with torch.no_grad():  # the same weights as the injected ones, so the outputs can be compared
         for mods, w in zip(add_authors_modules(models["authors"]), mmpreproj.injected_modules(models["inject"])):
-            mods.up.weight.copy_(w.preproj.up.weight)
-            mods.down.weight.copy_(w.preproj.down.weight)
-            mods.skip.weight.copy_(w.skip.proj.weight)
+            mods.up.weight.copy_(w.slots()[0].up.weight)
+            mods.down.weight.copy_(w.slots()[0].down.weight)
+            mods.skip.weight.copy_(w.slots()[1].proj.weight)
         for mine, w in zip(mmpreproj.injected_modules(models["peft"]), mmpreproj.injected_modules(models["inject"])):
             mine.load_state_dict(w.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))

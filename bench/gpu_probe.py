@@ -106,7 +106,7 @@ def build(dims: dict, vocab: int, device: torch.device, dtype: torch.dtype) -> t
 def inference_variants(base: torch.nn.Module) -> dict[str, torch.nn.Module]:
     authors = mmpreproj.inject(copy.deepcopy(base))
     for w in mmpreproj.injected_modules(authors):
-        for part in (w.preproj, w.skip):
+        for part in w.slots():
             part.to(base.dtype)
     return {"base": base, "injected": mmpreproj.inject(copy.deepcopy(base)), "bf16 modules": authors}
 

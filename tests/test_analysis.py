@@ -16,7 +16,7 @@ def test_skip_norms_match_weights_and_saved_adapter(tmp_path):
     model = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip_init_std=0.1))
     norms = skip_norms(model)
     for w in mmpreproj.injected_modules(model):
-        assert abs(norms[w.block_index] - torch.linalg.matrix_norm(w.skip.proj.weight).item()) < 1e-6
+        assert abs(norms[w.block_index] - torch.linalg.matrix_norm(w.slots()[1].proj.weight).item()) < 1e-6
     mmpreproj.save_adapter(model, tmp_path)
     assert skip_norms_from_adapter(tmp_path) == norms
 
@@ -34,12 +34,12 @@ def test_routing_ratio_equals_hand_computation(tokens):
         model(tokens)
         h.remove()
         w = layer.attention
-        x_tilde = w.preproj(seen["x_hat"])
+        x_tilde = w.slots()[0](seen["x_hat"])
         emb = model.gpt_neox.rotary_emb(x_tilde, torch.arange(tokens.shape[1])[None])
         S = tokens.shape[1]
         causal = torch.full((1, 1, S, S), float("-inf")).triu(1)
         attn = w.base_layer(x_tilde, attention_mask=causal, position_embeddings=emb)[0]
-        skip = w.skip(x_tilde)
+        skip = w.slots()[1](x_tilde)
     expected = skip.norm(dim=-1)[mask].sum() / attn.norm(dim=-1)[mask].sum()
     assert abs(ratios[0] - expected.item()) < 1e-5 * expected.item()
     assert set(ratios) == {0, 1} and not model.training
@@ -60,9 +60,9 @@ def test_routing_ratio_on_a_tensor_output_host_equals_hand_computation(preproj):
     w = block.attn
     with torch.no_grad():
         x_hat = block.norm1(x)
-        x_tilde = w.preproj(x_hat) if preproj else x_hat
+        x_tilde = w.slots()[0](x_hat) if preproj else x_hat
         attn = w.base_layer(x_tilde)  # the host attention on x~, no skip
-        skip = x_tilde @ w.skip.proj.weight.T  # W_skip x~ by hand
+        skip = x_tilde @ w.slots()[1].proj.weight.T  # W_skip x~ by hand
     expected = (skip.norm(dim=-1).sum() / attn.norm(dim=-1).sum()).item()
     assert list(ratios) == [0] and ratios[0] == pytest.approx(expected, rel=1e-5)
     assert 0.05 < expected < 5  # a real ratio, not a degenerate 0 or inf
@@ -76,10 +76,10 @@ def test_routing_ratio_is_read_from_the_wrappers_output_not_from_hooks_on_intern
     before = routing_ratios(model, [{"input_ids": tokens}])
     last = mmpreproj.injected_modules(model)[-1]
     with torch.no_grad():
-        last.skip.proj.weight.mul_(3.0)
+        last.slots()[1].proj.weight.mul_(3.0)
     after = routing_ratios(model, [{"input_ids": tokens}])
     assert after == pytest.approx({0: before[0], 1: 3 * before[1]}, rel=1e-5)
-    assert not last.base_layer._forward_hooks and not last.skip._forward_hooks
+    assert not last.base_layer._forward_hooks and not last.slots()[1]._forward_hooks
 
 
 def test_routing_ratio_refuses_instead_of_returning_nothing(tokens):

@@ -135,7 +135,7 @@ def test_train_eval_analyze(tiny_model_dir, tmp_path, capsys):
     norms = json.loads((run / "skip_norms.json").read_text())[str(run)]
     weights = load_file(str(run / "adapter" / "adapter_model.safetensors"))
     by_hand = {
-        str(i): weights[f"base_model.model.gpt_neox.layers.{i}.attention.skip.proj.weight"].norm().item()
+        str(i): weights[f"base_model.model.gpt_neox.layers.{i}.attention.preproj_skip.proj.weight"].norm().item()
         for i in (0, 1)
     }  # peft's keys
     assert norms["skip_norms"] == pytest.approx(by_hand, rel=1e-6)

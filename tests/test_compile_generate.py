@@ -32,7 +32,7 @@ def tiny_llama() -> tf.LlamaForCausalLM:
     model = mmpreproj.inject(tf.LlamaForCausalLM(cfg).eval(), PreProjConfig(skip_init_std=0.05))
     with torch.no_grad():  # away from the near-identity init, so the modules matter to the outputs
         for w in mmpreproj.injected_modules(model):
-            w.preproj.down.weight.normal_(std=0.2)
+            w.slots()[0].down.weight.normal_(std=0.2)
     return model
 
 

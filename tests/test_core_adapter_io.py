@@ -35,7 +35,7 @@ def test_save_writes_only_injected_weights(trained_adapter):
     assert set(tensors) == {
         f"base_model.model.gpt_neox.layers.{i}.attention.{k}"
         for i in (0, 1)
-        for k in ("preproj.up.weight", "preproj.down.weight", "skip.proj.weight")
+        for k in ("preproj.up.weight", "preproj.down.weight", "preproj_skip.proj.weight")
     }  # peft's keys
     assert json.loads((path / "adapter_config.json").read_text())["peft_type"] == "PREPROJ"
     desc = load_desc(path / "adapter_config.json")

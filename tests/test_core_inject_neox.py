@@ -43,7 +43,7 @@ def _paper_block(layer, wrapper, x, cfg):
     H = cfg.num_attention_heads
     hd = d // H
     x_hat = F.layer_norm(x, (d,), layer.input_layernorm.weight, layer.input_layernorm.bias, cfg.layer_norm_eps)
-    pp = wrapper.preproj
+    pp = wrapper.slots()[0]
     x_tilde = x_hat + F.silu(x_hat @ pp.up.weight.T) @ pp.down.weight.T  # (1)
     qkv = x_tilde @ attn.query_key_value.weight.T + attn.query_key_value.bias  # (2) fused, per-head layout
     q, k, v = qkv.view(B, S, H, 3 * hd).transpose(1, 2).chunk(3, dim=-1)  # (B, H, S, hd) each
@@ -54,7 +54,7 @@ def _paper_block(layer, wrapper, x, cfg):
     scores = scores.masked_fill(torch.triu(torch.ones(S, S, dtype=torch.bool), 1), float("-inf"))
     a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, S, d)  # (3)
     attn_out = a @ attn.dense.weight.T + attn.dense.bias
-    skip = x_tilde @ wrapper.skip.proj.weight.T  # (4)
+    skip = x_tilde @ wrapper.slots()[1].proj.weight.T  # (4)
     ln2 = layer.post_attention_layernorm
     if cfg.use_parallel_residual:  # (5) the MLP reads LN2(x), never x~
         return x + attn_out + skip + layer.mlp(F.layer_norm(x, (d,), ln2.weight, ln2.bias, cfg.layer_norm_eps))
@@ -110,13 +110,13 @@ def test_layer_selection_and_skip_only(tokens):
     model = tiny_neox(num_hidden_layers=3)
     mmpreproj.inject(model, PreProjConfig(preproj=False, layers=[-1]))
     wrappers = mmpreproj.injected_modules(model)
-    assert [w.block_index for w in wrappers] == [2] and wrappers[0].preproj is None
+    assert [w.block_index for w in wrappers] == [2] and wrappers[0].slots()[0] is None
     assert not isinstance(model.gpt_neox.layers[0].attention, mmpreproj.PreProjAttention)
     r = mmpreproj.trainable_report(model)
     assert r.preproj == 0 and r.skip == 32 * 32
     # skip-only: x~ = x^, so the skip equals W_skip · LN1(x)
     model(tokens).logits.sum().backward()
-    assert wrappers[0].skip.proj.weight.grad is not None
+    assert wrappers[0].slots()[1].proj.weight.grad is not None
 
 
 def _train_steps(model, tokens, steps=3, lr=1e-2):
@@ -152,8 +152,8 @@ def _one_adamw_step_changed_fraction(weights_dtype: torch.dtype, tokens) -> floa
     model = tiny_neox().to(torch.bfloat16)
     mmpreproj.inject(model)
     for w in mmpreproj.injected_modules(model):
-        w.preproj.to(weights_dtype)
-    weight = mmpreproj.injected_modules(model)[0].preproj.down.weight
+        w.slots()[0].to(weights_dtype)
+    weight = mmpreproj.injected_modules(model)[0].slots()[0].down.weight
     assert weight.dtype == weights_dtype
     before = weight.detach().clone()
     _train_steps(model, tokens, steps=1, lr=1e-5)

@@ -44,7 +44,7 @@ def test_zero_init_is_exact_identity_of_the_host(rank, tokens):
     mmpreproj.inject(model, PreProjConfig(init="identity", skip_init_std=0.0, skip_rank=rank))
     torch.testing.assert_close(model(tokens).logits, want, atol=0, rtol=0)
     if rank is not None:
-        w = mmpreproj.injected_modules(model)[0].skip
+        w = mmpreproj.injected_modules(model)[0].slots()[1]
         assert torch.count_nonzero(w.up.weight) == 0 and torch.count_nonzero(w.down.weight) > 0  # B = 0, A drawn
 
 
@@ -54,14 +54,14 @@ def test_gradients_reach_a_and_b(tokens):
     model(tokens, labels=tokens).loss.backward()
     for i, w in enumerate(mmpreproj.injected_modules(model)):
         for name in ("down", "up"):
-            g = getattr(w.skip, name).weight.grad
+            g = getattr(w.slots()[1], name).weight.grad
             assert g is not None and g.abs().sum() > 0, f"block {i}: no gradient for skip.{name}"
     # at zero init only B has a gradient; one step on B gives A one too
     model = tiny_neox()
     mmpreproj.inject(model, PreProjConfig(preproj=False, skip_rank=2, skip_init_std=0.0))
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     model(tokens, labels=tokens).loss.backward()
-    skip = mmpreproj.injected_modules(model)[0].skip
+    skip = mmpreproj.injected_modules(model)[0].slots()[1]
     assert skip.down.weight.grad.abs().sum() == 0 and skip.up.weight.grad.abs().sum() > 0
     opt.step()
     opt.zero_grad()
@@ -85,13 +85,14 @@ def test_save_load_round_trip_of_a_rank_r_skip_and_a_bottleneck(tmp_path, tokens
 
     shapes = {k: tuple(v.shape) for k, v in load_file(str(path / "adapter_model.safetensors")).items()}
     block0 = "base_model.model.gpt_neox.layers.0.attention"  # peft's key of block 0's wrapper
-    assert shapes[f"{block0}.skip.down.weight"] == (3, 32) and shapes[f"{block0}.skip.up.weight"] == (32, 3)
+    assert shapes[f"{block0}.preproj_skip.down.weight"] == (3, 32)
+    assert shapes[f"{block0}.preproj_skip.up.weight"] == (32, 3)
     assert shapes[f"{block0}.preproj.up.weight"] == (2, 32)  # int(32 / 16) = 2
     fresh = tiny_neox()
     torch.manual_seed(77)
     mmpreproj.load_adapter(fresh, path)
     torch.testing.assert_close(fresh(tokens).logits, want, atol=0, rtol=0)
-    assert mmpreproj.injected_modules(fresh)[0].skip.rank == 3
+    assert mmpreproj.injected_modules(fresh)[0].slots()[1].rank == 3
     got = skip_norms_from_adapter(path)
     assert got.keys() == norms.keys() and all(got[k] == pytest.approx(norms[k], rel=1e-6) for k in norms)
 

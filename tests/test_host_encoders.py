@@ -260,7 +260,7 @@ def test_swin_attention_receives_the_windows_of_the_pre_projected_tokens():
     model(pixel_values=image()[0].double())
     for i, layer in enumerate(model.swin.encoder.layers[0].blocks):
         x_hat = seen[("norm", i)].view(2, 8, 8, 64)
-        x_tilde, _ = layer.maybe_pad(layer.attention.preproj(x_hat), 8, 8)  # (2, 9, 9, 64): zero pad tokens
+        x_tilde, _ = layer.maybe_pad(layer.attention.slots()[0](x_hat), 8, 8)  # (2, 9, 9, 64): zero pad tokens
         want = window_partition(layer.cyclic_shift(x_tilde), 3).view(-1, 9, 64)
         torch.testing.assert_close(seen[("attn", i)], want, atol=1e-12, rtol=0)
         assert not torch.allclose(

@@ -223,10 +223,10 @@ def test_skip_joins_attention_output_inside_layer_scale():
         q, k, v = seen["qkv"]
         assert q is k is v, "MultiheadAttention must still see one self-attention input"
         x_hat = blk.ln_1(x)
-        x_tilde = x_hat + F.silu(x_hat @ w.preproj.up.weight.T) @ w.preproj.down.weight.T
+        x_tilde = x_hat + F.silu(x_hat @ w.slots()[0].up.weight.T) @ w.slots()[0].down.weight.T
         torch.testing.assert_close(q, x_tilde, atol=1e-6, rtol=1e-5)
         attn = w.base_layer(x_tilde, x_tilde, x_tilde, need_weights=False)[0]
-        skip = x_tilde @ w.skip.proj.weight.T
+        skip = x_tilde @ w.slots()[1].proj.weight.T
         h = x + blk.ls_1.gamma * (attn + skip)
         expected = h + blk.ls_2(blk.mlp(blk.ln_2(h)))
         torch.testing.assert_close(seen["out"], expected, atol=1e-6, rtol=1e-5)
@@ -259,13 +259,13 @@ def test_towers_of_different_widths(tmp_path):
     ref = encoders(model, inputs)
     before = snapshot(model)
     mmpreproj.inject(model, IDENTITY)
-    assert [w.skip.dim for w in mmpreproj.injected_modules(model)] == [64, 64, 32, 32]
+    assert [w.slots()[1].dim for w in mmpreproj.injected_modules(model)] == [64, 64, 32, 32]
     assert model.mmpreproj_state.hidden_size == [64, 64, 32, 32]
     for a, b in zip(encoders(model, inputs), ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # fp32, see the contract's identity test
     with torch.no_grad():
         for w in mmpreproj.injected_modules(model):
-            w.skip.proj.weight.normal_(0, 0.05)
+            w.slots()[1].proj.weight.normal_(0, 0.05)
     trained = encoders(model, inputs)
     mmpreproj.save_adapter(model, tmp_path)
     mmpreproj.unload(model)
@@ -278,8 +278,8 @@ def test_towers_of_different_widths(tmp_path):
 
     mmpreproj.inject(model.visual, IDENTITY)  # or each tower on its own
     mmpreproj.inject(model.transformer, IDENTITY)
-    assert [w.skip.dim for w in mmpreproj.injected_modules(model.visual)] == [64, 64]
-    assert [w.skip.dim for w in mmpreproj.injected_modules(model.transformer)] == [32, 32]
+    assert [w.slots()[1].dim for w in mmpreproj.injected_modules(model.visual)] == [64, 64]
+    assert [w.slots()[1].dim for w in mmpreproj.injected_modules(model.transformer)] == [32, 32]
     mmpreproj.unload(model.visual)
     mmpreproj.unload(model.transformer)
     assert_same_snapshot(snapshot(model), before)
@@ -328,10 +328,10 @@ def test_custom_block_skip_joins_attention_output_inside_post_attention_norm():
             h.remove()
         x, w = seen["x"], blk.attn
         x_hat = blk.ln_1(x)
-        x_tilde = x_hat + F.silu(x_hat @ w.preproj.up.weight.T) @ w.preproj.down.weight.T
+        x_tilde = x_hat + F.silu(x_hat @ w.slots()[0].up.weight.T) @ w.slots()[0].down.weight.T
         torch.testing.assert_close(seen["x_in"], x_tilde, atol=1e-6, rtol=1e-5)
         attn = w.base_layer(x_tilde)  # the host's qk-norm attention, fed x~, returns a tensor
-        skip = x_tilde @ w.skip.proj.weight.T
+        skip = x_tilde @ w.slots()[1].proj.weight.T
         h = x + blk.ls_1.gamma * blk.ln_attn(attn + skip)
         expected = h + blk.ls_2(blk.mlp(blk.ln_2(h)))
         torch.testing.assert_close(seen["out"], expected, atol=1e-6, rtol=1e-5)
@@ -374,7 +374,7 @@ def test_coca_parts_block_order_and_untouched_cross_attention(tmp_path):
     ref = model(*inputs)
     mmpreproj.inject(model, IDENTITY)
     wrappers = mmpreproj.injected_modules(model)
-    assert [(w.part, w.block_index, w.skip.dim) for w in wrappers] == [
+    assert [(w.part, w.block_index, w.slots()[1].dim) for w in wrappers] == [
         ("vision", 0, 64),
         ("vision", 1, 64),
         ("text", 2, 32),

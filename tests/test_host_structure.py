@@ -268,7 +268,7 @@ def _round_trip(build, tmp_path, **inject_kw):
     model = mmpreproj.inject(build(), PreProjConfig(skip_init_std=0.05), **inject_kw)
     with torch.no_grad():
         for w in mmpreproj.injected_modules(model):
-            for p in w.preproj.parameters():
+            for p in w.slots()[0].parameters():
                 p.add_(0.01 * torch.randn_like(p))
     out = logits(model, tokens())
     mmpreproj.save_adapter(model, tmp_path)
@@ -401,7 +401,7 @@ def test_deepseek_mla_projections_read_the_pre_projected_input():
             lambda m, a, n=name: seen.setdefault(n, a[0])
         )
     model(*tokens())
-    x_tilde = layer.self_attn.preproj(seen["x_hat"])
+    x_tilde = layer.self_attn.slots()[0](seen["x_hat"])
     assert not torch.allclose(x_tilde, seen["x_hat"])  # the check below can fail
     for name in ("q_a_proj", "kv_a_proj_with_mqa"):
         torch.testing.assert_close(seen[name], x_tilde, atol=1e-6, rtol=0)

@@ -201,9 +201,9 @@ def test_layer_scale_scales_the_skip(layout):
         assert isinstance(w, PreProjAttention)
         n1 = blk.norm1
         x_hat = F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
-        x_tilde = x_hat + F.silu(x_hat @ w.preproj.up.weight.T) @ w.preproj.down.weight.T
+        x_tilde = x_hat + F.silu(x_hat @ w.slots()[0].up.weight.T) @ w.slots()[0].down.weight.T
         attn = w.base_layer(x_tilde, **kw)  # the host's own attention (and RoPE for Eva), fed x~
-        skip = x_tilde @ w.skip.proj.weight.T
+        skip = x_tilde @ w.slots()[1].proj.weight.T
         h = x + layout.gamma1(blk) * (attn + skip)
         expected = h + layout.gamma2(blk) * blk.mlp(blk.norm2(h))
         torch.testing.assert_close(seen["out"], expected, atol=1e-6, rtol=1e-5)
@@ -241,7 +241,7 @@ def test_drop_path_drops_the_skip_with_attention(cls):
     blk = model.blocks[1]  # timm's drop-path schedule: block 0 gets 0, block 1 gets the full rate
     keep = 1 - blk.drop_path1.drop_prob
     x, h = _skip_only_branch(model, blk, images(batch=16))
-    skip = blk.attn.skip(blk.norm1(x)).detach()
+    skip = blk.attn.slots()[1](blk.norm1(x)).detach()
     delta = (h - x).flatten(1)
     dropped = delta.abs().amax(1) == 0
     assert 0 < dropped.sum() < len(dropped), "expected both dropped and kept samples"
@@ -405,7 +405,7 @@ def test_sam_skip_joins_attention_output_before_unwindowing(index):
         assert (index, ws, H) in ((0, 2, 5), (1, 0, 5))
         n1 = blk.norm1
         x_hat = F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
-        x_tilde = x_hat + F.silu(x_hat @ w.preproj.up.weight.T) @ w.preproj.down.weight.T
+        x_tilde = x_hat + F.silu(x_hat @ w.slots()[0].up.weight.T) @ w.slots()[0].down.weight.T
         # what the attention receives: the windowed x~ (pre-projection commutes with windowing, pads stay 0)
         w_tilde, pad_hw = window_partition(x_tilde, ws) if ws else (x_tilde, None)
         torch.testing.assert_close(seen["attn_in"], w_tilde, atol=1e-6, rtol=1e-5)
@@ -416,10 +416,10 @@ def test_sam_skip_joins_attention_output_before_unwindowing(index):
         attn = w.base_layer(w_tilde)
         attn = window_unpartition(blk.ls1(attn), ws, (H, W), pad_hw) if ws else blk.ls1(attn)
         gamma = blk.ls1.gamma
-        h = x + attn + gamma * (x_tilde @ w.skip.proj.weight.T)  # the skip on the un-windowed grid
+        h = x + attn + gamma * (x_tilde @ w.slots()[1].proj.weight.T)  # the skip on the un-windowed grid
         torch.testing.assert_close(seen["h"], h.reshape(B, H * W, d), atol=1e-6, rtol=1e-5)
         # the skip outside LayerScale does not match: the check above can fail
-        wrong = x + attn + x_tilde @ w.skip.proj.weight.T
+        wrong = x + attn + x_tilde @ w.slots()[1].proj.weight.T
         assert not torch.allclose(seen["h"], wrong.reshape(B, H * W, d), atol=1e-4)
 
 
@@ -432,7 +432,7 @@ def test_sam_drop_path_drops_the_skip_with_its_window():
     keep = 1 - blk.drop_path1.drop_prob
     x, h = _skip_only_branch(model, blk, sam_images(batch=4))
     B, H, W, d = x.shape
-    skip = blk.ls1(blk.attn.skip(blk.norm1(x))).detach()  # identity pre-projection: x~ = norm1(x)
+    skip = blk.ls1(blk.attn.slots()[1](blk.norm1(x))).detach()  # identity pre-projection: x~ = norm1(x)
     delta = h.reshape(B, H, W, d) - x
     win = window_partition(delta, 2)[0].flatten(1)  # (B*9, 2*2*d); padded slots are 0
     skip_win = window_partition(skip, 2)[0].flatten(1)

@@ -79,7 +79,7 @@ class TestContract(HostContract):
 def _x_tilde(norm: torch.nn.LayerNorm, w: PreProjAttention, x: torch.Tensor) -> torch.Tensor:
     """x~ = PreProj(norm(x)) from raw weights, on the token grid (..., d)."""
     x_hat = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-    return x_hat + F.silu(x_hat @ w.preproj.up.weight.T) @ w.preproj.down.weight.T
+    return x_hat + F.silu(x_hat @ w.slots()[0].up.weight.T) @ w.slots()[0].down.weight.T
 
 
 def _seen(model, blk, inputs: tuple) -> dict:
@@ -120,7 +120,7 @@ def test_swin_attention_receives_the_windows_of_the_pre_projected_tokens(index):
         assert pad.any() and seen["attn_in"].masked_select(pad).abs().max() == 0
         attn = w.base_layer(windows, mask=blk.attn_mask).view(-1, *ws, d)
         attn = torch.roll(window_reverse(attn, ws, 8, 8)[:, :H, :W], shifts=shift, dims=(1, 2))
-        h = x + attn + x_tilde @ w.skip.proj.weight.T
+        h = x + attn + x_tilde @ w.slots()[1].proj.weight.T
         torch.testing.assert_close(seen["h"], h.reshape(B, H * W, d), atol=1e-6, rtol=1e-5)
         assert not torch.allclose(seen["h"], (x + attn).reshape(B, H * W, d), atol=1e-4)  # the skip is there
 
@@ -152,9 +152,9 @@ def test_maxvit_attention_receives_the_partitions_of_the_pre_projected_tokens(pa
         other = (maxxvit.grid_partition if part == "attn_block" else maxxvit.window_partition)(x_tilde, p)
         assert not torch.allclose(seen["attn_in"], other, atol=1e-4)  # block and grid differ on this grid
         attn = merge(w.base_layer(parts), p, (H, W))
-        h = x + blk.ls1(attn) + blk.ls1(x_tilde @ w.skip.proj.weight.T)
+        h = x + blk.ls1(attn) + blk.ls1(x_tilde @ w.slots()[1].proj.weight.T)
         torch.testing.assert_close(seen["h"], h, atol=1e-6, rtol=1e-5)
-        wrong = x + blk.ls1(attn) + x_tilde @ w.skip.proj.weight.T  # the skip outside LayerScale
+        wrong = x + blk.ls1(attn) + x_tilde @ w.slots()[1].proj.weight.T  # the skip outside LayerScale
         assert not torch.allclose(seen["h"], wrong, atol=1e-4)
 
 
@@ -183,11 +183,11 @@ def test_stages_of_different_widths_inject_and_reload(name, tmp_path):
         ref = model(x)
         mmpreproj.inject(model, IDENTITY)
         torch.testing.assert_close(model(x), ref, atol=1e-9, rtol=0)
-    widths = sorted({m.preproj.dim for m in mmpreproj.injected_modules(model)})
+    widths = sorted({m.slots()[0].dim for m in mmpreproj.injected_modules(model)})
     assert widths == [16, 32]
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if ".preproj." in n or ".skip." in n:
+            if ".preproj." in n or ".preproj_skip." in n:
                 p.normal_(std=0.05)
         out = model(x)
     assert not torch.allclose(out, ref, atol=1e-4)
@@ -238,7 +238,7 @@ def test_features_only_net_takes_the_full_models_adapter(case, tmp_path):
     mmpreproj.inject(full)
     with torch.no_grad():
         for n, p in full.named_parameters():
-            if ".preproj." in n or ".skip." in n:
+            if ".preproj." in n or ".preproj_skip." in n:
                 p.normal_(std=0.05)
     mmpreproj.save_adapter(full, tmp_path)
     net = _features(case.build())

@@ -138,7 +138,7 @@ def test_a_block_with_two_seams_gives_two_parts_and_both_attentions_read_x_tilde
         assert _not_a_norm_output(args[0], norm_outs)
     with torch.no_grad():
         for w in wrappers:
-            w.skip.weight.normal_()
+            w.slots()[1].weight.normal_()
     out = model(_x()).detach()
     mmpreproj.save_adapter(model, tmp_path / "a")
     mmpreproj.unload(model)

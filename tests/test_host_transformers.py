@@ -109,9 +109,10 @@ def test_gemma2_skip_joins_the_attention_output_before_its_post_attention_norm()
     emb = model.model.rotary_emb(h, pos)
     mask = torch.full((1, 1, 5, 5), float("-inf"), dtype=torch.float64).triu(1)
     x_hat = layer.input_layernorm(h)
-    x_tilde = wrapper.preproj(x_hat)
+    x_tilde = wrapper.slots()[0](x_hat)
     attn = wrapper.base_layer(hidden_states=x_tilde, position_embeddings=emb, attention_mask=mask)[0]
-    mid = h + layer.post_attention_layernorm(attn + x_tilde @ wrapper.skip.weight.double().T)  # the documented choice
+    w_skip = wrapper.slots()[1].weight.double()
+    mid = h + layer.post_attention_layernorm(attn + x_tilde @ w_skip.T)  # the documented choice
     expected = mid + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(mid)))
     got = layer(h, attention_mask=mask, position_embeddings=emb, position_ids=pos)
     got = got[0] if isinstance(got, tuple) else got
@@ -199,7 +200,7 @@ def test_described_host_reloads_with_no_code(tmp_path):
     assert fresh.mmpreproj_state.host == "my_llama"
     with torch.no_grad():
         for (n, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters()):
-            if ".preproj." not in n and ".skip." not in n:
+            if ".preproj." not in n and ".preproj_skip." not in n:
                 q.copy_(p)
     torch.testing.assert_close(fresh(*tokens()).logits, out, atol=0, rtol=0)
 

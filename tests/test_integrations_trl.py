@@ -122,7 +122,8 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
 
     ckpt = tmp_path / "whole" / "checkpoint-4"
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"  # peft's, at the top
-    assert any(".preproj.up." in k for k in load_file(str(ckpt / "adapter_model.safetensors")))  # ours in it
+    saved = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert any(".preproj." in k and k.endswith(".up.weight") for k in saved)  # ours in it
     assert not (ckpt / "model.safetensors").exists()
 
     # stop after step 2, resume into a fresh preproj_lora model: both parts come back, training ends the same

@@ -19,7 +19,8 @@ def test_one_preprojection_per_decoder_block_shared_by_all_modalities():
     assert len(wrappers) == len(model.decoder.blocks) == 2
     assert all(w is b.attn for w, b in zip(wrappers, model.decoder.blocks))
     assert not mmpreproj.injected_modules(model.tower)
-    assert sum(1 for n, _ in model.named_parameters() if ".preproj." in n or ".skip." in n) == 2 * 3  # up, down, skip
+    slots = (".preproj.", ".preproj_skip.")
+    assert sum(1 for n, _ in model.named_parameters() if any(s in n for s in slots)) == 2 * 3  # up, down, skip
 
 
 def test_decoder_layout_chooses_the_mrope():
@@ -51,9 +52,9 @@ def _routing_by_hand(model, batch, mask: torch.Tensor) -> dict[int, float]:
     out = {}
     for i, (block, (x, kw)) in enumerate(zip(model.decoder.blocks, inputs)):
         w = block.attn
-        x_tilde = w.preproj(block.norm1(x))  # (B, S, D)
+        x_tilde = w.slots()[0](block.norm1(x))  # (B, S, D)
         attn = w.base_layer(x_tilde, pos=kw["pos"], attn_mask=kw["attn_mask"])
-        skip = w.skip(x_tilde)
+        skip = w.slots()[1](x_tilde)
         out[i] = (skip.norm(dim=-1)[mask].sum() / attn.norm(dim=-1)[mask].sum()).item()
     return out
 
@@ -73,7 +74,7 @@ def test_routing_ratios_by_modality_equal_a_hand_computation():
     assert by_mod["text"] != by_mod["image"]
     # the skip's share scales with W_skip: doubling layer 0's skip doubles its ratio (its attention is unchanged)
     with torch.no_grad():
-        model.decoder.blocks[0].attn.skip.proj.weight.mul_(2.0)
+        model.decoder.blocks[0].attn.slots()[1].proj.weight.mul_(2.0)
     mask = (batch.modality == IMAGE) & batch.attention_mask.bool()
     doubled = routing_ratios(model, [{**batch.decoder_inputs(), "mask": mask}], token_mask_key="mask")
     assert doubled[0] == pytest.approx(2 * by_mod["image"][0], rel=1e-5)

@@ -5,6 +5,7 @@ refused additions leave the model unchanged; `mmpreproj eval` scores two adapter
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -80,14 +81,16 @@ def test_each_active_adapter_equals_a_model_holding_only_it(host):
     with mmpreproj.adapter_disabled(model):
         assert torch.equal(out(model), base)
     assert torch.equal(out(model), alone["c"])
-    # the active adapter's weights are where a single-adapter model keeps them, and only they train
-    single = mmpreproj.load_adapter(build(), folders["c"])
+    # the active adapter's weights have a single-adapter model's keys once the adapter name is removed (peft's
+    # file keys), only they train, and the others wait in their own entries of the slot dicts
+    single = mmpreproj.load_adapter(build(), folders["c"], adapter_name="c")
     sd = mmpreproj.adapter_state_dict(model)
     assert sd.keys() == mmpreproj.adapter_state_dict(single).keys()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, p in single.named_parameters() if p.requires_grad}
     assert all(
-        ".stored_adapters." in n for n in set(dict(model.named_parameters())) - set(dict(single.named_parameters()))
+        re.search(r"\.(preproj|preproj_skip)\.(default|b)\.", n)
+        for n in set(dict(model.named_parameters())) - set(dict(single.named_parameters()))
     )
 
 
@@ -226,11 +229,18 @@ def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
     assert twin.mmpreproj_state.config is twin.mmpreproj_state.adapter_configs["b"]
 
 
-def test_forward_with_adapter_names_is_refused_not_ignored():
-    """peft's mixed-batch `adapter_names=` reaches the attention through transformers' kwargs; ours refuse it."""
-    model = mmpreproj.inject(tiny_neox())
+def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_ignored():
+    """peft's mixed-batch `adapter_names=` reaches the attention through transformers' kwargs: each row runs
+    through its adapter ("__base__": none), an unknown name is refused (tests/test_mixed_adapter_batch.py for
+    several adapters)."""
+    base = tiny_neox()
     tokens = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0))
-    ref = model(tokens).logits
-    with pytest.raises(ValueError, match=r"adapter_names=.*set_adapter"):
-        model(tokens, adapter_names=["default", "default"])
+    plain = base(tokens).logits.detach()
+    model = mmpreproj.inject(base, PreProjConfig(skip_init_std=0.05))
+    ref = model(tokens).logits.detach()
+    got = model(tokens, adapter_names=["default", "__base__"]).logits.detach()
+    assert torch.allclose(got[0], ref[0], atol=1e-6, rtol=0) and torch.allclose(got[1], plain[1], atol=1e-6, rtol=0)
+    assert not torch.allclose(ref[1], plain[1], atol=1e-4)  # the two rows' adapters differ: the test can fail
+    with pytest.raises(ValueError, match=r"adapter_names=.*\['other'\] are not adapters of this layer"):
+        model(tokens, adapter_names=["default", "other"])
     assert torch.equal(model(tokens).logits, ref)

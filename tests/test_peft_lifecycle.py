@@ -238,7 +238,7 @@ def test_sft_trainer_with_a_model_folder_and_peft_config_trains_only_the_adapter
     )
     model = trainer.model
     assert isinstance(model, peft.PeftModel) and model.peft_config["default"].peft_type == "PREPROJ"
-    adapter = {n for n, p in model.named_parameters() if "preproj" in n or ".skip." in n}
+    adapter = {n for n, p in model.named_parameters() if ".preproj." in n or ".preproj_skip." in n}
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert adapter and trainable == adapter
     assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) == sum(
@@ -292,7 +292,7 @@ def test_peft_model_from_pretrained_with_is_trainable_resumes_training(trained, 
     model = peft.PeftModel.from_pretrained(_base(base_dir), str(adapter_dir), is_trainable=True).eval()
     assert torch.equal(_logits(model, x), want)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all("preproj" in n or ".skip." in n for n in trainable)
+    assert trainable and all(".preproj." in n or ".preproj_skip." in n for n in trainable)
 
 
 def test_transformers_load_adapter_on_a_fresh_base_gives_the_trained_logits(trained, base_dir):

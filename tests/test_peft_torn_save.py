@@ -45,7 +45,7 @@ def _cut_short_save(model: PeftModel, folder, monkeypatch) -> None:
 
 
 def _adapter_values(model) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in model.state_dict().items() if ".preproj." in k or ".skip." in k}
+    return {k: v.clone() for k, v in model.state_dict().items() if ".preproj." in k or ".preproj_skip." in k}
 
 
 def test_a_complete_save_records_the_digest_of_what_it_wrote(tmp_path):

@@ -103,7 +103,7 @@ def test_peft_save_and_from_pretrained_round_trip_bit_exact_and_frozen_by_defaul
     assert keys == {
         f"base_model.model.{m}.{slot}.{w}"
         for m in cfg["injection"]["modules"]
-        for slot, w in (("preproj", "up.weight"), ("preproj", "down.weight"), ("skip", "proj.weight"))
+        for slot, w in (("preproj", "up.weight"), ("preproj", "down.weight"), ("preproj_skip", "proj.weight"))
     }
     again = PeftModel.from_pretrained(builder(), tmp_path)
     assert torch.equal(_out(again, x), want)
@@ -153,7 +153,7 @@ def test_disable_add_set_delete_unload_and_the_refusals():
     model.set_adapter("fresh")
     assert torch.equal(_out(model, TOKENS % 32), ref)  # identity init: the base
     fresh = [p for p in model.parameters() if p.requires_grad]
-    live = {id(p) for w in mmpreproj.injected_modules(model) for m in (w.preproj, w.skip) for p in m.parameters()}
+    live = {id(p) for w in mmpreproj.injected_modules(model) for m in w.slots() for p in m.parameters()}
     assert fresh and {id(p) for p in fresh} == live  # the fresh adapter is the one that trains now
     loss = model(TOKENS % 32, labels=TOKENS % 32).loss
     loss.backward()
@@ -166,7 +166,7 @@ def test_disable_add_set_delete_unload_and_the_refusals():
         model.merge_and_unload()
     assert "nonlinear" in MERGE_REFUSED
     assert torch.equal(model(TOKENS % 32, adapter_names=["default"]).logits.detach(), trained)
-    with pytest.raises(ValueError, match=r"adapter_names=.*one adapter per forward .*\['other'\]"):
+    with pytest.raises(ValueError, match=r"adapter_names=.*\['other'\] are not loaded adapters"):
         model(TOKENS % 32, adapter_names=["default", "other"])
     unloaded = model.unload()
     assert not mmpreproj.is_injected(unloaded) and torch.equal(_out(unloaded, TOKENS % 32), ref)

@@ -172,7 +172,7 @@ def _cached(model):
     return {
         (id(w), k): id(t)
         for w in mmpreproj.injected_modules(model)
-        for m in (w.preproj, w.skip)
+        for m in (w.slots()[0], w.slots()[1])
         for k, (_, t) in m.casts._casts.items()
     }
 
@@ -219,15 +219,15 @@ def test_cast_cache_invalidated_by_load_adapter_and_state_dict_and_to(tmp_path):
         assert torch.equal(model(x).logits, want)
         # in-place loads into the same modules, and a round trip through another dtype (new storage)
         wrappers = mmpreproj.injected_modules(model)
-        originals = [{k: v.clone() for k, v in w.preproj.state_dict().items()} for w in wrappers]
+        originals = [{k: v.clone() for k, v in w.slots()[0].state_dict().items()} for w in wrappers]
         for w in wrappers:
-            w.preproj.load_state_dict({k: torch.zeros_like(v) for k, v in w.preproj.state_dict().items()})
+            w.slots()[0].load_state_dict({k: torch.zeros_like(v) for k, v in w.slots()[0].state_dict().items()})
         assert not torch.equal(model(x).logits, want)
         for w, sd in zip(wrappers, originals):
-            w.preproj.to(torch.float64)
-            w.preproj.up.weight.copy_(sd["up.weight"])
-            w.preproj.down.weight.copy_(sd["down.weight"])
-            w.preproj.to(torch.float32)
+            w.slots()[0].to(torch.float64)
+            w.slots()[0].up.weight.copy_(sd["up.weight"])
+            w.slots()[0].down.weight.copy_(sd["down.weight"])
+            w.slots()[0].to(torch.float32)
         assert torch.equal(model(x).logits, want) and not torch.equal(want, stale)
 
 

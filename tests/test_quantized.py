@@ -144,7 +144,7 @@ def test_only_injected_weights_train_through_quantized_attention(host, scheme):
     loss = model(TOKENS, labels=TOKENS).loss
     loss.backward()
     injected = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    assert injected and all(".preproj." in n or ".skip." in n for n in injected)
+    assert injected and all(".preproj." in n or ".preproj_skip." in n for n in injected)
     for n, p in model.named_parameters():
         if p.requires_grad:
             assert p.dtype == torch.float32 and p.grad is not None and p.grad.abs().sum() > 0, n

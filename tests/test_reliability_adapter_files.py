@@ -107,7 +107,7 @@ def test_sigkill_at_every_point_leaves_the_old_or_the_new_pair(killed, tmp_path)
         assert _is_complete(desc, tensors, preproj=not new), point
         assert not (folder / adapter_files.COMMIT_MARKER).exists()
         loaded = mmpreproj.load_adapter(_blocks(seed=0), folder)  # the pair loads
-        assert (mmpreproj.injected_modules(loaded)[0].preproj is None) is new
+        assert (mmpreproj.injected_modules(loaded)[0].slots()[0] is None) is new
 
 
 @pytest.mark.slow  # the `killed` fixture starts and SIGKILLs subprocesses

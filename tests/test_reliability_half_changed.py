@@ -279,7 +279,7 @@ IN_FLIGHT = r"set_adapter: a forward/backward is in flight"
 
 def test_a_switch_between_forward_and_backward_is_refused_until_the_backward(two_adapters):
     model = two_adapters
-    skip = mmpreproj.injected_modules(model)[0].skip.proj.weight  # the active adapter's
+    skip = mmpreproj.injected_modules(model)[0].slots()[1].proj.weight  # the active adapter's
     loss = model(TOKENS).logits.square().mean()
     with pytest.raises(RuntimeError, match=IN_FLIGHT + r": 1 autograd graph\(s\) .* not been backwarded"):
         mmpreproj.set_adapter(model, "b")

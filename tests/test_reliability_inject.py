@@ -198,7 +198,7 @@ def test_non_finite_adapter_weights_are_refused_by_name(tmp_path, bad):
     mmpreproj.save_adapter(model, tmp_path / "a")
     weights = tmp_path / "a" / "adapter_model.safetensors"
     tensors = load_file(str(weights))
-    key = "base_model.model.gpt_neox.layers.1.attention.skip.proj.weight"  # the file's (peft's) key
+    key = "base_model.model.gpt_neox.layers.1.attention.preproj_skip.proj.weight"  # the file's (peft's) key
     tensors[key][3, 4] = bad
     save_file(tensors, str(weights))
     fresh = tiny_neox()
@@ -228,8 +228,10 @@ def test_save_adapter_refuses_non_finite_weights_and_keeps_the_old_pair(tmp_path
     mmpreproj.save_adapter(model, tmp_path / "a")
     before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")}
     with torch.no_grad():
-        mmpreproj.injected_modules(model)[0].preproj.up.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="save_adapter: refusing to write .* tensor blocks.0.preproj.up.weight"):
+        mmpreproj.injected_modules(model)[0].slots()[0].up.weight[0, 0] = float("nan")
+    with pytest.raises(
+        ValueError, match="save_adapter: refusing to write .* tensor gpt_neox.layers.0.attention.preproj.up.weight"
+    ):
         mmpreproj.save_adapter(model, tmp_path / "a")
     assert {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if not p.name.startswith(".")} == before
 

@@ -369,7 +369,7 @@ def saved(tmp_path):
     return tmp_path, load_file(str(tmp_path / "adapter_model.safetensors"))
 
 
-KEY = "blocks.0.preproj.up.weight"  # in memory (block index); in the file, peft's key of the same weight
+KEY = "gpt_neox.layers.0.attention.preproj.up.weight"  # in memory (the module path); the file adds peft's prefix
 FILE_KEY = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"
 
 
@@ -379,7 +379,7 @@ def test_non_float_adapter_weights_are_refused_by_key_and_dtype(saved, dtype):
     bad = dict(tensors, **{FILE_KEY: tensors[FILE_KEY].to(dtype)})
     save_file(bad, str(folder / "adapter_model.safetensors"))
     model = tiny_neox()
-    with pytest.raises(ValueError, match=f"tensor {KEY} has dtype {dtype}; injected weights are floating point"):
+    with pytest.raises(ValueError, match=f"tensor {FILE_KEY} has dtype {dtype}; injected weights are floating point"):
         mmpreproj.load_adapter(model, folder)
     assert not mmpreproj.is_injected(model)
     injected = mmpreproj.inject(tiny_neox())

@@ -135,11 +135,11 @@ def test_a_passed_state_dict_is_unwrapped_the_same_way(tmp_path):
     assert torch.equal(adapter["base_model.model.lm_head.weight"], model.lm_head.weight.detach())  # peft's key
     # the adapter is taken from the given state dict when it holds all of it
     sd = model.state_dict()
-    key = next(k for k in sd if k.endswith("layers.0.attention.skip.proj.weight"))
+    key = next(k for k in sd if k.endswith("layers.0.attention.preproj_skip.default.proj.weight"))
     sd[key] = sd[key] * 2
     model.save_pretrained(tmp_path / "doubled", state_dict=sd)
     doubled = load_file(str(tmp_path / "doubled" / PRETRAINED_ADAPTER_DIR / "adapter_model.safetensors"))
-    assert torch.equal(doubled[f"base_model.model.{key.replace('.base_layer', '')}"], sd[key])
+    assert torch.equal(doubled[f"base_model.model.{key.replace('.default', '')}"], sd[key])  # peft: name removed
 
 
 def test_a_bad_state_dict_key_is_refused_before_anything_is_written(tmp_path):

@@ -25,7 +25,7 @@ from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 WORKER = Path(__file__).parent / "helpers" / "fsdp2_peft_worker.py"  # run as a script, never imported
-SLOTS = (".preproj.", ".skip.")
+SLOTS = (".preproj.", ".preproj_skip.")  # the wrapper's slots (adapter_layer_names)
 
 
 def _run_worker(side: Path, mode: str) -> None:
@@ -50,7 +50,8 @@ def _run_worker(side: Path, mode: str) -> None:
 
 
 def _adapter(sd: dict) -> dict:
-    return {k: v for k, v in sd.items() if any(s in k for s in SLOTS)}
+    """The adapter's weights of a state dict, keyed as the file keys them (the adapter name removed)."""
+    return {k.replace(".default.", "."): v for k, v in sd.items() if any(s in k for s in SLOTS)}
 
 
 def _assert_resume_is_bit_exact(result: dict) -> None:
@@ -130,9 +131,10 @@ def test_main_process_save_with_a_gathered_state_dict_calls_no_collective(mode, 
     model = get_peft_model(tiny_neox(), config) if mode == "peft" else mmpreproj.inject(tiny_neox(), config)
     fully_shard(model)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    want = {k: v + 1.0 for k, v in _adapter(full).items()}  # other values than the live ones: these are saved
+    changed = {k: v + 1.0 for k, v in full.items() if any(s in k for s in SLOTS)}  # not the live values: saved
+    want = _adapter(changed)
     _no_gather(monkeypatch)
-    model.save_pretrained(tmp_path / "s", state_dict={**full, **want})
+    model.save_pretrained(tmp_path / "s", state_dict={**full, **changed})
     folder = tmp_path / "s" if mode == "peft" else tmp_path / "s" / "adapter"
     saved = load_file(folder / "adapter_model.safetensors")
     prefix = "" if mode == "peft" else "base_model.model."
@@ -151,7 +153,7 @@ def test_the_adapter_is_read_from_the_given_state_dict_and_a_missing_or_empty_we
     wrapped = {f"base_model.model.{k.replace('layers.0.', inserted)}": v for k, v in sd.items()}
     got = adapter_tensors_from_state_dict(model, "default", wrapped, "base_model.model.")
     assert all(torch.equal(got[k], live[k] + 2.0) for k in live)
-    key = "gpt_neox.layers.1.attention.skip.proj.weight"
+    key = "gpt_neox.layers.1.attention.preproj_skip.default.proj.weight"
     with pytest.raises(ValueError, match=rf"lacks 1 weight\(s\) of adapter 'default' \(e.g. {key}\)"):
         adapter_tensors_from_state_dict(model, "default", {k: v for k, v in sd.items() if k != key})
     # ZeRO-3 without a gather: every parameter is an empty partition

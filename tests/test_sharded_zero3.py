@@ -24,7 +24,7 @@ from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 WORKER = Path(__file__).parent / "helpers" / "zero3_worker.py"  # run as a script, never imported
-SLOTS = (".preproj.", ".skip.")
+SLOTS = (".preproj.", ".preproj_skip.")  # the wrapper's slots (adapter_layer_names)
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
@@ -79,8 +79,9 @@ def test_zero3_trains_saves_from_the_main_process_and_reloads_bit_exact(tmp_path
     consolidated, gathered = result["consolidated"], result["gathered"]
     assert len(consolidated) == 2 * 3 and consolidated.keys() == gathered.keys()
     assert all(torch.equal(consolidated[k], gathered[k]) for k in gathered)
-    saved = load_file(tmp_path / "saved" / "adapter_model.safetensors")
-    assert saved.keys() == gathered.keys() and all(torch.equal(saved[k], gathered[k]) for k in gathered)
+    saved = load_file(tmp_path / "saved" / "adapter_model.safetensors")  # file keys: the adapter name removed
+    as_file = {k.replace(".default.", "."): v for k, v in gathered.items()}
+    assert saved.keys() == as_file.keys() and all(torch.equal(saved[k], as_file[k]) for k in as_file)
     # a save without the consolidated state dict was refused on every rank, and wrote no weights
     assert "is empty in the given state dict (DeepSpeed ZeRO-3" in result["refused"]
     assert not any((tmp_path / f"unsaved{r}" / "adapter_model.safetensors").exists() for r in range(2))

@@ -14,7 +14,7 @@ import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
 from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME
-from mmpreproj.tuner.state import adapter_key, parse_adapter_key
+from mmpreproj.tuner.legacy import model_keys, parse_block_key
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import tiny_neox
 
@@ -161,10 +161,15 @@ _V01_CONFIG_FIELDS = (
 def test_an_adapter_saved_before_the_tags_still_loads_and_is_recognised(tmp_path, tokens):
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip=False, init="paper"))
     mmpreproj.save_adapter(model, tmp_path)
-    from mmpreproj.tuner.files import read_adapter
-
     cfg_file = tmp_path / ADAPTER_CONFIG_NAME
-    tensors = read_adapter(tmp_path)[1]  # keyed blocks.{i}.*, as mmpreproj 0.1.0 keyed the file
+    old_slot = {"preproj": "preproj", "preproj_skip": "skip"}
+    tensors = {  # keyed blocks.{i}.*, as mmpreproj 0.1.0 keyed the file
+        f"blocks.{w.block_index}.{old_slot[slot]}.{k}": v
+        for w in mmpreproj.injected_modules(model)
+        for slot, m in zip(w.adapter_layer_names, w.slots())
+        if m is not None
+        for k, v in m.state_dict().items()
+    }
     desc = load_desc(cfg_file)  # written as mmpreproj 0.1.0 wrote it: the old layout, without the tags
     for k in ("adapter_type", "method", "base_model_name_or_path"):
         del desc[k]
@@ -201,20 +206,26 @@ def test_load_adapter_reads_a_peft_lora_folder_as_peft_and_names_weights_that_do
     assert not any("lora_" in n for n, _ in model.named_modules())  # peft's layers were taken off again
 
 
-# --- one adapter key format ---------------------------------------------------------------------------------
+# --- one adapter key format: the model's own keys; the old block-index keys read by the legacy reader ---------
 
 
-def test_adapter_keys_are_built_and_read_by_one_pair_of_functions():
+def test_adapter_keys_are_the_model_keys_without_the_adapter_name_and_old_keys_map_onto_them():
     model = mmpreproj.inject(tiny_neox(), PreProjConfig())
-    keys = set(mmpreproj.adapter_state_dict(model))
-    assert "blocks.1.skip.proj.weight" in keys and adapter_key(1, "skip", "proj.weight") == "blocks.1.skip.proj.weight"
-    for k in keys:
-        block, module, param = parse_adapter_key(k)
-        assert adapter_key(block, module, param) == k
-    assert parse_adapter_key("modules.projector.0.weight") == (None, "projector", "0.weight")
-    for bad in ("blocks.x.skip.w", "blocks.1", "layers.1.skip.w", "modules.p"):
-        with pytest.raises(ValueError, match="is not an adapter key"):
-            parse_adapter_key(bad)
+    sd = mmpreproj.adapter_state_dict(model)
+    model_keys_ = {k for k in model.state_dict() if ".default." in k}
+    assert set(sd) == {k.replace(".default.", ".") for k in model_keys_}
+    assert "gpt_neox.layers.1.attention.preproj_skip.proj.weight" in sd
+    pairs = [(n, w) for n, w in model.named_modules() if isinstance(w, PreProjAttention)]
+    old = {"blocks.1.skip.proj.weight": 1, "blocks.0.preproj.up.weight": 2, "modules.head.0.weight": 3}
+    assert model_keys(old, pairs, {"head": "lm_head"}) == {
+        "gpt_neox.layers.1.attention.preproj_skip.proj.weight": 1,
+        "gpt_neox.layers.0.attention.preproj.up.weight": 2,
+        "lm_head.0.weight": 3,
+    }
+    assert parse_block_key("modules.projector.0.weight") == (None, "projector", "0.weight")
+    for bad in ("blocks.x.skip.w", "blocks.1", "layers.1.skip.w", "modules.p", "blocks.0.attn.preproj.w"):
+        assert parse_block_key(bad) is None
+    assert model_keys(sd, pairs, {}) == sd  # today's keys pass unchanged
 
 
 # --- the removed fused path -----------------------------------------------------------------------------------

@@ -59,7 +59,8 @@ def _names(model, pattern: str) -> set[str]:
 def test_only_the_methods_weights_train(method):
     model = apply_method(tiny_neox(), method)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    kinds = {k for k in ("preproj", "skip", "lora_") if any(k in n for n in trainable)}
+    slot_kind = {".preproj.": "preproj", ".preproj_skip.": "skip", "lora_": "lora_"}  # the wrapper's slot names
+    kinds = {kind for k, kind in slot_kind.items() if any(k in n for n in trainable)}
     want = {
         "preproj_lora": {"preproj", "lora_"},
         "lora": {"lora_"},
@@ -67,7 +68,7 @@ def test_only_the_methods_weights_train(method):
         "preproj_skip": {"preproj", "skip"},
     }
     assert kinds == want.get(method, {method})
-    assert trainable == _names(model, ".preproj.") | _names(model, ".skip.") | _names(model, "lora_")
+    assert trainable == _names(model, ".preproj.") | _names(model, ".preproj_skip.") | _names(model, "lora_")
     assert count_trainable(model) == expected_trainable(method, 32, 2)
     assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in trainable)
 

@@ -154,4 +154,4 @@ def test_a_trained_rank_r_arm_has_the_formulas_count(tiny_model_dir, tmp_path):
     assert (r.preproj, r.skip) == (2 * 32 * 8, 2 * 3 * 32)  # one block (-1): width int(0.25 * 32) = 8
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (saved["skip_rank"], saved["layers"]) == (3, [-1])
-    assert torch.is_tensor(model.gpt_neox.layers[1].attention.skip.up.weight)
+    assert torch.is_tensor(model.gpt_neox.layers[1].attention.slots()[1].up.weight)

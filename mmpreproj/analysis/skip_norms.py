@@ -11,7 +11,7 @@ from torch import nn
 
 from ..modules import PreProjAttention
 from ..tuner.files import read_adapter
-from ..tuner.state import parse_adapter_key
+from ..tuner.legacy import parse_block_key
 
 PAPER_SKIP_NORMS = {
     "pythia-160m": [0.1295, 0.1301, 0.1283, 0.1274, 0.1273, 0.1279, 0.1315, 0.1358, 0.1507, 0.1905, 0.2575, 0.2959],
@@ -48,20 +48,27 @@ PAPER_SKIP_NORMS = {
 def skip_norms(model: nn.Module) -> dict[int, float]:
     """{block index: ||W_skip||_F} for every injected block that has a skip (of B A for a low-rank skip)."""
     return {
-        m.block_index: m.skip.weight.detach().float().norm().item()
+        m.block_index: m.slots()[1].weight.detach().float().norm().item()
         for m in model.modules()
-        if isinstance(m, PreProjAttention) and m.skip is not None
+        if isinstance(m, PreProjAttention) and m.slots()[1] is not None
     }
 
 
 def skip_norms_from_adapter(path: str | Path) -> dict[int, float]:
     """The same, read from a saved adapter folder without building a model."""
-    _, tensors = read_adapter(path)
+    desc, tensors = read_adapter(path)
+    blocks = dict(zip(desc.get("modules") or [], desc.get("layers") or []))  # wrapper path -> block index
     full: dict[int, torch.Tensor] = {}
     low: dict[int, dict[str, torch.Tensor]] = {}  # block -> {"up": B (d, r), "down": A (r, d)}
     for key, v in tensors.items():
-        block, module, param = parse_adapter_key(key)
-        if block is None or module != "skip":
+        old = parse_block_key(key)  # an older folder's `blocks.{i}.skip.{param}`
+        if old is not None:
+            block, module, param = old
+        else:
+            at = max((p for p in blocks if key.startswith(f"{p}.")), key=len, default=None)
+            block = blocks.get(at)
+            module, _, param = key[len(at) + 1 :].partition(".") if at is not None else ("", "", "")
+        if block is None or module not in ("skip", "preproj_skip"):  # the old slot name or today's
             continue
         if param == "proj.weight":
             full[block] = v.float()
@@ -91,7 +98,9 @@ def _capture(model: nn.Module, sums: dict[int, list[float]], token_mask: torch.T
         acc[0] += skip_norm[mask].sum().item()
         acc[1] += attn_norm[mask].sum().item()
 
-    handles = [w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.skip is not None]
+    handles = [
+        w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.slots()[1] is not None
+    ]
     try:
         yield
     finally:
@@ -113,7 +122,7 @@ def routing_ratios(
     what the forward actually computed. Raises ValueError for a model without a skip, and RuntimeError when
     no block with a skip ran (e.g. inside `adapter_disabled`), rather than return an empty answer.
     """
-    if not any(isinstance(m, PreProjAttention) and m.skip is not None for m in model.modules()):
+    if not any(isinstance(m, PreProjAttention) and m.slots()[1] is not None for m in model.modules()):
         raise ValueError("routing_ratios: this model has no injected content skip (inject with skip=True)")
     was_training = model.training
     model.eval()

@@ -70,6 +70,12 @@ class PreProjection(nn.Module, TunerSlot):
         self.down = nn.Linear(self.inner_dim, dim, bias=False, **factory)
         self.reset_parameters(init)
 
+    @staticmethod
+    def num_params(dim: int, expansion: float = 1.25) -> int:
+        """The weights of one pre-projection of width `dim`: `W_up` and `W_down`, 2 * d * int(expansion * d)
+        (the one place this count is written; `estimate`, the budget sizing and `train.methods` call it)."""
+        return 2 * dim * int(expansion * dim)
+
     @torch.no_grad()
     def reset_parameters(self, init: str = "paper") -> None:
         """Re-draw the weights with the given init ("paper" or "identity")."""

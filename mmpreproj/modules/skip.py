@@ -65,6 +65,12 @@ class ContentSkip(nn.Module, TunerSlot):
             self.up = nn.Linear(rank, dim, bias=False, **factory)  # B: (d, r)
         self.reset_parameters(init_std)
 
+    @staticmethod
+    def num_params(dim: int, rank: int | None = None) -> int:
+        """The weights of one content skip of width `dim`: d * d for the full `W_skip`, 2 * r * d at rank r (the
+        one place this count is written; `estimate`, the budget sizing and `train.methods` call it)."""
+        return dim * dim if rank is None else 2 * rank * dim
+
     @torch.no_grad()
     def reset_parameters(self, init_std: float = 1e-4) -> None:
         """Re-draw the weights (see the class docstring); init_std 0 gives an exact zero map."""

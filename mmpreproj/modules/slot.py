@@ -1,13 +1,21 @@
-"""`TunerSlot`: peft's tuner-layer interface on the two adapter modules, `PreProjection` and `ContentSkip`.
+"""peft's tuner-layer interface for the attention wrapper (`PeftLayerMethods`), and its view on the slot modules
+(`TunerSlot`).
 
-peft finds a method's layers by `isinstance(module, BaseTunerLayer)` (its model status, `disable_adapter`,
-dtype casts) and treats everything inside such a layer as adapter internals that no other tuner may target.
-So the tuner layers of PREPROJ are the slot modules, not the wrapper around the host attention: a LoRA on top
-(method "preproj_lora") must still reach the attention's projections inside the wrapper's `base_layer`.
+The wrapper keeps one `nn.ModuleDict` per adapter slot, keyed by adapter name (`adapter_layer_names`, as LoRA's
+`lora_A[adapter]`), so peft's own layer methods apply unchanged: `PeftLayerMethods` binds `BaseTunerLayer`'s
+functions (set_adapter, set_requires_grad, delete_adapter, active adapters, ...) and refuses a merge.
 
-peft's per-layer switches (`set_adapter`, `enable_adapters`, `delete_adapter`, `merge`) are no-ops here: another
-tuner on top makes them for its own layers, and the PREPROJ tuner (`tuner.PreProjModel`) switches adapters
-through `mmpreproj.tuner.named` and disables them on the wrapper (`PreProjAttention.adapter_enabled`).
+Why the wrapper is no `BaseTunerLayer` instance: peft treats everything inside a `BaseTunerLayer` as that
+layer's internals. A LoRA put on top of an injected model (method "preproj_lora") must reach the attention's
+projections inside the wrapper's `base_layer`, but peft's `inject_adapter` skips every module under a tuner
+layer, and its `unload()` visits none of them (`peft.tuners.tuners_utils`, `existing_adapter_prefixes`,
+`_unload_and_optionally_merge`). The PREPROJ tuner (`tuner.PreProjModel`, `tuner_layer_cls = PreProjAttention`)
+finds its layers by their class instead.
+
+What peft reads by `isinstance(module, BaseTunerLayer)` (`get_model_status`, `disable_adapter()`) it finds on the
+slot modules (`TunerSlot`): each says which adapter it belongs to, whether that adapter runs and is enabled, as
+its wrapper set it. peft's per-layer calls that reach a slot come from another tuner on top (a LoRA switching,
+enabling or merging its own adapters): they are not about this adapter, so a slot leaves them to that tuner.
 """
 
 from __future__ import annotations
@@ -16,22 +24,57 @@ from collections.abc import Sequence
 
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-__all__ = ["TunerSlot"]
+__all__ = ["MERGE_REFUSED", "PeftLayerMethods", "TunerSlot"]
+
+MERGE_REFUSED = (
+    "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
+    "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
+    "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
+)
+
+
+class PeftLayerMethods:
+    """peft's per-layer adapter bookkeeping, taken from `BaseTunerLayer` as is (merging is refused)."""
+
+    adapter_layer_names: tuple[str, ...] = ()
+    other_param_names: tuple[str, ...] = ()
+    frozen_peft_weight_names: dict[str, tuple[str, ...]] = {}
+    merged_adapters: list[str] = []
+    _disable_adapters: bool = False
+    _active_adapter: str | list[str] = "default"
+
+    active_adapter = BaseTunerLayer.active_adapter
+    active_adapters = BaseTunerLayer.active_adapters
+    disable_adapters = BaseTunerLayer.disable_adapters
+    merged = BaseTunerLayer.merged
+    _get_available_adapters = BaseTunerLayer._get_available_adapters
+    _all_available_adapter_names = BaseTunerLayer._all_available_adapter_names
+    _freeze_non_trainable_peft_weights = BaseTunerLayer._freeze_non_trainable_peft_weights
+    set_requires_grad = BaseTunerLayer.set_requires_grad
+    delete_adapter = BaseTunerLayer.delete_adapter
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        raise ValueError(f"merge: {MERGE_REFUSED}")
+
+    def unmerge(self) -> None:
+        raise ValueError(f"unmerge: nothing is ever merged ({MERGE_REFUSED})")
 
 
 class TunerSlot(BaseTunerLayer):
-    """Mixin: the slot belongs to adapter `adapter_name`; nothing in it merges (the method is nonlinear)."""
+    """Mixin of a slot module: peft's status view of the adapter it belongs to (set by its wrapper)."""
 
     adapter_layer_names: tuple[str, ...] = ()
-    adapter_name: str = "default"
+    adapter_name: str = "default"  # the key of this module in its wrapper's slot dict
+    layer_active: tuple[str, ...] = ("default",)  # the wrapper's active adapter(s), as peft's status reads a layer
 
     @property
-    def active_adapter(self) -> str:
-        return self.adapter_name
+    def active_adapter(self) -> str | list[str]:
+        return list(self.layer_active)
 
     def _get_available_adapters(self) -> set[str]:
         return {self.adapter_name}
 
+    # another tuner's layer calls (see the module docstring): the wrapper switches this adapter
     def enable_adapters(self, enabled: bool) -> None:
         pass
 
@@ -45,7 +88,7 @@ class TunerSlot(BaseTunerLayer):
         pass
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
-        pass
+        pass  # a LoRA on top merges its own layers; nothing of ours merges (MERGE_REFUSED)
 
     def unmerge(self) -> None:
         pass

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -32,8 +33,11 @@ from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
 from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
+from .slot import PeftLayerMethods
 
-__all__ = ["AttentionCall", "InFlight", "Observer", "PreProjAttention"]
+__all__ = ["BASE_ADAPTER", "AttentionCall", "InFlight", "Observer", "PreProjAttention"]
+
+BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
 Observer = Callable[["PreProjAttention", torch.Tensor, torch.Tensor], None]
@@ -99,12 +103,14 @@ class _GraphToken:
         self.finish()
 
 
-class PreProjAttention(BaseLayerWrapper):
-    """The host's attention, fed `x~` and joined by the content skip.
+class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
+    """The host's attention, fed `x~` and joined by the content skip: peft's tuner layer of PREPROJ.
 
-    The adapter slots are `adapter_layer_names` ("preproj", "skip"), one module each for the active adapter
-    (peft's tuner layers, `modules.slot.TunerSlot`); other named adapters wait in `stored_adapters`
-    (`mmpreproj.tuner.named` switches them).
+    The adapter slots are `adapter_layer_names` ("preproj", "preproj_skip"): one `nn.ModuleDict` each, keyed by
+    adapter name (a slot the config leaves out has no entry); `slots(name)` gives one adapter's two modules. The
+    active adapter runs; `forward(..., adapter_names=[...])` runs each row of a batch through its own adapter
+    ("__base__": none), as peft's mixed batches do. State-dict keys are peft's: `{path}.preproj.{adapter}.up.weight`,
+    saved without the adapter name.
 
     Args:
         base_layer: the original attention module (kept as is; `get_base_layer()` returns it).
@@ -114,12 +120,13 @@ class PreProjAttention(BaseLayerWrapper):
         block_index: index of the host block this wrapper sits in (over all parts, the adapter's index).
         part: the host part the block belongs to ("language", "vision", ...).
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
+        adapter_name: the name of the first adapter (peft's "default").
 
     Attributes:
         flight: the injection's count of graphs awaiting backward (`InFlight`, set by inject), or None.
     """
 
-    adapter_layer_names = ("preproj", "skip")
+    adapter_layer_names = ("preproj", "preproj_skip")  # peft's rule: each starts with the prefix
 
     def __init__(
         self,
@@ -130,24 +137,108 @@ class PreProjAttention(BaseLayerWrapper):
         block_index: int,
         part: str = "blocks",
         seam_check: SeamCheck | None = None,
+        adapter_name: str = "default",
     ) -> None:
         super().__init__()
-        if preproj is None and skip is None:
-            raise ValueError("PreProjAttention needs a preproj, a skip, or both")
         self.base_layer = base_layer
         self.call = call
-        self.preproj = preproj
-        self.skip = skip
+        self.preproj = nn.ModuleDict()
+        self.preproj_skip = nn.ModuleDict()
+        self._active_adapter = adapter_name
+        self.update_layer(adapter_name, preproj, skip)
+        self.merged_adapters = []
         self.block_index = block_index
         self.part = part
         self.seam_check = seam_check
-        self.adapter_enabled = True
-        self.adapter_name = "default"  # the active adapter's name (`tuner.named` keeps it)
         self.flight: InFlight | None = None
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
         self._observers: OrderedDict[int, Observer] = OrderedDict()
+
+    # --- peft's layer interface (`PeftLayerMethods`: peft's `BaseTunerLayer` functions) --------------------
+
+    def update_layer(self, adapter_name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
+        """Add adapter `adapter_name`'s modules (peft's `update_layer`); its width must be this block's."""
+        if preproj is None and skip is None:
+            raise ValueError("PreProjAttention needs a preproj, a skip, or both")
+        if adapter_name in self._get_available_adapters():
+            raise ValueError(f"PreProjAttention: adapter {adapter_name!r} is already in this layer")
+        widths = {m.dim for m in (preproj, skip, *self.preproj.values(), *self.preproj_skip.values()) if m is not None}
+        if len(widths) != 1:
+            raise ValueError(f"PreProjAttention: adapter {adapter_name!r} has width(s) {sorted(widths)}, one expected")
+        if preproj is not None:
+            self.preproj[adapter_name] = preproj
+        if skip is not None:
+            self.preproj_skip[adapter_name] = skip
+        self._sync_slots()
+
+    def set_adapter(self, adapter_names: str | list[str], inference_mode: bool = False) -> None:
+        """Make the one adapter of `adapter_names` this layer holds the active one; it trains unless
+        `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA on top switching its
+        own adapters): with none of ours among them, the layer is left as it is."""
+        names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
+        names = [n for n in names if n in self._get_available_adapters()]
+        if not names:
+            return
+        if len(names) != 1:
+            raise ValueError(
+                f"set_adapter({names}): PREPROJ runs one adapter per forward: two pre-projections would feed one "
+                "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
+                "run a mixed batch (forward(..., adapter_names=[one name per row]))"
+            )
+        BaseTunerLayer.set_adapter(self, names[0], inference_mode=inference_mode)
+        self._active_adapter = names[0]
+        self._sync_slots()
+
+    def delete_adapter(self, adapter_name: str) -> None:
+        """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one)."""
+        PeftLayerMethods.delete_adapter(self, adapter_name)
+        self._sync_slots()
+
+    def enable_adapters(self, enabled: bool) -> None:
+        """Run the adapters (True) or the host attention alone (False). Unlike peft's default, `requires_grad`
+        is left as it is: a disabled pass (`adapter_disabled`, peft's `disable_adapter()`) never thaws a frozen
+        adapter."""
+        self._disable_adapters = not enabled
+        self._sync_slots()
+
+    def _sync_slots(self) -> None:
+        """Tell each slot module its adapter's name, whether it runs and is enabled (peft's status reads them,
+        `modules.slot.TunerSlot`)."""
+        active = tuple(self.active_adapters)
+        # the active adapter's modules, read once per forward (no name lookups on the decode path)
+        self._active_slots = self.slots(active[0]) if len(active) == 1 else (None, None)
+        for slot in self.adapter_layer_names:
+            for name, module in getattr(self, slot).items():
+                module.adapter_name = name
+                module.layer_active = active
+                module._disable_adapters = self._disable_adapters
+
+    @property
+    def adapter_enabled(self) -> bool:
+        """Whether the adapters run (peft's `not disable_adapters`)."""
+        return not self._disable_adapters
+
+    @adapter_enabled.setter
+    def adapter_enabled(self, enabled: bool) -> None:
+        self.enable_adapters(enabled)
+
+    def adapter_names(self) -> list[str]:
+        """The adapters this layer holds, sorted."""
+        return self._all_available_adapter_names()
+
+    def slots(self, adapter_name: str | None = None) -> tuple[PreProjection | None, ContentSkip | None]:
+        """(pre-projection, skip) of `adapter_name` (default: the active adapter); None for a slot it lacks."""
+        name = self.active_adapters[0] if adapter_name is None else adapter_name
+        pre = self.preproj[name] if name in self.preproj else None  # noqa: SIM401 (ModuleDict has no .get)
+        skip = self.preproj_skip[name] if name in self.preproj_skip else None  # noqa: SIM401
+        return pre, skip
+
+    @property
+    def adapter_width(self) -> int:
+        """The width d of the block's hidden states."""
+        return next(m.dim for d in (self.preproj, self.preproj_skip) for m in d.values())
 
     def observe(self, fn: Observer) -> RemovableHandle:
         """Call `fn(wrapper, attn_out, skip_out)` on every forward that adds the skip; `.remove()` the handle.
@@ -158,8 +249,11 @@ class PreProjAttention(BaseLayerWrapper):
         self._observers[handle.id] = fn
         return handle
 
-    def _swap_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
-        """Replace every `x^` argument by `x~`; return the new args, the first `x^` and its `x~` (for the skip)."""
+    def _swap_inputs(
+        self, args: tuple, kwargs: dict, pre: Callable[[torch.Tensor], torch.Tensor] | None
+    ) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
+        """Replace every `x^` argument by `x~ = pre(x^)` (None: `x~ = x^`); return the new args, the first `x^`
+        and its `x~` (for the skip)."""
         args = list(args)
         done: dict[int, torch.Tensor] = {}  # id(x^) -> x~, so q = k = v is pre-projected once
         first = first_in = None
@@ -180,7 +274,7 @@ class PreProjAttention(BaseLayerWrapper):
                 if self.seam_check.done:  # checked once: no further cost on the hot path
                     self.seam_check = None
             if id(x) not in done:
-                done[id(x)] = self.preproj(x) if self.preproj is not None else x
+                done[id(x)] = pre(x) if pre is not None else x
             container[slot] = done[id(x)]
             if first is None:
                 first, first_in = done[id(x)], x
@@ -195,7 +289,7 @@ class PreProjAttention(BaseLayerWrapper):
     def _check_input(self, x: Any, pos: int, key: str) -> None:
         """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's
         width."""
-        width = (self.preproj if self.preproj is not None else self.skip).dim
+        width = self.adapter_width
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2 and x.shape[-1] == width:
             return
         got = (
@@ -207,16 +301,14 @@ class PreProjAttention(BaseLayerWrapper):
             "'call' (inputs: [[position, keyword], ...]) to name the argument that carries the block's hidden states"
         )
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if "adapter_names" in kwargs:  # transformers hands a model's extra kwargs down to attention
-            raise ValueError(
-                f"PreProjAttention (block {self.block_index}): forward(adapter_names=...) (one adapter per row of a "
-                "mixed batch) is not supported by mmpreproj adapters, and would be ignored; run each adapter's rows "
-                "as their own batch after mmpreproj.set_adapter(model, name)"
-            )
-        if not self.adapter_enabled:
+    def forward(self, *args: Any, adapter_names: list[str] | None = None, **kwargs: Any) -> Any:
+        if self.disable_adapters:
             return self.base_layer(*args, **kwargs)
-        args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs)
+        if adapter_names is not None:
+            pre, skip = self._mixed_batch(adapter_names)
+        else:
+            pre, skip = self._active_slots
+        args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs, pre)
         if x_tilde is None:
             raise RuntimeError(
                 f"PreProjAttention (part {self.part!r}, block {self.block_index}) found no attention input among "
@@ -224,11 +316,11 @@ class PreProjAttention(BaseLayerWrapper):
                 "this block calls attention"
             )
         out = self.base_layer(*args, **kwargs) if self._ran else self._first_call(args, kwargs)
-        if self.skip is None:
+        if skip is None:
             if x_tilde.requires_grad and self.flight is not None and x_tilde is not x:
                 self._count_graph(x, x_tilde)
             return out
-        skip = self.skip(x_tilde)  # (..., N, d), same layout as the attention output
+        skip = skip(x_tilde)  # (..., N, d), same layout as the attention output
         if not self._output_checked:
             self._check_output(out, skip)
         tensor_out = isinstance(out, torch.Tensor)
@@ -240,6 +332,43 @@ class PreProjAttention(BaseLayerWrapper):
         if y.requires_grad and self.flight is not None:
             self._count_graph(x, y)
         return y if tensor_out else (*out[:i], y, *out[i + 1 :])
+
+    def _mixed_batch(self, adapter_names: list[str]) -> tuple[Callable | None, Callable | None]:
+        """(x -> x~, x~ -> skip) running row b of the batch (dim 0) through adapter `adapter_names[b]`
+        ("__base__": the host alone, `x~ = x^` and no skip), as peft's `_mixed_batch_forward` does for LoRA."""
+        known = set(self._get_available_adapters())
+        unknown = sorted({n for n in adapter_names if n not in known and n != BASE_ADAPTER})
+        if unknown:
+            raise ValueError(
+                f"forward(adapter_names=...): {unknown} are not adapters of this layer "
+                f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
+            )
+        if getattr(self.base_layer, "batch_first", True) is False:  # nn.MultiheadAttention's (N, B, d) layout
+            raise ValueError(
+                f"forward(adapter_names=...): the attention of block {self.block_index} "
+                f"({type(self.base_layer).__name__}, batch_first=False) takes the batch in dim 1; mixed batches "
+                "need it in dim 0: run each adapter's rows as their own batch after set_adapter"
+            )
+        groups: dict[str, list[int]] = {}
+        for row, name in enumerate(adapter_names):
+            groups.setdefault(name, []).append(row)
+
+        def rows(slot: nn.ModuleDict, x: torch.Tensor, keep: bool) -> torch.Tensor:
+            if x.shape[0] != len(adapter_names):
+                raise ValueError(
+                    f"forward(adapter_names=...): {len(adapter_names)} names for a batch of {x.shape[0]} rows "
+                    f"(dim 0 of the attention input {tuple(x.shape)}); pass one adapter name per row"
+                )
+            out = x.clone() if keep else torch.zeros_like(x)
+            for name, index in groups.items():
+                if name in slot:
+                    at = torch.tensor(index, device=x.device)
+                    out = out.index_copy(0, at, slot[name](x.index_select(0, at)).to(out.dtype))
+            return out
+
+        pre = (lambda x: rows(self.preproj, x, keep=True)) if len(self.preproj) else None
+        skip = (lambda x: rows(self.preproj_skip, x, keep=False)) if len(self.preproj_skip) else None
+        return pre, skip
 
     def _first_call(self, args: tuple, kwargs: dict) -> Any:
         """The host attention's first call with x~: an error there (an attention that reshapes its input, a
@@ -295,48 +424,6 @@ class PreProjAttention(BaseLayerWrapper):
             f"{tuple(skip.shape)}; {hint}: fix 'call.output_index' in the host description"
         )
 
-    # --- several named adapters (mmpreproj.tuner.named): the active one is `preproj`/`skip` ---------------
-
-    def store_adapter(self, name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
-        """Keep another adapter's modules beside the active one, frozen, under `name` (`stored_adapters`)."""
-        entry = nn.ModuleDict({k: m for k, m in (("preproj", preproj), ("skip", skip)) if m is not None})
-        for m in entry.values():
-            m.adapter_name = name
-        for p in entry.parameters():
-            p.requires_grad_(False)
-        if "stored_adapters" not in self._modules:
-            self.stored_adapters = nn.ModuleDict()
-        self.stored_adapters[name] = entry
-
-    def activate_stored_adapter(self, name: str, store_active_as: str) -> None:
-        """Make stored adapter `name` the active one and store the active one as `store_active_as`.
-
-        Modules are swapped, not copied; the new active modules train iff the old ones did.
-        """
-        entry = self.stored_adapters[name]
-        active = [m for m in (self.preproj, self.skip) if m is not None]
-        trainable = any(p.requires_grad for m in active for p in m.parameters())
-        del self.stored_adapters[name]
-        self.store_adapter(store_active_as, self.preproj, self.skip)
-        self.name_adapter(name)
-        self.preproj = entry["preproj"] if "preproj" in entry else None  # noqa: SIM401 (ModuleDict has no .get)
-        self.skip = entry["skip"] if "skip" in entry else None  # noqa: SIM401
-        for p in entry.parameters():
-            p.requires_grad_(trainable)
-
-    def name_adapter(self, name: str) -> None:
-        """Name the active adapter (the wrapper and its slots say it to peft)."""
-        self.adapter_name = name
-        for m in (self.preproj, self.skip):
-            if m is not None:
-                m.adapter_name = name
-
-    def drop_stored_adapter(self, name: str) -> None:
-        """Forget stored adapter `name` (the active one is not stored and cannot be dropped here)."""
-        del self.stored_adapters[name]
-        if not len(self.stored_adapters):
-            del self.stored_adapters
-
     def unload_and_optionally_merge_module(
         self, merge: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
     ) -> PreProjAttention:
@@ -349,4 +436,7 @@ class PreProjAttention(BaseLayerWrapper):
         return self
 
     def extra_repr(self) -> str:
-        return f"part={self.part!r}, block_index={self.block_index}, adapter_enabled={self.adapter_enabled}"
+        return (
+            f"part={self.part!r}, block_index={self.block_index}, active_adapter={self.active_adapter!r}, "
+            f"adapter_enabled={self.adapter_enabled}"
+        )

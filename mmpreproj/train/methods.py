@@ -34,6 +34,7 @@ from .. import tuner as _adapter
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules
 from ..hosts.shape import host_shape
+from ..modules import ContentSkip, PreProjection
 from ..tuner.config import PreProjConfig
 
 
@@ -57,8 +58,8 @@ def _spec(method: str) -> MethodSpec:
 
 
 def preproj_params(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
-    """Pre-projection parameters over all layers: 2 * d * int(expansion * d) * L."""
-    return 2 * hidden_size * int(expansion * hidden_size) * num_layers
+    """Pre-projection parameters over all layers: 2 * d * int(expansion * d) * L (`PreProjection.num_params`)."""
+    return PreProjection.num_params(hidden_size, expansion) * num_layers
 
 
 def paper_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) -> int:
@@ -74,7 +75,7 @@ def matched_lora_rank(
     `per_rank`: LoRA parameters per unit of rank on the host (`hosts.lora.lora_params_per_rank`); None =
     GPT-NeoX's 6d per block.
     """
-    target = preproj_params(hidden_size, num_layers, expansion) + hidden_size * hidden_size * num_layers
+    target = preproj_params(hidden_size, num_layers, expansion) + ContentSkip.num_params(hidden_size) * num_layers
     return max(1, round(target / (per_rank or 6 * hidden_size * num_layers)))
 
 
@@ -175,7 +176,7 @@ def expected_trainable(
         raise ValueError("expected_trainable needs hidden_size and num_layers, or model=")
     d, layers = hidden_size, num_layers
     n = preproj_params(d, layers) if spec.preproj else 0
-    n += d * d * layers if spec.skip else 0
+    n += ContentSkip.num_params(d) * layers if spec.skip else 0
     if spec.lora:
         r, _ = resolve_lora(method, d, layers, lora_r, per_rank=per_rank)
         n += r * (per_rank or 6 * d * layers)

@@ -14,6 +14,7 @@ from typing import Any
 
 from mmpreproj_cli.tables import BUDGET_METHODS
 
+from ..modules import ContentSkip, PreProjection
 from ..tuner.budget import preproj_sizes
 from .methods import METHOD_SPECS
 
@@ -54,5 +55,5 @@ def budget_params(
     """The trainable count `sizes` gives `method` (the formulas of `sizes_for_budget`)."""
     if method == "lora":
         return sizes["lora_r"] * (lora_per_rank or 6 * dim * layers)
-    n = 2 * dim * int(sizes["expansion"] * dim) * layers if "expansion" in sizes else 0
-    return n + (2 * sizes["skip_rank"] * dim * layers if "skip_rank" in sizes else 0)
+    n = PreProjection.num_params(dim, sizes["expansion"]) * layers if "expansion" in sizes else 0
+    return n + (ContentSkip.num_params(dim, sizes["skip_rank"]) * layers if "skip_rank" in sizes else 0)

@@ -28,6 +28,7 @@ from ..version import __version__
 from .budget import preproj_sizes
 from .digest import DIGEST_KEY, check_weights_digest
 from .file_check import check_file_tensors
+from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
 __all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
@@ -35,10 +36,12 @@ __all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjC
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
-#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/keys.py`)
+#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/legacy.py`)
 #   2: mmpreproj 0.4 (peft's layout: `peft_type: "PREPROJ"`, peft's keys, `injection.weights_digest`)
+#   3: the skip's slot is `preproj_skip` (every slot starts with the peft prefix "preproj"); 1 and 2 are read
+#      through `tuner/legacy.py`
 # A config without `format_version` was written before the field existed (format 1 or 2, both read here).
-ADAPTER_FORMAT = 2
+ADAPTER_FORMAT = 3
 
 FUSE_QKV_SKIP_REMOVED = (
     "PreProjConfig.fuse_qkv_skip was removed after mmpreproj 0.1.0: the one-matmul Q/K/V + skip path gave no reliable "
@@ -110,9 +113,22 @@ class PreProjConfig(JsonConfig, PeftConfig):
     library_version: str = field(default=__version__, compare=False)
     format_version: int = field(default=ADAPTER_FORMAT, compare=False)
     fuse_qkv_skip: InitVar[bool | None] = None  # removed; not stored, not saved
+    # peft's targeting words (LoraConfig's): mapped onto `layers` or refused, naming `layers` / `parts`
+    target_modules: InitVar[Any] = None
+    exclude_modules: InitVar[Any] = None
+    layers_to_transform: InitVar[Any] = None
+    layers_pattern: InitVar[Any] = None
 
-    def __post_init__(self, fuse_qkv_skip: bool | None) -> None:
+    def __post_init__(
+        self,
+        fuse_qkv_skip: bool | None,
+        target_modules: Any = None,
+        exclude_modules: Any = None,
+        layers_to_transform: Any = None,
+        layers_pattern: Any = None,
+    ) -> None:
         _removed_fuse_qkv_skip(fuse_qkv_skip, warn=True)
+        self._peft_targeting(target_modules, exclude_modules, layers_to_transform, layers_pattern)
         PeftConfig.__post_init__(self)
         self.peft_type = PREPROJ
         check_field_types(self, skip=(*PEFT_FIELDS, "host", "injection"))
@@ -169,6 +185,31 @@ class PreProjConfig(JsonConfig, PeftConfig):
         elif self.layers is not None:
             self.layers = _layer_list(self.layers, "layers")
 
+    def _peft_targeting(
+        self, target_modules: Any, exclude_modules: Any, layers_to_transform: Any, layers_pattern: Any
+    ) -> None:
+        """peft's targeting words: `layers_to_transform` (block indices) is `layers`; the others name modules,
+        but PREPROJ's sites are the host table's norm -> attention seams (`mmpreproj.hosts`), so they are
+        refused, pointing to `layers` and `parts`."""
+        for name, value in (
+            ("target_modules", target_modules),
+            ("exclude_modules", exclude_modules),
+            ("layers_pattern", layers_pattern),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"PreProjConfig.{name}={value!r:.80}: PREPROJ does not pick modules by name; it wraps each "
+                    "block's attention at the seam the host table names (mmpreproj.hosts). Choose blocks with "
+                    "layers=[...] (or {part: [...]}) and the parts of a multimodal model with parts=[...]"
+                )
+        if layers_to_transform is not None:
+            if self.layers is not None:
+                raise ValueError(
+                    f"PreProjConfig: layers_to_transform={layers_to_transform!r:.60} and layers={self.layers!r:.60} "
+                    "both given; layers_to_transform is peft's name for layers: pass one"
+                )
+            self.layers = [layers_to_transform] if type(layers_to_transform) is int else layers_to_transform
+
     @property
     def method(self) -> str:
         """The method this config injects, by its name in `mmpreproj.train.METHODS`: "preproj_skip", "preproj"
@@ -192,7 +233,9 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 tensors = load_file(str(weights))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
-            check_file_tensors(config, tensors, weights)  # names, shapes, dtypes, values: before peft injects
+            modules = (config.injection or {}).get("modules")
+            named = renamed_slots(tensors, modules, "base_model.model.") if isinstance(modules, list) else tensors
+            check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
             check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
         return config
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 
 __all__ = ["SHAPES", "Estimate", "ModelShape", "estimate"]
@@ -94,6 +95,6 @@ def estimate(config: PreProjConfig, shape: str) -> Estimate:
     s = SHAPES[shape]
     d = s.dim
     blocks = len(config.resolve_layers(s.layers, "language"))
-    preproj = 2 * d * config.inner_width(d) if config.preproj else 0
-    skip = (d * d if config.skip_rank is None else 2 * config.skip_rank * d) if config.skip else 0
+    preproj = PreProjection.num_params(d, config.expansion) if config.preproj and config.inner_width(d) else 0
+    skip = ContentSkip.num_params(d, config.skip_rank) if config.skip else 0
     return Estimate(shape, s.layers, d, blocks, preproj * blocks, skip * blocks, s.base_params)

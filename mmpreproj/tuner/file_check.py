@@ -28,7 +28,8 @@ _PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (keys.py si
 
 
 def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
-    """{"preproj.up.weight": shape, ...}: the slot weights `config` gives at width `dim`, built on the meta
+    """{"preproj.up.weight": shape, ...}: the slot weights (each under its slot's name,
+    `PreProjAttention.adapter_layer_names`) `config` gives at width `dim`, built on the meta
     device (nothing allocated); the sizes are checked first (`PreProjConfig.check_sizes`)."""
     config.check_sizes(dim)
     meta = torch.device("meta")
@@ -36,7 +37,7 @@ def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
     if config.preproj:
         slots["preproj"] = PreProjection(dim, config.expansion, config.activation, "paper", device=meta)
     if config.skip:
-        slots["skip"] = ContentSkip(dim, 0.0, rank=config.skip_rank, device=meta)
+        slots["preproj_skip"] = ContentSkip(dim, 0.0, rank=config.skip_rank, device=meta)
     return {f"{slot}.{k}": tuple(v.shape) for slot, m in slots.items() for k, v in m.state_dict().items()}
 
 

@@ -1,6 +1,7 @@
 """An adapter folder: `save_adapter` writes it, `read_adapter` reads it back (description, tensors), in peft's
-layout (`keys.py`) with the two files replaced together (`util.file_sets`); `check_saved_paths` form-checks
-what a file says before any of it meets a model."""
+layout (`keys.py`: the config; weights keyed as the model keys them, peft's prefix added) with the two files
+replaced together (`util.file_sets`); `check_saved_paths` form-checks what a file says before any of it meets a
+model."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ from ..hosts.spec import HostError
 from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
+from .config import ADAPTER_FORMAT
 from .digest import DIGEST_KEY, check_weights_digest, weights_digest
-from .keys import (
-    block_keys_from_peft,
-    block_keys_to_peft,
-    description_from_peft_config,
-    is_legacy_description,
-    peft_config_from_description,
-)
+from .keys import PEFT_PREFIX, description_from_peft_config, peft_config_from_description
+from .legacy import OLD_SLOTS, is_legacy_description, model_keys
 from .model_card import card_fields, model_card
 from .state import ADAPTER_TYPE, InjectionState, named_adapter
-from .state_dict import named_adapter_tensors, refuse_empty, refuse_non_finite
+from .state_dict import (
+    SLOTS,
+    adapter_state_dict,
+    injected_paths,
+    named_adapter_tensors,
+    refuse_empty,
+    refuse_non_finite,
+)
 from .unwrap import STATE_ATTR, injected_owner
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "BASE_SAVE_TOKEN",
     "PRETRAINED_ADAPTER_DIR",
     "adapter_folder",
+    "check_file_keys",
     "check_saved_paths",
     "describe_for_save",
     "read_adapter",
@@ -76,8 +81,9 @@ def save_adapter(
     owner, state = injected_owner(model, "save_adapter")
     path = Path(path)
     name, _ = named_adapter(state, adapter_name)
-    if state_dict is None:
-        state_dict = named_adapter_tensors(owner, name)
+    if state_dict is None:  # the active adapter's gathered from FSDP2 shards (a collective: every rank calls)
+        state_dict = adapter_state_dict(owner) if name == state.active_adapter else named_adapter_tensors(owner, name)
+    state_dict = model_keys(state_dict, injected_paths(owner), state.modules_to_save)  # older keys: legacy.py
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     try:
@@ -88,8 +94,8 @@ def save_adapter(
     desc = describe_for_save(owner, name, tensors)
     if base_save_token is not None:
         desc[BASE_SAVE_TOKEN] = base_save_token
-    tensors = block_keys_to_peft(tensors, desc, where=f"save_adapter {path}")
     desc[DIGEST_KEY] = weights_digest(tensors)  # as the tuner records it: a torn pair is refused on load
+    tensors = {f"{PEFT_PREFIX}{k}": v for k, v in tensors.items()}  # peft's file keys
     text = json.dumps(peft_config_from_description(desc), indent=2, sort_keys=True) + "\n"
     writers = {
         ADAPTER_WEIGHTS_NAME: lambda f: save_file(tensors, f, metadata=meta),
@@ -111,9 +117,9 @@ def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tens
     rope = describe_rope(owner)
     if rope is not None:  # add_rope positions: load_adapter restores or checks them
         desc["rope"] = rope
-    desc["config"] = config.to_dict()
+    desc["config"] = {**config.to_dict(), "format_version": ADAPTER_FORMAT}  # the keys are written as today
     tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
-    # every tensor's shape, by block-index key: a loader checks the model's against it before injecting
+    # every tensor's shape, by its key: a loader checks the model's against it before injecting
     desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
     for k, v in card_fields(owner, name, tensors, state).items():
         desc.setdefault(k, v)  # keys another writer already put in describe() win
@@ -131,8 +137,9 @@ def adapter_folder(path: str | Path) -> Path:
 
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read and parse an adapter folder: (description, tensors). Clear errors for missing/corrupt files,
-    a config that is not an object and weights that are not finite (the tensor is named).
+    """Read and parse an adapter folder: (description, tensors keyed as `adapter_state_dict` keys them, or in the
+    block-index keys of an older folder: `legacy.model_keys` maps those onto the model). Clear errors for
+    missing/corrupt files, a config that is not an object and weights that are not finite (the tensor is named).
 
     `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""
     path = adapter_folder(path)
@@ -165,8 +172,8 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         file_tensors = tensors
         refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # named by the file's keys
         if peft_layout:
-            tensors = block_keys_from_peft(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
-            refuse_non_finite(tensors, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")  # dtypes, by block
+            tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items()}
+            check_file_keys(tensors, desc, f"adapter weights {path / ADAPTER_WEIGHTS_NAME}")
         # last, so a specific fault above is named first: a save cut short, or tensors renamed or edited
         check_weights_digest(desc.get(DIGEST_KEY), file_tensors, path / ADAPTER_WEIGHTS_NAME)
     return desc, tensors
@@ -190,3 +197,36 @@ def check_saved_paths(desc: dict, path: Path) -> None:
             check_path(module_path, f"modules_to_save[{name!r}]")
     except HostError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def check_file_keys(tensors: dict[str, torch.Tensor], desc: dict, where: str) -> None:
+    """ValueError naming `where` unless the description's `layers` and `modules` are aligned lists of block
+    indices and paths, every path (and each `modules_to_save` one) is well-formed (`hosts.paths.check_path`),
+    and every key (peft's prefix removed) lies under an injected block's slot or a saved module. Strings from
+    the file, compared as strings: nothing is resolved against a model here."""
+    layers, modules = desc.get("layers"), desc.get("modules")
+    if not (
+        isinstance(layers, list)
+        and isinstance(modules, list)
+        and len(layers) == len(modules)
+        and all(type(i) is int for i in layers)
+    ):
+        raise ValueError(
+            f"{where}: 'injection' needs 'layers' (block indices) and 'modules' (their paths), "
+            f"aligned lists; got layers={layers!r:.60}, modules={modules!r:.60}"
+        )
+    saved = desc.get("modules_to_save") or {}
+    try:
+        for i, module_path in enumerate(modules):
+            check_path(module_path, f"injection.modules[{i}]")
+        for name, module_path in saved.items():
+            check_path(module_path, f"injection.modules_to_save[{name!r}]")
+    except (HostError, AttributeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    slots = (*SLOTS, *OLD_SLOTS)
+    heads = tuple(f"{p}.{slot}." for p in modules for slot in slots) + tuple(f"{p}." for p in saved.values())
+    for key in tensors:
+        if not key.startswith(heads):
+            raise ValueError(
+                f"{where}: weight {PEFT_PREFIX + key!r} belongs to no injected block nor saved module of this adapter"
+            )

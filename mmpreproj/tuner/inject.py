@@ -24,7 +24,7 @@ from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
 from .plan import Plan, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
-from .state import InjectionState, adapter_params, check_adapter_name, injected_modules, is_injected
+from .state import InjectionState, adapter_params, injected_modules, is_injected
 from .unwrap import STATE_ATTR, injected_owners
 
 __all__ = ["adapter_disabled", "apply_plan", "inject", "unload"]
@@ -61,8 +61,8 @@ def _make_output_require_grad(
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     for _, wrapper in plan.placements:  # an inner width of 0 would inject a no-op and save an empty adapter
-        if wrapper.preproj is not None:
-            plan.state.config.inner_width(wrapper.preproj.dim)
+        if len(wrapper.preproj):
+            plan.state.config.inner_width(wrapper.adapter_width)
     done = []
     try:
         for site, wrapper in plan.placements:
@@ -148,11 +148,7 @@ def inject(
     host = host if host is not None else config_host(model, config)
     if host is None and not is_injected(model) and not peft_layers(model):  # the one call: a row, or the trace
         host, example_input = one_call_host(model, example_input)
-    plan = plan_injection(model, config, host)
-    plan.state.active_adapter = check_adapter_name(adapter_name)
-    plan.state.adapter_configs = {adapter_name: config}
-    for _, wrapper in plan.placements:
-        wrapper.name_adapter(adapter_name)
+    plan = plan_injection(model, config, host, adapter_name=adapter_name)
     apply_plan(model, plan)
     if example_input is not None:
         args, kwargs = split_input(example_input)

@@ -32,10 +32,11 @@ from torch import nn
 
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .inject import unload
-from .keys import SLOTS, as_description, is_other_peft_method
+from .keys import as_description, is_other_peft_method
+from .legacy import OLD_SLOTS
 from .load_injection import load_injection as _load_ours
 from .state import is_injected
-from .state_dict import trainable_adapter_params
+from .state_dict import SLOTS, trainable_adapter_params
 
 __all__ = ["Folder", "detect", "load_adapter"]
 
@@ -145,7 +146,11 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) ->
     try:
         expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers (+ ours)
         prefix = PEFT_TYPE_TO_PREFIX_MAPPING[config.peft_type]
-        missing, unexpected = sorted(k for k in expected - saved if prefix in k)[:3], sorted(saved - expected)[:3]
+        # ours as an older LoRA file holds them (mmpreproj 0.4: `...preproj.up.weight`, `...skip.proj.weight`): read
+        # from our own folder, loaded above, so not compared here (legacy.OLD_SLOTS)
+        old_ours = {k for k in saved - expected if _is_ours(k)} if is_injected(model) else set()
+        missing = sorted(k for k in expected - saved if prefix in k)[:3]
+        unexpected = sorted(saved - expected - old_ours)[:3]
         if missing or unexpected:  # `missing` counts LoRA's own: older files hold LoRA alone, ours in preproj/
             ours = any(f".{slot}." in k for k in saved - expected for slot in (*SLOTS, "base_layer"))
             hint = (
@@ -167,6 +172,11 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) ->
             p.requires_grad_(flag)
         raise
     return lora
+
+
+def _is_ours(key: str) -> bool:
+    """Whether a key of a LoRA file is one of our injected weights (a slot's segment, today's or an older name)."""
+    return "lora_" not in key and any(f".{slot}." in key for slot in (*SLOTS, *OLD_SLOTS))
 
 
 def _is_lora(cfg_file: Path) -> bool:

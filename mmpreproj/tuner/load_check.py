@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from .config import PreProjConfig
+from .legacy import model_keys
 from .plan import Plan, config_host, plan_injection
-from .state_dict import saved_module_tensors, wrapper_tensors
+from .state_dict import rekeyed_by_block, saved_module_tensors, wrapper_tensors
 from .unwrap import injected_owner
 
 __all__ = ["check_added_record", "check_record", "check_record_fits"]
@@ -33,8 +34,12 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
     _check_sites(plan.state, record, where, by_path=by_path)
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
-        expected = wrapper_tensors([w for _, w in plan.placements])
+        pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
+        expected = wrapper_tensors(pairs)
         expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+        shapes = model_keys(shapes, pairs, plan.state.modules_to_save)  # recorded by block index before format 3
+        if not by_path:  # the record's paths may be another wrapping's: matched by block index
+            shapes = rekeyed_by_block(shapes, record.get("layers"), record.get("modules"), pairs)
         have = {k: list(v.shape) for k, v in expected.items()}
         if have != shapes:
             diff = sorted(k for k in set(have) | set(shapes) if have.get(k) != shapes.get(k))

@@ -13,12 +13,20 @@ from ..timm_rope.saved import rope_for_load
 from .config import PreProjConfig
 from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
 from .inject import apply_plan
+from .legacy import model_keys
 from .load_check import check_added_record, check_record
 from .named import add_named_adapter
 from .plan import plan_injection, saved_host
 from .pretrained import check_saved_pair, config_save_token
-from .state import check_adapter_name, is_injected, parse_adapter_key
-from .state_dict import check_tensors_match, saved_module_tensors, trainable_adapter_params, wrapper_tensors
+from .state import check_adapter_name, is_injected
+from .state_dict import (
+    check_tensors_match,
+    is_slot_key,
+    rekeyed_by_block,
+    saved_module_tensors,
+    trainable_adapter_params,
+    wrapper_tensors,
+)
 from .unwrap import refuse_meta_parameters
 
 __all__ = ["load_injection"]
@@ -67,7 +75,7 @@ def load_injection(
     host = saved_host(model, desc, path)
     restore_rope = rope_for_load(model, desc.get("rope"), f"adapter at {path}")  # checks only; runs after apply_plan
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
-        plan = plan_injection(model, config, host)
+        plan = plan_injection(model, config, host, adapter_name=adapter_name or "default")
     saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
     have_parts = [p["name"] for p in plan.state.parts]
     if saved_parts and saved_parts != have_parts:
@@ -77,22 +85,22 @@ def load_injection(
         if saved != have:
             raise ValueError(f"adapter at {path} has {field_name}={saved}, this model has {field_name}={have}")
     check_record(model, plan, desc, f"adapter at {path}", by_path=False)  # no weight moves blocks
-    expected = wrapper_tensors([w for _, w in plan.placements])
+    pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
+    expected = wrapper_tensors(pairs)
     expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+    tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
+    tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
-    injected = {k: v for k, v in expected.items() if parse_adapter_key(k)[0] is not None}
+    injected = {k: v for k, v in expected.items() if is_slot_key(k)}
     with torch.no_grad():
         for k, dst in injected.items():
             dst.copy_(tensors[k])
-    if adapter_name is not None:
-        plan.state.adapter_configs = {adapter_name: plan.state.config}
-        plan.state.active_adapter = adapter_name
     apply_plan(model, plan)
     if restore_rope is not None:
         restore_rope()
     with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
         for k, dst in expected.items():
-            if parse_adapter_key(k)[0] is None:
+            if k not in injected:
                 dst.copy_(tensors[k])
     if not is_trainable:
         for p in trainable_adapter_params(model):

@@ -5,45 +5,45 @@ peft's generic tuner finds target modules by name and swaps each for a layer; th
 sites through the host table (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts),
 so `inject_adapter` hands the model to `inject.inject` (peft's `inject_adapter_in_model` counterpart), and
 the multi-adapter calls go to `named.py`. What peft reads back is peft's: `peft_config`,
-`active_adapter`, `targeted_module_names`, and a state dict in peft's keys (`tuner/keys.py`).
+`active_adapter`, `targeted_module_names`, and a state dict in peft's keys: the model's own `state_dict()` keys,
+the adapter name removed on save and put back on load (`_remove_adapter_name_from_key`), no converter between.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..modules.wrapper import PreProjAttention
-from .config import PreProjConfig
+from ..modules.slot import MERGE_REFUSED
+from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
+from .config import ADAPTER_FORMAT, PreProjConfig
 from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .inject import inject, unload
-from .keys import PEFT_PREFIX, block_keys_from_peft, block_keys_to_peft, injection_of
+from .keys import PEFT_PREFIX, injection_of
+from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
 from .named import add_fresh_adapter, delete_adapter, set_adapter
 from .state import injected_modules, is_injected
 from .state_dict import (
+    SLOTS,
     adapter_tensors_from_state_dict,
     check_tensors_match,
+    injected_paths,
+    is_slot_key,
     named_adapter_tensors,
     refuse_non_finite,
-    set_adapter_state_dict,
     trainable_adapter_params,
 )
 from .unwrap import injected_owner
 
 __all__ = ["FREEZE_BASE_REFUSED", "MERGE_REFUSED", "PreProjModel"]
-
-MERGE_REFUSED = (
-    "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
-    "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
-    "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
-)
 
 
 FREEZE_BASE_REFUSED = (
@@ -56,7 +56,7 @@ FREEZE_BASE_REFUSED = (
 class PreProjModel(BaseTuner):
     """peft tuner: pre-projection + content skip at every selected attention block (arXiv 2604.10791)."""
 
-    prefix: str = "preproj_"
+    prefix: str = "preproj"  # every slot name starts with it (peft's and transformers' key handling)
     tuner_layer_cls = PreProjAttention
     target_module_mapping: dict[str, list[str]] = {}
 
@@ -127,7 +127,11 @@ class PreProjModel(BaseTuner):
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
-            raise ValueError(f"set_adapter: one active PREPROJ adapter at a time, got {names}")
+            raise ValueError(
+                f"set_adapter({names}): PREPROJ runs one adapter per forward: two pre-projections would feed one "
+                "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
+                "run a mixed batch (forward(..., adapter_names=[one name per row]))"
+            )
         set_adapter(self.model, names[0])
         self.active_adapter = names[0]
         if inference_mode:
@@ -154,26 +158,38 @@ class PreProjModel(BaseTuner):
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
         for w in injected_modules(self.model):
-            w.adapter_enabled = enabled
-            for slot in (w.preproj, w.skip):
-                if slot is not None:
-                    slot._disable_adapters = not enabled  # what peft's model status reads
+            w.enable_adapters(enabled)
 
     @contextlib.contextmanager
     def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
-        """`forward(adapter_names=[...])` (peft's mixed batches): one adapter runs per forward here, so a list
-        naming any other adapter than the active one is refused, never ignored."""
-        names = kwargs.get("adapter_names")
-        if names is not None:
-            active = self.active_adapter
-            other = sorted({n for n in names if n != active})
-            if other:
-                raise ValueError(
-                    f"forward(adapter_names=...): PREPROJ runs one adapter per forward (the active one, "
-                    f"{active!r}); the batch names {other}. Split the batch by adapter and call set_adapter "
-                    "between the forwards"
-                )
-        yield
+        """`forward(adapter_names=[...])` (peft's mixed batches): each row runs through its own adapter
+        ("__base__": none); every wrapper gets the names through a forward pre-hook, as LoRA's layers do."""
+        names = kwargs.pop("adapter_names", None)
+        if names is None:
+            yield
+            return
+        names = list(names)
+        loaded = set(self.peft_config) | {BASE_ADAPTER}
+        unknown = sorted({n for n in names if n not in loaded})
+        if unknown:
+            raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
+        handles = [
+            w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
+            for w in injected_modules(self.model)
+        ]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def add_weighted_adapter(self, *args: Any, **kwargs: Any) -> None:
+        """peft's weighted combination of adapters (LoRA's): refused with the reason."""
+        raise ValueError(
+            "add_weighted_adapter: a weighted sum of PREPROJ adapters' weights is no weighted combination of what "
+            "they do (the pre-projection x^ + W_down SiLU(W_up x^) is nonlinear, and it feeds the attention that the "
+            "skip reads). Run the adapters one at a time (set_adapter) or per row (forward(adapter_names=[...]))"
+        )
 
     # -- merge / unload ------------------------------------------------------------------------------
     def merge_adapter(self, *args: Any, **kwargs: Any) -> None:
@@ -199,10 +215,12 @@ class PreProjModel(BaseTuner):
         state_dict: dict[str, torch.Tensor],
         unwanted_adapter_names: list[str],
     ) -> dict[str, torch.Tensor]:
-        """The adapter `adapter_name`'s weights (stored ones too), keyed like the model keys them, taken from
-        `state_dict`: the caller's (a Trainer's gathered full state dict under FSDP2 / ZeRO-3, saved by the main
-        process alone) or peft's `model.state_dict()`. The live weights are never read (sharded, they would need
-        a collective on one rank: a deadlock); only FSDP2 shards in `state_dict` itself are gathered."""
+        """Adapter `adapter_name`'s weights taken from `state_dict` (the caller's: a Trainer's gathered full state
+        dict under FSDP2 / ZeRO-3, saved by the main process alone; or peft's `model.state_dict()`), keyed as the
+        model keys them, the adapter name still in (peft removes it, `_remove_adapter_name_from_key`); an inactive
+        adapter's `modules_to_save` values come from the injection state. The live weights are never read
+        (sharded, they would need a collective on one rank: a deadlock); only FSDP2 shards in `state_dict`
+        itself are gathered (`state_dict.adapter_tensors_from_state_dict`)."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
         prefix = _owner_prefix(model, owner)
         try:
@@ -211,24 +229,38 @@ class PreProjModel(BaseTuner):
             raise ValueError(f"get_peft_model_state_dict({adapter_name!r}): {e}") from None
         desc = describe_for_save(owner, adapter_name, tensors)
         # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
-        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(block_keys_to_peft(tensors, desc))}
-        return block_keys_to_peft(tensors, desc, prefix=prefix)
+        config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(tensors)}
+        config.format_version = ADAPTER_FORMAT  # the keys are written as today
+        out = {}
+        for key, value in tensors.items():
+            if is_slot_key(key):
+                path, slot, param = _split_slot_key(key, state.modules)
+                key = f"{path}.{slot}.{adapter_name}.{param}"
+            out[f"{prefix}{key}"] = value
+        return out
 
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
-        return key  # the adapter name is not in the model's keys: one adapter runs per wrapper
+        """`...attention.preproj.{adapter}.up.weight` -> `...attention.preproj.up.weight` (peft's default removes
+        the name only where LoRA has it, second to last)."""
+        for slot in SLOTS:
+            head = f".{slot}.{adapter_name}."
+            at = key.rfind(head)
+            if at >= 0:
+                return f"{key[:at]}.{slot}.{key[at + len(head) :]}"
+        return key
 
     @classmethod
     def _remap_adapter_state_dict_for_load(
         cls, model: nn.Module, config: PreProjConfig, adapter_name: str, state_dict: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        """peft keys -> the model's keys, after checking every key, shape, dtype and value (nothing is copied
-        from a state dict with one wrong). The active adapter loads through peft's `load_state_dict`; a stored
-        (inactive) one is written here and nothing is left for peft to load."""
+        """File keys -> the model's keys (peft's: the adapter name put back), after checking every key, shape,
+        dtype and value (nothing is copied from a state dict with one wrong). An inactive adapter's
+        `modules_to_save` values go to the injection state, not the model."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
-        desc = describe_for_save(owner, adapter_name)
         where = f"set_peft_model_state_dict({adapter_name!r})"
-        tensors = block_keys_from_peft(state_dict, desc, where)
+        tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items()}
+        tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)  # older files: legacy.py
         # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
         check_tensors_match(
             named_adapter_tensors(owner, adapter_name),
@@ -236,10 +268,30 @@ class PreProjModel(BaseTuner):
             f"{where}: the weights do not match this adapter (another method's or another size's checkpoint?)",
         )
         refuse_non_finite(tensors, where)
-        if adapter_name != state.active_adapter:
-            set_adapter_state_dict(owner, tensors, adapter_name=adapter_name)
-            return {}
-        return block_keys_to_peft(tensors, desc, prefix=_owner_prefix(model, owner))
+        prefix = _owner_prefix(model, owner)
+        out = {}
+        for key, value in tensors.items():
+            if is_slot_key(key):
+                path, slot, param = _split_slot_key(key, state.modules)
+                out[f"{prefix}{path}.{slot}.{adapter_name}.{param}"] = value
+            elif adapter_name == state.active_adapter:
+                out[f"{prefix}{key}"] = value
+            else:
+                stored = state.stored_modules[adapter_name]
+                stored[key] = value.to(device=stored[key].device, dtype=stored[key].dtype).clone()
+        return out
+
+
+def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: hand a mixed batch's adapter names to the wrapper's forward."""
+    return args, {**kwargs, "adapter_names": names}
+
+
+def _split_slot_key(key: str, paths: list[str]) -> tuple[str, str, str]:
+    """(wrapper path, slot, param) of a checked slot key `{path}.{slot}.{param}`."""
+    path = max((p for p in paths if key.startswith(f"{p}.")), key=len)
+    slot, _, param = key[len(path) + 1 :].partition(".")
+    return path, slot, param
 
 
 def _owner_prefix(model: nn.Module, owner: nn.Module) -> str:

@@ -15,6 +15,8 @@ import torch
 from huggingface_hub import ModelCard
 from torch import nn
 
+from .state_dict import is_slot_key
+
 __all__ = ["card_fields", "model_card"]
 
 
@@ -26,14 +28,14 @@ def base_model_name(model: nn.Module) -> str | None:
 
 def card_fields(model: nn.Module, adapter_name: str, tensors: dict[str, torch.Tensor], state) -> dict:
     """The keys `save_adapter` adds to `adapter_config.json` (beside `InjectionState.describe()`)."""
-    injected = sum(v.numel() for k, v in tensors.items() if k.startswith("blocks."))
+    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
     return {
         "base_model_name_or_path": base_model_name(model),  # peft's name for the same fact
         "base_model_class": type(model).__name__,
         "adapter_name": adapter_name,
         "trainable_parameters": {
             "injected": injected,
-            "modules_to_save": sum(v.numel() for k, v in tensors.items() if k.startswith("modules.")),
+            "modules_to_save": sum(v.numel() for k, v in tensors.items() if not is_slot_key(k)),
         },
     }
 

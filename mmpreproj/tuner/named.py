@@ -6,12 +6,11 @@
     mmpreproj.set_adapter(model, "b")                                  # b now runs (and trains)
     mmpreproj.save_adapter(model, "out/a", adapter_name="default")     # any loaded one, active or not
 
-Design: each wrapper keeps the ACTIVE adapter's modules where a single-adapter model keeps them
-(`wrapper.preproj`, `wrapper.skip`), so its state-dict keys, saved files and forward are those of a model
-holding only that adapter (outputs equal bit for bit). The others wait in `wrapper.stored_adapters`, an
-`nn.ModuleDict` (so `.to()` moves them), with `requires_grad=False`; `set_adapter` swaps the modules (no
-copy, so an optimizer built before the switch still holds the old adapter's tensors). The `modules_to_save`
-values of the inactive adapters live in the injection state and are copied in and out on a switch.
+Design: as peft's LoRA, each wrapper keeps every adapter in one `nn.ModuleDict` per slot keyed by adapter name
+(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's layer methods, `modules.slot`), the inactive ones
+with `requires_grad=False`; `set_adapter` switches which one runs (nothing moves, so an optimizer built before
+the switch still holds the old adapter's tensors). The `modules_to_save` values of the inactive adapters live
+in the injection state and are copied in and out on a switch.
 
 An added adapter must fit the injection's sites: the same host row, parts, blocks and widths, the same
 preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
@@ -35,9 +34,10 @@ from torch import nn
 from ..hosts.spec import HostSpec
 from .config import PreProjConfig
 from .in_flight import refuse_in_flight
+from .legacy import model_keys
 from .plan import new_adapter_modules
-from .state import adapter_key, check_adapter_name, injected_modules, named_adapter
-from .state_dict import check_tensors_match, saved_module_tensors
+from .state import adapter_params, check_adapter_name, injected_modules, named_adapter
+from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors
 from .unwrap import injected_owner
 
 __all__ = [
@@ -108,16 +108,17 @@ def add_named_adapter(
     config = PreProjConfig.from_dict(desc["config"])
     _check_fits(state, desc, config, str(where))
     built, expected = [], {}
+    pairs = injected_paths(owner)
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
-        for w in injected_modules(owner):
-            live = w.preproj if w.preproj is not None else w.skip
-            ref = next(live.parameters())
-            preproj, skip = new_adapter_modules(live.dim, config, ref.device)
-            for part, module in (("preproj", preproj), ("skip", skip)):
+        for path, w in pairs:
+            ref = adapter_params(w)[0]  # the active adapter's weight: its device and dtype
+            preproj, skip = new_adapter_modules(w.adapter_width, config, ref.device)
+            for slot, module in zip(SLOTS, (preproj, skip)):
                 if module is not None:
                     module.to(dtype=ref.dtype)
-                    expected.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
+                    expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
             built.append((w, preproj, skip))
+    tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
     with torch.no_grad():
@@ -125,7 +126,10 @@ def add_named_adapter(
             dst.copy_(tensors[k])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
     for w, preproj, skip in built:  # from here on nothing can fail
-        w.store_adapter(name, preproj, skip)
+        for module in (preproj, skip):
+            if module is not None:
+                module.requires_grad_(False)
+        w.update_layer(name, preproj, skip)
     state.adapter_configs[name] = config
     state.stored_modules[name] = stored
     return model
@@ -149,12 +153,11 @@ def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.
     desc = state.describe()
     desc["config"] = config.to_dict()
     tensors = {}
-    for w in injected_modules(owner):
-        live = w.preproj if w.preproj is not None else w.skip
-        preproj, skip = new_adapter_modules(live.dim, config, next(live.parameters()).device)
-        for part, module in (("preproj", preproj), ("skip", skip)):
+    for path, w in injected_paths(owner):
+        preproj, skip = new_adapter_modules(w.adapter_width, config, adapter_params(w)[0].device)
+        for slot, module in zip(SLOTS, (preproj, skip)):
             if module is not None:
-                tensors.update({adapter_key(w.block_index, part, k): v for k, v in module.state_dict().items()})
+                tensors.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
     tensors.update({k: v.detach().clone() for k, v in saved_module_tensors(owner, state.modules_to_save).items()})
     return add_named_adapter(model, desc, tensors, name, f"add_adapter({name!r})")
 
@@ -177,8 +180,10 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     refuse_in_flight(owner, "set_adapter")
     live = saved_module_tensors(owner, state.modules_to_save)
     kept = {k: v.detach().clone() for k, v in live.items()}
-    for w in injected_modules(owner):
-        w.activate_stored_adapter(name, store_active_as=old)
+    wrappers = injected_modules(owner)
+    trains = any(p.requires_grad for w in wrappers for p in adapter_params(w))
+    for w in wrappers:
+        w.set_adapter(name, inference_mode=not trains)
     with torch.no_grad():
         for k, dst in live.items():
             dst.copy_(state.stored_modules[name][k])
@@ -200,7 +205,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
         hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
     for w in injected_modules(owner):
-        w.drop_stored_adapter(name)
+        w.delete_adapter(name)
     del state.adapter_configs[name]
     state.stored_modules.pop(name, None)
     return model

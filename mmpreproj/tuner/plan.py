@@ -18,7 +18,7 @@ from ..modules import ContentSkip, PreProjAttention, PreProjection
 from ..modules.wrapper import InFlight
 from .config import PreProjConfig
 from .files import check_saved_paths
-from .state import InjectionState, is_injected
+from .state import InjectionState, check_adapter_name, is_injected
 
 __all__ = ["Plan", "config_host", "new_adapter_modules", "peft_layers", "plan_injection", "saved_host"]
 
@@ -82,10 +82,13 @@ def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) 
     return out
 
 
-def plan_injection(model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec | None) -> Plan:
-    """Validate everything and build the wrappers; the model is not touched."""
+def plan_injection(
+    model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec | None, adapter_name: str = "default"
+) -> Plan:
+    """Validate everything and build the wrappers, holding adapter `adapter_name`; the model is not touched."""
     if not isinstance(config, PreProjConfig):
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
+    check_adapter_name(adapter_name)
     if is_injected(model):
         raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
     _refuse_compiled_or_peft(model)
@@ -106,7 +109,9 @@ def plan_injection(model: nn.Module, config: PreProjConfig, host: str | dict | H
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
         preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
-        wrapper = PreProjAttention(site.attention, site.call, preproj, skip, block_index=site.index, part=site.part)
+        wrapper = PreProjAttention(
+            site.attention, site.call, preproj, skip, block_index=site.index, part=site.part, adapter_name=adapter_name
+        )
         wrapper.flight = flight
         wrapper.seam = (
             f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
@@ -136,6 +141,7 @@ def plan_injection(model: nn.Module, config: PreProjConfig, host: str | dict | H
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
         base_model_name_or_path=_name_or_path(model),
         modules=[f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements],
+        active_adapter=adapter_name,
     )
     return Plan(spec, state, placements, seams)
 

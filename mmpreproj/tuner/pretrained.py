@@ -41,12 +41,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
-from .state import adapter_key
-from .state_dict import local_adapter_state_dict, saved_module_tensors
+from .legacy import OLD_SLOTS
+from .state_dict import SLOTS, local_adapter_state_dict
 from .unwrap import STATE_ATTR
 
 __all__ = [
@@ -62,7 +63,8 @@ __all__ = [
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
-_WRAPPER_OWN = ("preproj.", "skip.", "stored_adapters.")  # wrapper state that is not the base's
+_WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not the base's
+_SLOT_NAMES = {**OLD_SLOTS, **{slot: slot for slot in SLOTS}}  # a slot's name in any layout -> today's
 
 
 def install_save_pretrained(model: nn.Module) -> None:
@@ -92,9 +94,12 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
     """`load_state_dict` pre-hook of an injected model: a base checkpoint (keys as before `inject`, e.g. what
     `save_pretrained` writes and transformers' Trainer reads back on resume) loads into the wrapped modules.
 
-    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`. A dict with base keys of wrapped attention and none of
-    the injected weights is refused (RuntimeError, nothing loaded): a plain Trainer resumed from its own
-    checkpoint would otherwise go on with the adapter it started from.
+    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`, and an injected weight in the layout before adapters
+    were keyed by name, `P.preproj.up.weight` / `P.skip.proj.weight`, becomes the active adapter's
+    `P.preproj.{name}.up.weight` / `P.preproj_skip.{name}.proj.weight` (a 0.4 checkpoint resumed by a Trainer). A dict
+    with base keys of wrapped attention and none of the injected weights is refused (RuntimeError, nothing
+    loaded): a plain Trainer resumed from its own checkpoint would otherwise go on with the adapter it started
+    from.
     """
     wrappers = {f"{prefix}{name}.": w for name, w in module.named_modules() if isinstance(w, PreProjAttention)}
     if not wrappers:
@@ -105,8 +110,13 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
         if wrapper_prefix is None:
             continue
         rest = key[len(wrapper_prefix) :]
-        if rest.startswith(("preproj.", "skip.")):
+        wrapper = wrappers[wrapper_prefix]
+        slot, _, param = rest.partition(".")
+        renamed = _SLOT_NAMES.get(slot)  # the slot's name, today's or an older one (`legacy.OLD_SLOTS`)
+        if renamed is not None and (renamed == slot or not hasattr(wrapper.base_layer, slot)):
             adapter_keys += 1
+            if param.partition(".")[0] not in getattr(wrapper, renamed):  # no adapter name: the older layout
+                renames[key] = f"{wrapper_prefix}{renamed}.{wrapper.active_adapters[0]}.{param}"
         elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
             renames[key] = f"{wrapper_prefix}base_layer.{rest}"
     if renames and not adapter_keys:  # refused before anything is renamed or loaded
@@ -131,9 +141,10 @@ def split_state_dict(
     """A full state dict of the injected `model` -> (the base's, keyed and valued as before `inject`;
     the adapter's, keyed as `adapter_state_dict` keys it, or None when `state_dict` lacks some of it).
 
-    Under a wrapper `P`: `P.base_layer.X` -> `P.X`, `P.preproj.*` / `P.skip.*` -> the adapter, the stored
-    adapters are dropped. A `modules_to_save` module's keys keep their names with the inject-time values in
-    the base, the given values go to the adapter. ValueError naming any other key under a wrapper.
+    Under a wrapper `P`: `P.base_layer.X` -> `P.X`, the active adapter's `P.preproj.{name}.*` /
+    `P.preproj_skip.{name}.*` -> the adapter (`P.preproj.*`), the other adapters are dropped. A `modules_to_save`
+    module's keys keep their names with the inject-time values in the base, the given values go to the adapter.
+    ValueError naming any other key under a wrapper.
     """
     state = vars(model)[STATE_ATTR]
     wrappers = _wrappers_by_name(model)
@@ -147,16 +158,18 @@ def split_state_dict(
             rest = key[len(prefix) + 1 :]
             if rest.startswith("base_layer."):
                 base[f"{prefix}.{rest[len('base_layer.') :]}"] = value
-            elif rest.startswith(("preproj.", "skip.")):
-                module, _, name = rest.partition(".")
-                adapter[adapter_key(wrappers[prefix].block_index, module, name)] = value
-            elif not rest.startswith(_WRAPPER_OWN):
+            elif rest.startswith(_WRAPPER_OWN):
+                slot, _, named = rest.partition(".")
+                name, _, param = named.partition(".")
+                if name == wrappers[prefix].active_adapters[0]:
+                    adapter[f"{prefix}.{slot}.{param}"] = value
+            else:
                 raise ValueError(f"save_pretrained: state_dict key {key!r} is neither the base's nor the adapter's")
             continue
         path = next((p for p in saved if key.startswith(p + ".")), None)
         if path is not None:
             rest = key[len(path) + 1 :]
-            adapter[f"modules.{saved[path]}.{rest}"] = value
+            adapter[key] = value
             value = state.saved_originals[f"{saved[path]}.{rest}"]
         base[key] = value
     complete = set(adapter) == set(local_adapter_state_dict(model))  # keys only: no gather
@@ -174,14 +187,18 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
         for name, child in parent.named_children()
         if isinstance(child, PreProjAttention)
     ]
-    live = saved_module_tensors(model, state.modules_to_save)  # "modules.{name}.{param}" -> tensor
+    live = {  # (name, param) -> tensor
+        (name, k): v
+        for name, path in state.modules_to_save.items()
+        for k, v in get_path(model, path).state_dict().items()
+    }
     kept = {k: v.detach().clone() for k, v in live.items()}
     try:
         for parent, name, wrapper in swaps:
             setattr(parent, name, wrapper.base_layer)
         with torch.no_grad():
             for k, dst in live.items():
-                dst.copy_(state.saved_originals[k[len("modules.") :]])
+                dst.copy_(state.saved_originals[f"{k[0]}.{k[1]}"])
         yield model
     finally:
         with torch.no_grad():

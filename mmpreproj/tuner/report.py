@@ -43,8 +43,9 @@ def trainable_report(model: nn.Module) -> TrainableReport:
     parts: dict[str, int] = {}
     for w in model.modules():
         if isinstance(w, PreProjAttention):
-            a = sum(p.numel() for p in w.preproj.parameters()) if w.preproj is not None else 0
-            b = sum(p.numel() for p in w.skip.parameters()) if w.skip is not None else 0
+            pre, skip_ = w.slots()  # the active adapter's
+            a = sum(p.numel() for p in pre.parameters()) if pre is not None else 0
+            b = sum(p.numel() for p in skip_.parameters()) if skip_ is not None else 0
             preproj, skip = preproj + a, skip + b
             parts[w.part] = parts.get(w.part, 0) + a + b
     params = list(model.parameters())  # nn.Module.parameters() already yields a shared weight once

@@ -1,5 +1,6 @@
 """What `inject` leaves on a model: the injection state (`model.mmpreproj_state`), the wrappers in it, the
-adapter names and the one file-key format (`adapter_key` / `parse_adapter_key`)."""
+adapter names. Weights are keyed as the model's `state_dict()` keys them, the adapter name removed (peft's
+file keys, `state_dict.py`)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,11 @@ from .config import PreProjConfig
 __all__ = [
     "ADAPTER_TYPE",
     "InjectionState",
-    "adapter_key",
     "adapter_params",
     "check_adapter_name",
     "injected_modules",
     "is_injected",
     "named_adapter",
-    "parse_adapter_key",
 ]
 
 
@@ -47,11 +46,12 @@ class InjectionState:
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
-    # several adapters on one base (named.py): the active one runs, the others wait, frozen
+    # several adapters on one base (named.py): each wrapper holds them all (one ModuleDict per slot); the
+    # active one runs, the others wait, frozen
     active_adapter: str = "default"
     adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
     stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive
-    # name -> its modules_to_save values, keyed as in the file (`modules.{name}.{param}`)
+    # name -> its modules_to_save values, keyed as in the file (`{path}.{param}`)
 
     def __post_init__(self) -> None:
         self.adapter_configs.setdefault(self.active_adapter, self.config)
@@ -87,29 +87,8 @@ def is_injected(model: nn.Module) -> bool:
 
 
 def adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
-    return [p for m in (wrapper.preproj, wrapper.skip) if m is not None for p in m.parameters()]
-
-
-def adapter_key(block_index: int | None, module: str, name: str) -> str:
-    """The file key of an adapter weight, the one place its format is written:
-    `blocks.{i}.{preproj|skip}.{param}` for an injected weight (i = the adapter block index), or, with
-    `block_index=None`, `modules.{name}.{param}` for a base module of `modules_to_save`."""
-    if block_index is None:
-        return f"modules.{module}.{name}"
-    return f"blocks.{block_index}.{module}.{name}"
-
-
-def parse_adapter_key(key: str) -> tuple[int | None, str, str]:
-    """`adapter_key`'s inverse: (block index or None for a saved module, module, param); ValueError otherwise."""
-    kind, _, rest = key.partition(".")
-    first, _, name = rest.partition(".")
-    if kind == "blocks" and first.isdigit() and name:
-        module, _, param = name.partition(".")
-        if param:
-            return int(first), module, param
-    if kind == "modules" and first and name:
-        return None, first, name
-    raise ValueError(f"{key!r} is not an adapter key (blocks.<i>.<preproj|skip>.<param> or modules.<name>.<param>)")
+    """The active adapter's weights in one wrapper."""
+    return [p for m in wrapper.slots() if m is not None for p in m.parameters()]
 
 
 def check_adapter_name(name: object) -> str:

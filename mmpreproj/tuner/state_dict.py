@@ -1,8 +1,17 @@
-"""The adapter's tensors in and out of an injected model, keyed by block index (`state.adapter_key`): the active
-adapter's (`adapter_state_dict` / `set_adapter_state_dict`, peft's `get/set_peft_model_state_dict`), a stored
-one's, and the checks a set of tensors must pass (keys, shapes, dtypes, finite values)."""
+"""The adapter's tensors in and out of an injected model, keyed as the model's `state_dict()` keys them with the
+adapter name removed (peft's file keys, without peft's `base_model.model.` prefix):
+
+    gpt_neox.layers.3.attention.preproj.up.weight     (model key: ...attention.preproj.default.up.weight)
+    multi_modal_projector.linear_1.weight             (a base module of modules_to_save)
+
+The active adapter's (`adapter_state_dict` / `set_adapter_state_dict`, peft's `get/set_peft_model_state_dict`),
+a stored one's, and the checks a set of tensors must pass (keys, shapes, dtypes, finite values). Older layouts
+(block-index keys) are read by `legacy.py`."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -10,45 +19,87 @@ from torch import nn
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from .in_flight import refuse_in_flight
-from .state import InjectionState, adapter_key, adapter_params, injected_modules, named_adapter
+from .legacy import OLD_SLOTS, model_keys
+from .state import InjectionState, adapter_params, named_adapter
 from .unwrap import STATE_ATTR, injected_owner
 
 __all__ = [
+    "SLOTS",
     "adapter_state_dict",
     "adapter_tensors_from_state_dict",
     "check_tensors_match",
+    "injected_paths",
+    "is_slot_key",
     "local_adapter_state_dict",
     "named_adapter_tensors",
     "refuse_empty",
     "refuse_non_finite",
+    "rekeyed_by_block",
     "saved_module_tensors",
     "set_adapter_state_dict",
     "trainable_adapter_params",
     "wrapper_tensors",
 ]
 
+V = TypeVar("V")
+SLOTS = PreProjAttention.adapter_layer_names  # the adapter slots of a wrapper, named once
 
-def wrapper_tensors(wrappers: list[PreProjAttention]) -> dict[str, torch.Tensor]:
+
+def injected_paths(owner: nn.Module) -> list[tuple[str, PreProjAttention]]:
+    """(path in `owner`, wrapper) of every wrapper of an injected model, in block order."""
+    found = [(n, m) for n, m in owner.named_modules() if isinstance(m, PreProjAttention)]
+    return sorted(found, key=lambda nm: nm[1].block_index)
+
+
+def wrapper_tensors(
+    pairs: Iterable[tuple[str, PreProjAttention]], adapter_name: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Adapter `adapter_name`'s (default: the active one's) weights in the wrappers at (path, wrapper)."""
     return {
-        adapter_key(w.block_index, part, k): v
-        for w in wrappers
-        for part in ("preproj", "skip")
-        if getattr(w, part) is not None
-        for k, v in getattr(w, part).state_dict().items()
+        f"{path}.{slot}.{k}": v
+        for path, w in pairs
+        for slot, module in zip(SLOTS, w.slots(adapter_name))
+        if module is not None
+        for k, v in module.state_dict().items()
     }
 
 
+def is_slot_key(key: str) -> bool:
+    """Whether an adapter key names an injected weight (`....{slot}.{param}`, today's slot names or the older
+    ones, `legacy.OLD_SLOTS`), not a `modules_to_save` one."""
+    parts = key.split(".")
+    return any(p in SLOTS or p in OLD_SLOTS for p in parts[:-1])
+
+
+def rekeyed_by_block(
+    tensors: dict[str, V], layers: object, modules: object, pairs: list[tuple[str, PreProjAttention]]
+) -> dict[str, V]:
+    """`tensors` saved from a model whose wrappers sat at other paths (`modules`, aligned with the block indices
+    `layers`: a `features_only` net, another wrapping) keyed by this model's paths (`pairs`), block by block;
+    every other key unchanged. The file's paths are strings compared with strings, never resolved."""
+    if not (isinstance(layers, list) and isinstance(modules, list) and len(layers) == len(modules)):
+        return tensors
+    here = {w.block_index: path for path, w in pairs}
+    moved = {f"{old}.": f"{here[i]}." for i, old in zip(layers, modules) if i in here and here[i] != old}
+    if not moved:
+        return tensors
+    out = {}
+    for key, value in tensors.items():
+        head = next((h for h in moved if key.startswith(h) and is_slot_key(key[len(h) :])), None)
+        out[key if head is None else moved[head] + key[len(head) :]] = value
+    return out
+
+
 def saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The live values of the `modules_to_save` modules, keyed `{path}.{param}`."""
     return {
-        adapter_key(None, name, k): v
-        for name, path in modules_to_save.items()
-        for k, v in get_path(model, path).state_dict().items()
+        f"{path}.{k}": v for path in modules_to_save.values() for k, v in get_path(model, path).state_dict().items()
     }
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the injected weights, keyed `blocks.{i}.preproj.up.weight` etc. by host block index, plus
-    `modules.{name}.{param}` for the config's `modules_to_save`.
+    """Only the active adapter's weights and the config's `modules_to_save`, keyed as the injected model's
+    `state_dict()` keys them without the adapter name (`gpt_neox.layers.3.attention.preproj.up.weight`).
 
     Weights sharded by FSDP2 (DTensors) are gathered into full tensors: a collective, so on a sharded
     model every rank must call this (one rank alone waits forever). To save from one rank, gather the
@@ -59,10 +110,9 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def local_adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`adapter_state_dict`'s keys and this process's tensors: shards stay shards (no collective)."""
-    out = wrapper_tensors(injected_modules(model))
-    state: InjectionState | None = getattr(model, "mmpreproj_state", None)
-    if state is not None:
-        out.update(saved_module_tensors(model, state.modules_to_save))
+    owner, state = injected_owner(model, "adapter_state_dict")
+    out = wrapper_tensors(injected_paths(owner))
+    out.update(saved_module_tensors(owner, state.modules_to_save))
     return out
 
 
@@ -76,32 +126,31 @@ _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
 def adapter_tensors_from_state_dict(
-    owner: nn.Module, name: str, state_dict: dict[str, torch.Tensor], prefix: str = ""
+    owner: nn.Module, name: str, state_dict: dict[str, torch.Tensor], prefix: str = "", *, gather: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Adapter `name`'s weights in block-index keys (`named_adapter_tensors`' keys), read from `state_dict`, a
-    state dict of the model that holds `owner` under `prefix` ("base_model.model." in a PeftModel).
+    """Adapter `name`'s weights keyed as `named_adapter_tensors` keys them, read from `state_dict`, a state dict of
+    the model that holds `owner` under `prefix` ("base_model.model." in a PeftModel): the model's key of each
+    weight, `{path}.{slot}.{name}.{param}`, without the adapter name.
 
     What a Trainer or accelerate saves under FSDP2 / ZeRO-3: the full state dict gathered on every rank, then
     written by the main process alone. The live weights are never read (they are shards there) and nothing
-    is gathered, unless `state_dict` itself holds FSDP2 shards (peft's default `model.state_dict()`, when
-    `save_pretrained` runs on every rank): those are gathered, a collective. A stored adapter's
+    is gathered, unless `state_dict` itself holds FSDP2 shards and `gather` (peft's default `model.state_dict()`,
+    when `save_pretrained` runs on every rank): those are gathered, a collective. A stored adapter's
     `modules_to_save` values are not in a model's state dict and come from the injection state. ValueError
     naming the missing keys, or a state dict of empty ZeRO-3 partitions.
     """
     state: InjectionState = vars(owner)[STATE_ATTR]
     active = name == state.active_adapter
-    paths = dict(zip(state.layers, state.modules))  # block index -> wrapper path
-    wanted: dict[str, str] = {}  # block-index key -> the model's key
-    for w in injected_modules(owner):
-        slots = {p: getattr(w, p) for p in ("preproj", "skip") if getattr(w, p) is not None}
-        where = paths[w.block_index] if active else f"{paths[w.block_index]}.stored_adapters.{name}"
-        for part, module in slots.items() if active else w.stored_adapters[name].items():
-            for k in module.state_dict():
-                wanted[adapter_key(w.block_index, part, k)] = f"{where}.{part}.{k}"
+    wanted: dict[str, str] = {}  # our key -> the model's key
+    for path, w in injected_paths(owner):
+        for slot, module in zip(SLOTS, w.slots(name)):
+            if module is not None:
+                for k in module.state_dict():
+                    wanted[f"{path}.{slot}.{k}"] = f"{path}.{slot}.{name}.{k}"
     if active:
-        for module_name, path in state.modules_to_save.items():
+        for path in state.modules_to_save.values():
             for k in get_path(owner, path).state_dict():
-                wanted[adapter_key(None, module_name, k)] = f"{path}.{k}"
+                wanted[f"{path}.{k}"] = f"{path}.{k}"
     given = {_bare(k, prefix): v for k, v in state_dict.items()}
     missing = [k for k in wanted.values() if k not in given]
     if missing:
@@ -110,7 +159,7 @@ def adapter_tensors_from_state_dict(
             "pass the model's full state dict (under FSDP2: get_model_state_dict(model, options=StateDictOptions("
             "full_state_dict=True)) on every rank; under ZeRO-3: the engine's consolidated one)"
         )
-    out = {k: _full(given[v]) for k, v in wanted.items()}
+    out = {k: _full(given[v]) if gather else given[v] for k, v in wanted.items()}
     if not active:
         out.update(state.stored_modules.get(name, {}))
     refuse_empty(out, "the given state dict")
@@ -154,10 +203,10 @@ def check_tensors_match(expected: dict[str, torch.Tensor], tensors: dict[str, to
 
 
 def refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
-    """ValueError naming the first tensor with NaN/inf values, or an injected weight (`blocks.*`) that is not
+    """ValueError naming the first tensor with NaN/inf values, or an injected weight (`is_slot_key`) that is not
     floating point (integers, bools, complex: finite garbage where float weights are expected)."""
     for k, v in tensors.items():
-        if not v.is_floating_point() and k.startswith("blocks."):
+        if not v.is_floating_point() and is_slot_key(k):
             raise ValueError(f"{what}: tensor {k} has dtype {v.dtype}; injected weights are floating point (float32)")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             bad = int((~torch.isfinite(v)).sum())
@@ -167,7 +216,8 @@ def refuse_non_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
 def set_adapter_state_dict(
     model: nn.Module, tensors: dict[str, torch.Tensor], *, adapter_name: str | None = None
 ) -> nn.Module:
-    """Copy adapter weights (keyed as `adapter_state_dict` keys them) into an already injected `model`.
+    """Copy adapter weights (keyed as `adapter_state_dict` keys them, or in the older block-index keys,
+    `legacy.py`) into an already injected `model`.
 
     The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
@@ -179,6 +229,7 @@ def set_adapter_state_dict(
     owner, state = injected_owner(model, "set_adapter_state_dict")
     name, _ = named_adapter(state, adapter_name)
     refuse_in_flight(owner, "set_adapter_state_dict")
+    tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)
     expected = named_adapter_tensors(owner, name)
     check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")
     refuse_non_finite(tensors, "set_adapter_state_dict")
@@ -189,27 +240,20 @@ def set_adapter_state_dict(
 
 
 def named_adapter_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """Adapter `name`'s weights in block-index keys: the active one's (`adapter_state_dict`) or a stored one's."""
+    """Adapter `name`'s weights (the live tensors, not gathered): the active one's or a stored one's, whose
+    `modules_to_save` values wait in the injection state."""
     state: InjectionState = vars(owner)[STATE_ATTR]
-    return adapter_state_dict(owner) if name == state.active_adapter else _stored_tensors(owner, name)
-
-
-def _stored_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """A stored (not active) adapter's weights, keyed as `adapter_state_dict` keys the active one's."""
-    state: InjectionState = vars(owner)[STATE_ATTR]
-    out = {
-        adapter_key(w.block_index, part, k): v
-        for w in injected_modules(owner)
-        for part, module in w.stored_adapters[name].items()
-        for k, v in module.state_dict().items()
-    }
-    out.update(state.stored_modules.get(name, {}))
+    out = wrapper_tensors(injected_paths(owner), name)
+    if name == state.active_adapter:
+        out.update(saved_module_tensors(owner, state.modules_to_save))
+    else:
+        out.update(state.stored_modules.get(name, {}))
     return out
 
 
 def trainable_adapter_params(owner: nn.Module) -> list[nn.Parameter]:
     """The active adapter's weights and its `modules_to_save` weights (what trains with the adapter)."""
     state: InjectionState = vars(owner)[STATE_ATTR]
-    params = [p for w in injected_modules(owner) for p in adapter_params(w)]
+    params = [p for _, w in injected_paths(owner) for p in adapter_params(w)]
     params += [p for path in state.modules_to_save.values() for p in get_path(owner, path).parameters()]
     return params

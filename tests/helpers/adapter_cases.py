@@ -21,7 +21,7 @@ from mmpreproj.tuner.digest import weights_digest
 W, C = "adapter_model.safetensors", "adapter_config.json"
 UP0 = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"
 UP1 = "base_model.model.gpt_neox.layers.1.attention.preproj.up.weight"
-SKIP0 = "base_model.model.gpt_neox.layers.0.attention.skip.proj.weight"
+SKIP0 = "base_model.model.gpt_neox.layers.0.attention.preproj_skip.proj.weight"
 
 
 def base(base_dir: Path):

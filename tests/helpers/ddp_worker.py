@@ -29,11 +29,12 @@ if __name__ == "__main__":
     if parallel == "fsdp":
         dist.init_process_group("gloo")
         result = train(TrainConfig(out=out, **FSDP_CONFIG), tiny_neox(), examples=DATA)
-        local = {  # this rank's shard of each injected weight, before gathering
-            f"blocks.{w.block_index}.{part}.{k}": tuple(v.to_local().shape)
-            for w in mmpreproj.injected_modules(result.model)
-            for part in ("preproj", "skip")
-            for k, v in getattr(w, part).state_dict().items()
+        local = {  # this rank's shard of each injected weight, before gathering (keyed as adapter_state_dict)
+            f"{path}.{slot}.{k}": tuple(v.to_local().shape)
+            for path, w in result.model.named_modules()
+            if isinstance(w, mmpreproj.PreProjAttention)
+            for slot, m in zip(w.adapter_layer_names, w.slots())
+            for k, v in m.state_dict().items()
         }
         weights = mmpreproj.adapter_state_dict(result.model)  # gathers: every rank takes part
         dist.destroy_process_group()

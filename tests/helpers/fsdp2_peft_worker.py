@@ -38,7 +38,7 @@ from tests.helpers.zoo import tiny_neox  # noqa: E402
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # what accelerate gathers for a save
 BROADCAST = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-ADAPTER_SLOTS = (".preproj.", ".skip.")
+ADAPTER_SLOTS = (".preproj.", ".preproj_skip.")  # the wrapper's slots (adapter_layer_names)
 
 
 def build(mode: str) -> torch.nn.Module:
@@ -67,7 +67,16 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int, rank: int) 
 
 
 def adapter_part(full: dict) -> dict:
-    return {k: v.clone() for k, v in full.items() if any(s in k for s in ADAPTER_SLOTS)}
+    """The adapter's weights of a full state dict, keyed as the file keys them (the adapter name removed)."""
+    return {k.replace(".default.", "."): v.clone() for k, v in full.items() if any(s in k for s in ADAPTER_SLOTS)}
+
+
+def model_key(key: str) -> str:
+    """A file key's model key: the adapter name after the slot (peft's `_remove_adapter_name_from_key` inverse)."""
+    for slot in ADAPTER_SLOTS:
+        if slot in key:
+            return key.replace(slot, f"{slot}default.", 1)
+    return key
 
 
 def saved_file(side: str, mode: str) -> str:
@@ -101,7 +110,7 @@ def main() -> None:
     from_file, optim = {}, {}
     if rank == 0:  # the saved file's keys are the model's keys behind peft's prefix (or the wrappers' paths)
         prefix = "" if mode == "peft" else "base_model.model."
-        from_file = {k.removeprefix(prefix): v for k, v in load_file(saved_file(side, mode)).items()}
+        from_file = {model_key(k.removeprefix(prefix)): v for k, v in load_file(saved_file(side, mode)).items()}
         optim = torch.load(os.path.join(side, "optimizer.pt"))
     set_model_state_dict(fresh, from_file, options=BROADCAST)
     opt2 = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=1e-2)

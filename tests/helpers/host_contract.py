@@ -80,7 +80,7 @@ def build_once(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def injected_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if ".preproj." in n or ".skip." in n}
+    return {n: p for n, p in model.named_parameters() if ".preproj." in n or ".preproj_skip." in n}
 
 
 def base_params(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -28,7 +28,7 @@ import mmpreproj.modules.seam as seam  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from tests.helpers.zoo import tiny_neox  # noqa: E402
 
-SLOTS = (".preproj.", ".skip.")
+SLOTS = (".preproj.", ".preproj_skip.")  # the wrapper's slots (adapter_layer_names)
 LR = 1e-3
 DS_CONFIG = {
     "train_micro_batch_size_per_gpu": 2,

@@ -1,0 +1,85 @@
+"""The one reader of older layouts: what mmpreproj wrote before its weights were keyed as the model keys them.
+
+Older writers keyed an adapter's weights by the host's block index, in memory (`adapter_state_dict`) and in the
+folders of mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, a nested `config`), and recorded `tensor_shapes` that way:
+
+    blocks.3.preproj.up.weight          blocks.3.skip.proj.weight          modules.projector.linear_1.weight
+
+The peft-layout folders of mmpreproj 0.4 keyed them by module path, the skip's slot named `skip`:
+
+    gpt_neox.layers.3.attention.skip.proj.weight
+
+Today's key of a weight is its module path as the model's `state_dict()` has it without the adapter name, each
+slot named as in `PreProjAttention.adapter_layer_names` (`gpt_neox.layers.3.attention.preproj_skip.proj.weight`,
+`multi_modal_projector.linear_1.weight`). `model_keys` maps the old keys onto a model's wrappers (by block index,
+or by path for the old slot name) and onto its `modules_to_save` by name; keys already in today's layout pass
+unchanged. Nothing here reads a model's modules by a name from a file: the table comes from the model's own
+wrappers (or, for a file checked before injection, from the paths its own record lists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["OLD_SLOTS", "is_block_keyed", "is_legacy_description", "model_keys", "parse_block_key", "renamed_slots"]
+
+V = TypeVar("V")
+OLD_SLOTS = {"preproj": "preproj", "skip": "preproj_skip"}  # old slot name -> today's (the wrapper's attribute)
+
+
+def is_legacy_description(cfg: Mapping[str, Any]) -> bool:
+    """Whether an `adapter_config.json` object is mmpreproj's old layout (a nested `config`, no `peft_type`)."""
+    return "peft_type" not in cfg and "config" in cfg
+
+
+def parse_block_key(key: str) -> tuple[int | None, str, str] | None:
+    """(block index or None for a saved module, slot or module name, param) of an old key; None for another key."""
+    kind, _, rest = key.partition(".")
+    first, _, name = rest.partition(".")
+    if kind == "blocks" and first.isdigit() and name:
+        slot, _, param = name.partition(".")
+        if slot in OLD_SLOTS and param:
+            return int(first), slot, param
+    if kind == "modules" and first and name:
+        return None, first, name
+    return None
+
+
+def is_block_keyed(keys: Iterable[str]) -> bool:
+    """Whether every key (at least one) is in the old block-index layout."""
+    keys = list(keys)
+    return bool(keys) and all(parse_block_key(k) is not None for k in keys)
+
+
+def model_keys(
+    tensors: Mapping[str, V], wrappers: Iterable[tuple[str, Any]], modules_to_save: Mapping[str, str]
+) -> dict[str, V]:
+    """`tensors` keyed as today (unchanged when they already are): old `blocks.{i}.{slot}.{param}` keys go to the
+    wrapper of block i among `wrappers` ((path, wrapper with `block_index`)), old `modules.{name}.{param}` keys to
+    the path of `modules_to_save[name]` (the longest name that prefixes the key: a name may hold dots). An old
+    key with no such block or name is kept as it is, so the caller's key check names it."""
+    wrappers = list(wrappers)
+    if not is_block_keyed(tensors):
+        return renamed_slots(tensors, [path for path, _ in wrappers])
+    blocks = {w.block_index: path for path, w in wrappers}
+    out = {}
+    for key, value in tensors.items():
+        index, slot, param = parse_block_key(key)
+        if index is not None:
+            out[f"{blocks[index]}.{OLD_SLOTS[slot]}.{param}" if index in blocks else key] = value
+            continue
+        name = max((n for n in modules_to_save if key.startswith(f"modules.{n}.")), key=len, default=None)
+        out[f"{modules_to_save[name]}.{key[len(f'modules.{name}.') :]}" if name is not None else key] = value
+    return out
+
+
+def renamed_slots(tensors: Mapping[str, V], paths: Iterable[str], prefix: str = "") -> dict[str, V]:
+    """`tensors` with a slot's old name under a wrapper path (`{prefix}{path}.skip.{param}`) replaced by
+    today's (`{prefix}{path}.preproj_skip.{param}`); every other key unchanged."""
+    heads = {f"{prefix}{path}.{old}.": f"{prefix}{path}.{new}." for path in paths for old, new in OLD_SLOTS.items()}
+    out = {}
+    for key, value in tensors.items():
+        head = next((h for h in heads if key.startswith(h)), None)
+        out[key if head is None else heads[head] + key[len(head) :]] = value
+    return out

@@ -1,0 +1,157 @@
+"""Several PREPROJ adapters as peft serves them: mixed-adapter batches equal per-row single-adapter forwards, and
+what cannot be served (weighted adapters, several active at once, PeftMixedModel, hotswap, peft's module-name
+targeting) is refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import get_peft_model
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+from tests.helpers.zoo import BUILDERS, tokens
+
+HOSTS = ("gpt_neox", "llama")
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """Make every adapter's weights non-trivial and different from the others' (as if trained)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in mmpreproj.injected_modules(model):
+            for slot in w.adapter_layer_names:
+                for module in getattr(w, slot).values():
+                    for p in module.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture(params=HOSTS)
+def two_adapters(request):
+    """A PeftModel on a tiny transformers decoder with adapters "default" and "b" (different sizes), in eval."""
+    base = BUILDERS[request.param]()
+    model = get_peft_model(base, PreProjConfig())
+    model.add_adapter("b", PreProjConfig(expansion=0.5, skip_rank=4))
+    _perturb(model, seed=1)
+    return model.eval()
+
+
+def _row_outputs(model, ids: torch.Tensor, names: list[str]) -> torch.Tensor:
+    """Each row alone, through its adapter (`set_adapter`) or the base (`disable_adapter`)."""
+    rows = []
+    for row, name in enumerate(names):
+        x = ids[row : row + 1]
+        if name == "__base__":
+            with model.disable_adapter():
+                rows.append(model(x).logits)
+        else:
+            model.set_adapter(name)
+            rows.append(model(x).logits)
+    model.set_adapter("default")
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def test_a_mixed_batch_equals_each_row_through_its_own_adapter(two_adapters):
+    model = two_adapters
+    (ids,) = tokens(batch=4, length=7)
+    names = ["b", "default", "__base__", "b"]
+    got = model(ids, adapter_names=names).logits
+    want = _row_outputs(model, ids, names)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    # the three ways differ on the same row, so the comparison above can fail
+    same = ids[:1].expand(3, -1)
+    outs = model(same, adapter_names=["b", "default", "__base__"]).logits
+    assert not torch.allclose(outs[0], outs[1], atol=1e-3) and not torch.allclose(outs[1], outs[2], atol=1e-3)
+    assert model.active_adapter == "default"  # a mixed batch switches nothing
+
+
+def test_a_mixed_batch_trains_each_adapter_on_its_rows_only(two_adapters):
+    model = two_adapters.train()
+    for w in mmpreproj.injected_modules(model):
+        for slot in w.adapter_layer_names:
+            for module in getattr(w, slot).values():
+                module.requires_grad_(True)
+    (ids,) = tokens(batch=2, length=5)
+    model(ids, adapter_names=["b", "__base__"]).logits.square().mean().backward()
+    wrapper = mmpreproj.injected_modules(model)[0]
+    assert wrapper.preproj["b"].up.weight.grad.abs().sum() > 0
+    assert wrapper.preproj["default"].up.weight.grad is None  # no row ran through it
+
+
+@torch.no_grad()
+def test_mixed_batch_names_are_checked(two_adapters):
+    model = two_adapters
+    (ids,) = tokens(batch=2, length=5)
+    with pytest.raises(ValueError, match=r"adapter_names=.*\['nope'\] are not loaded adapters"):
+        model(ids, adapter_names=["default", "nope"])
+    with pytest.raises(ValueError, match=r"3 names for a batch of 2 rows"):
+        model(ids, adapter_names=["default", "b", "b"])
+
+
+def test_what_cannot_be_served_is_refused_with_the_reason(two_adapters, tmp_path):
+    model = two_adapters
+    with pytest.raises(ValueError, match=r"add_weighted_adapter: .* nonlinear"):
+        model.add_weighted_adapter(["default", "b"], [0.5, 0.5], "mix")
+    with pytest.raises(ValueError, match=r"one adapter per forward: two pre-projections would feed one into"):
+        model.base_model.set_adapter(["default", "b"])
+    wrapper = mmpreproj.injected_modules(model)[0]
+    with pytest.raises(ValueError, match=r"merge: the pre-projection .* is nonlinear"):
+        wrapper.merge()
+    assert model.active_adapter == "default" and wrapper.active_adapters == ["default"]
+    with pytest.raises(ValueError, match=r"not compatible with the `PeftMixedModel`"):
+        get_peft_model(BUILDERS["gpt_neox"](), PreProjConfig(), mixed=True)
+    from peft.utils.hotswap import hotswap_adapter
+
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"Hotswapping only supports .* PREPROJ"):
+        hotswap_adapter(model, str(tmp_path), "default")
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("target_modules", ["query_key_value"]), ("exclude_modules", ["dense"]), ("layers_pattern", "layers")],
+)
+def test_peft_module_targeting_words_are_refused_pointing_to_layers_and_parts(word, value):
+    with pytest.raises(ValueError, match=rf"PreProjConfig.{word}=.*layers=\[...\].*parts=\[...\]"):
+        PreProjConfig(**{word: value})
+
+
+def test_layers_to_transform_is_layers():
+    assert PreProjConfig(layers_to_transform=[1]).layers == [1] and PreProjConfig(layers_to_transform=0).layers == [0]
+    model = get_peft_model(BUILDERS["gpt_neox"](), PreProjConfig(layers_to_transform=[1]))
+    assert [w.block_index for w in mmpreproj.injected_modules(model)] == [1]
+    with pytest.raises(ValueError, match=r"layers_to_transform=\[1\] and layers=\[0\] both given"):
+        PreProjConfig(layers=[0], layers_to_transform=[1])
+
+
+def test_the_wrapper_is_peft_s_layer_one_module_dict_per_slot(two_adapters):
+    wrapper = mmpreproj.injected_modules(two_adapters)[0]
+    assert wrapper.adapter_layer_names == ("preproj", "preproj_skip")
+    assert all(isinstance(getattr(wrapper, s), torch.nn.ModuleDict) for s in wrapper.adapter_layer_names)
+    assert wrapper.adapter_names() == ["b", "default"] and wrapper.active_adapters == ["default"]
+    assert wrapper.slots("b")[1].rank == 4 and wrapper.slots()[1].rank is None
+    wrapper.set_requires_grad("b", requires_grad=True)
+    assert all(p.requires_grad for m in wrapper.slots("b") for p in m.parameters())
+    wrapper.enable_adapters(False)
+    assert wrapper.disable_adapters and not wrapper.adapter_enabled
+    wrapper.enable_adapters(True)
+    status = two_adapters.get_model_status()  # peft reads the slot modules' view
+    assert status.enabled is True and status.available_adapters == ["b", "default"]
+    assert status.active_adapters == ["default"]
+    two_adapters.set_adapter("b")
+    assert two_adapters.get_model_status().active_adapters == ["b"] and wrapper.active_adapters == ["b"]
+    with two_adapters.disable_adapter():
+        assert two_adapters.get_model_status().enabled is False and wrapper.disable_adapters
+
+
+def test_a_mixed_batch_through_a_sequence_first_attention_is_refused_not_misread():
+    from mmpreproj.modules import AttentionCall, ContentSkip, PreProjAttention, PreProjection
+
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=False)
+    call = AttentionCall(inputs=((0, "query"), (1, "key"), (2, "value")), output_index=0)
+    wrapper = PreProjAttention(mha, call, PreProjection(16), ContentSkip(16), block_index=0)
+    x = torch.randn(3, 3, 16)  # (N, B, d): as many rows as tokens, so a dim-0 split would go unnoticed
+    wrapper(x, x, x, need_weights=False)  # a plain forward runs
+    with pytest.raises(ValueError, match=r"batch_first=False\) takes the batch in dim 1"):
+        wrapper(x, x, x, need_weights=False, adapter_names=["default", "__base__", "default"])

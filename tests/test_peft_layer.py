@@ -1,0 +1,122 @@
+"""The wrapper as peft's tuner layer: the model's own `state_dict()` keys are the file keys (the adapter name
+removed, as peft does for LoRA), peft's state-dict hook builds its result from the state dict it is handed (so a
+sharded model's passes through untouched), and the old in-memory block-index keys still load bit-exact."""
+
+from __future__ import annotations
+
+import torch
+from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+import mmpreproj
+from mmpreproj import PreProjConfig
+from tests.helpers.zoo import tiny_neox
+
+
+def _trained(model: torch.nn.Module, seed: int = 3) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_file_keys_are_the_model_keys_without_the_adapter_name():
+    model = _trained(get_peft_model(tiny_neox(), PreProjConfig()))
+    ours = {k: v for k, v in model.state_dict().items() if ".preproj." in k or ".preproj_skip." in k}
+    saved = get_peft_model_state_dict(model)
+    assert ours and saved.keys() == {k.replace(".default.", ".") for k in ours}
+    assert all(torch.equal(saved[k.replace(".default.", ".")], v) for k, v in ours.items())
+    other = get_peft_model(tiny_neox(), PreProjConfig())
+    set_peft_model_state_dict(other, saved)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in ours.items())  # the same keys, round trip
+
+
+def test_the_state_dict_hook_reads_the_state_dict_it_is_given_not_the_live_weights():
+    model = get_peft_model(tiny_neox(), PreProjConfig())
+    handed = {k: v.clone() + 1.0 for k, v in model.state_dict().items()}  # e.g. gathered from shards elsewhere
+    saved = get_peft_model_state_dict(model, state_dict=handed)
+    key = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"
+    live = model.base_model.model.gpt_neox.layers[0].attention.preproj["default"].up.weight
+    assert torch.equal(saved[key], handed[key.replace(".preproj.", ".preproj.default.")])
+    assert not torch.equal(saved[key], live)
+    assert model.peft_config["default"].injection["weights_digest"].startswith("blake2b-named:")
+
+
+def test_the_old_in_memory_block_index_keys_load_bit_exact():
+    model = _trained(mmpreproj.inject(tiny_neox()))
+    today = mmpreproj.adapter_state_dict(model)
+    old_slot = {"preproj": "preproj", "preproj_skip": "skip"}
+    old = {  # as `adapter_state_dict` keyed them before adapters were keyed by module path
+        f"blocks.{w.block_index}.{old_slot[slot]}.{k}": v.clone()
+        for w in mmpreproj.injected_modules(model)
+        for slot, m in zip(w.adapter_layer_names, w.slots())
+        for k, v in m.state_dict().items()
+    }
+    fresh = mmpreproj.inject(tiny_neox())
+    mmpreproj.set_adapter_state_dict(fresh, old)
+    got = mmpreproj.adapter_state_dict(fresh)
+    assert got.keys() == today.keys() and all(torch.equal(got[k], today[k]) for k in today)
+    tokens = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(fresh(tokens).logits, model(tokens).logits)
+
+
+def test_a_full_state_dict_in_the_old_key_layout_loads_into_the_active_adapter():
+    """`model.load_state_dict` of a checkpoint written before the slots were keyed by adapter name."""
+    model = _trained(mmpreproj.inject(tiny_neox()))
+    sd = {k.replace(".default.", "."): v.clone() for k, v in model.state_dict().items()}
+    fresh = mmpreproj.inject(tiny_neox())
+    fresh.load_state_dict(sd)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_loads_bit_exact(tmp_path):
+    """mmpreproj 0.4 wrote our weights into LoRA's file too, without the adapter name and with the `skip` slot."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    pm = get_peft_model(mmpreproj.inject(tiny_neox()), LoraConfig(r=2, target_modules=["query_key_value"]))
+    for p in mmpreproj.adapter_state_dict(pm).values():
+        p.requires_grad_(True)
+    _trained(pm)
+    mmpreproj.save_adapter(pm, tmp_path)
+    pm.save_pretrained(str(tmp_path / "lora"))
+    lora_file = tmp_path / "lora" / "adapter_model.safetensors"
+    tensors = load_file(str(lora_file))
+    old = {
+        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
+        for k, v in tensors.items()
+    }
+    assert old.keys() != tensors.keys() and any(".skip.proj." in k for k in old)  # the rewrite took place
+    save_file(old, str(lora_file))
+    tokens = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, pm(tokens).logits)
+
+
+def test_a_lora_checkpoint_of_0_4_resumed_by_peft_restores_our_weights_too(tmp_path):
+    """A Trainer's resume of `preproj_lora` (`PeftModel.load_adapter` into the loaded name) reads our weights from
+    LoRA's file; mmpreproj 0.4 keyed them `...preproj.up.weight` / `...skip.proj.weight` there."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    lora = LoraConfig(r=2, target_modules=["query_key_value"])
+    pm = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
+    for p in mmpreproj.adapter_state_dict(pm).values():
+        p.requires_grad_(True)
+    _trained(pm)
+    pm.save_pretrained(str(tmp_path))
+    weights = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    old = {
+        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
+        for k, v in tensors.items()
+    }
+    assert any(".skip.proj." in k for k in old)
+    save_file(old, str(weights))
+    resumed = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
+    resumed.load_adapter(str(tmp_path), "default", is_trainable=True)
+    want, got = mmpreproj.adapter_state_dict(pm), mmpreproj.adapter_state_dict(resumed)
+    assert all(torch.equal(got[k], want[k]) for k in want)
