@@ -128,7 +128,7 @@ def _lm_eval(base_dir: Path, folder: Path):
 
 
 def _cli(base_dir: Path, folder: Path):
-    from mmpreproj.cli import main
+    from mmpreproj_cli.command import main
 
     argv = ["eval", "--model", str(base_dir), "--adapter", str(folder), "--tasks", "ppl", "--limit", "1"]
     if main([*argv, "--no-progress"]) != 0:
