@@ -1,21 +1,13 @@
 """The injected modules: pre-projection, content skip, and the attention wrapper that joins them."""
 
-from .base_wrapper import BaseLayerWrapper
-from .block import Block, KVCache, Mlp, SelfAttention
-from .preproj import ACTIVATIONS, PREPROJ_INITS, PreProjection
-from .skip import ContentSkip
-from .wrapper import AttentionCall, PreProjAttention
-
-__all__ = [
-    "ACTIVATIONS",
-    "PREPROJ_INITS",
-    "AttentionCall",
-    "BaseLayerWrapper",
-    "Block",
-    "ContentSkip",
-    "KVCache",
-    "Mlp",
-    "PreProjAttention",
-    "PreProjection",
-    "SelfAttention",
-]
+from .base_wrapper import BaseLayerWrapper as BaseLayerWrapper
+from .block import Block as Block
+from .block import KVCache as KVCache
+from .block import Mlp as Mlp
+from .block import SelfAttention as SelfAttention
+from .preproj import ACTIVATIONS as ACTIVATIONS
+from .preproj import PREPROJ_INITS as PREPROJ_INITS
+from .preproj import PreProjection as PreProjection
+from .skip import ContentSkip as ContentSkip
+from .wrapper import AttentionCall as AttentionCall
+from .wrapper import PreProjAttention as PreProjAttention

@@ -6,8 +6,6 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-__all__ = ["BaseLayerWrapper"]
-
 
 class BaseLayerWrapper(nn.Module):
     """Keeps the wrapped module as `self.base_layer` and stands in for it.

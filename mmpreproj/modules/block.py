@@ -19,8 +19,6 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-__all__ = ["Block", "KVCache", "SelfAttention", "Mlp"]
-
 
 @dataclass
 class KVCache:

@@ -13,8 +13,6 @@ import torch.nn.functional as F
 
 from . import onednn
 
-__all__ = ["COMPUTE_DTYPES", "WeightCasts", "resolve_compute_dtype"]
-
 COMPUTE_DTYPES = ("input", "float32")
 
 

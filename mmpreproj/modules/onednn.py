@@ -16,8 +16,6 @@ import functools
 
 import torch
 
-__all__ = ["linear", "pack", "usable"]
-
 _MIN_MACS = 16 * 16 * 16  # ATen's mkldnn_gemm_min_size
 
 

@@ -10,8 +10,6 @@ from torch.autograd.function import once_differentiable
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
 from .slot import TunerSlot
 
-__all__ = ["PreProjection", "ACTIVATIONS", "PREPROJ_INITS"]
-
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 PREPROJ_INITS = ("paper", "identity")
 

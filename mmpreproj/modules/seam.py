@@ -20,8 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["SeamCheck", "SeamError", "same_tensor"]
-
 
 class SeamError(RuntimeError):
     """The attention did not receive the output of the norm its host description names."""

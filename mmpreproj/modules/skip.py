@@ -11,8 +11,6 @@ from torch import nn
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
 from .slot import TunerSlot
 
-__all__ = ["ContentSkip"]
-
 
 class ContentSkip(nn.Module, TunerSlot):
     """`W_skip · x~`, a bias-free linear map added to the block output beside attention.

@@ -24,8 +24,6 @@ from collections.abc import Sequence
 
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-__all__ = ["MERGE_REFUSED", "PeftLayerMethods", "TunerSlot"]
-
 MERGE_REFUSED = (
     "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
     "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "

@@ -35,8 +35,6 @@ from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
 from .slot import PeftLayerMethods
 
-__all__ = ["BASE_ADAPTER", "AttentionCall", "InFlight", "Observer", "PreProjAttention"]
-
 BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add

@@ -25,8 +25,6 @@ from ..hosts.structure import match_structure
 from .example_input import example_input as build_example_input
 from .trace import TraceError, trace_seams
 
-__all__ = ["one_call_host", "split_input"]
-
 log = logging.getLogger("mmpreproj.inject")
 
 

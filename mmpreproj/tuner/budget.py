@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["expansion_for_width", "preproj_sizes"]
-
 
 def expansion_for_width(width: int, dim: int) -> float:
     """An expansion e with int(e * dim) == width (width / dim, nudged up where float rounding would cut it)."""

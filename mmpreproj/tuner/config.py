@@ -31,8 +31,6 @@ from .file_check import check_file_tensors
 from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
-__all__ = ["ADAPTER_FORMAT", "FUSE_QKV_SKIP_REMOVED", "MAX_EXPANSION", "PreProjConfig"]
-
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):

@@ -32,8 +32,6 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DIGEST_KEY", "check_weights_digest", "weights_digest"]
-
 logger = logging.getLogger(__name__)
 
 DIGEST_KEY = "weights_digest"  # its key in the `injection` record

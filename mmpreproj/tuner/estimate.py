@@ -16,8 +16,6 @@ from types import MappingProxyType
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 
-__all__ = ["SHAPES", "Estimate", "ModelShape", "estimate"]
-
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight 4 + fp32 gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
 
 

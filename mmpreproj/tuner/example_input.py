@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["example_input"]
-
 _TOKENS = 8
 
 

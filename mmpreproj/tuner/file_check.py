@@ -19,8 +19,6 @@ import torch
 from ..modules.preproj import PreProjection
 from ..modules.skip import ContentSkip
 
-__all__ = ["BASE_FILES", "check_file_tensors", "expected_slot_shapes", "refuse_links"]
-
 # what transformers' `save_pretrained` writes into a model folder (config and generation config in place)
 BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 

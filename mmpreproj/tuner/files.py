@@ -36,19 +36,6 @@ from .state_dict import (
 )
 from .unwrap import STATE_ATTR, injected_owner
 
-__all__ = [
-    "ADAPTER_CONFIG_NAME",
-    "ADAPTER_WEIGHTS_NAME",
-    "BASE_SAVE_TOKEN",
-    "PRETRAINED_ADAPTER_DIR",
-    "adapter_folder",
-    "check_file_keys",
-    "check_saved_paths",
-    "describe_for_save",
-    "read_adapter",
-    "save_adapter",
-]
-
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 PRETRAINED_ADAPTER_DIR = "adapter"  # where `save_pretrained` (and a training run) keeps the adapter (`pretrained.py`)

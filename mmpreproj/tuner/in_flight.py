@@ -11,9 +11,6 @@ from torch import nn
 
 from .state import injected_modules
 
-__all__ = ["refuse_in_flight"]
-
-
 _CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
 
 

@@ -27,8 +27,6 @@ from .pretrained import install_save_pretrained, remove_save_pretrained
 from .state import InjectionState, adapter_params, injected_modules, is_injected
 from .unwrap import STATE_ATTR, injected_owners
 
-__all__ = ["adapter_disabled", "apply_plan", "inject", "unload"]
-
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
     injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)}

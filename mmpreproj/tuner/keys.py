@@ -17,16 +17,6 @@ from typing import Any
 
 from .legacy import is_legacy_description
 
-__all__ = [
-    "PEFT_PREFIX",
-    "as_description",
-    "description_from_peft_config",
-    "is_other_peft_method",
-    "injection_of",
-    "is_legacy_description",
-    "peft_config_from_description",
-]
-
 PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its files
 
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["OLD_SLOTS", "is_block_keyed", "is_legacy_description", "model_keys", "parse_block_key", "renamed_slots"]
-
 V = TypeVar("V")
 OLD_SLOTS = {"preproj": "preproj", "skip": "preproj_skip"}  # old slot name -> today's (the wrapper's attribute)
 

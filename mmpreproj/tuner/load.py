@@ -38,8 +38,6 @@ from .load_injection import load_injection as _load_ours
 from .state import is_injected
 from .state_dict import SLOTS, trainable_adapter_params
 
-__all__ = ["Folder", "detect", "load_adapter"]
-
 LORA_SUBDIR = "lora"  # train()'s preproj_lora: peft's LoRA below ours
 PREPROJ_SUBDIR = "preproj"  # a Trainer checkpoint of preproj_lora: ours below peft's LoRA
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)

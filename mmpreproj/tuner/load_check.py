@@ -21,8 +21,6 @@ from .plan import Plan, config_host, plan_injection
 from .state_dict import rekeyed_by_block, saved_module_tensors, wrapper_tensors
 from .unwrap import injected_owner
 
-__all__ = ["check_added_record", "check_record", "check_record_fits"]
-
 
 def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: str, *, by_path: bool) -> None:
     """ValueError naming the first field of `record` (an `injection` record or a description) that differs from

@@ -29,8 +29,6 @@ from .state_dict import (
 )
 from .unwrap import refuse_meta_parameters
 
-__all__ = ["load_injection"]
-
 
 def load_injection(
     model: nn.Module,

@@ -43,9 +43,6 @@ from .state_dict import (
 )
 from .unwrap import injected_owner
 
-__all__ = ["FREEZE_BASE_REFUSED", "MERGE_REFUSED", "PreProjModel"]
-
-
 FREEZE_BASE_REFUSED = (
     "PreProjConfig.freeze_base=False under peft: peft saves only the adapter (and modules_to_save), so the base "
     "weights that would train are lost at every save; keep freeze_base=True and name the base modules to train "

@@ -17,8 +17,6 @@ from torch import nn
 
 from .state_dict import is_slot_key
 
-__all__ = ["card_fields", "model_card"]
-
 
 def base_model_name(model: nn.Module) -> str | None:
     """The base's hub id or folder as transformers recorded it (`name_or_path`), None when unknown."""

@@ -40,15 +40,6 @@ from .state import adapter_params, check_adapter_name, injected_modules, named_a
 from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors
 from .unwrap import injected_owner
 
-__all__ = [
-    "active_adapter",
-    "adapter_names",
-    "add_fresh_adapter",
-    "add_named_adapter",
-    "delete_adapter",
-    "set_adapter",
-]
-
 
 def adapter_names(model: nn.Module) -> list[str]:
     """The names of every adapter loaded into the injected model inside `model`, in loading order."""

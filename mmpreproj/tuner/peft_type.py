@@ -18,8 +18,6 @@ import peft
 from packaging.version import Version
 from peft.utils.peft_types import PeftType
 
-__all__ = ["PREPROJ", "TESTED_PEFT", "add_peft_type", "check_peft_version"]
-
 TESTED_PEFT = ("0.21", "0.22")  # [lowest, first untested): keep equal to pyproject.toml's `peft>=0.21,<0.22`
 _ENUM_INTERNALS = ("_member_map_", "_value2member_map_", "_member_names_")
 

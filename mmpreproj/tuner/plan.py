@@ -20,8 +20,6 @@ from .config import PreProjConfig
 from .files import check_saved_paths
 from .state import InjectionState, check_adapter_name, is_injected
 
-__all__ = ["Plan", "config_host", "new_adapter_modules", "peft_layers", "plan_injection", "saved_host"]
-
 
 @dataclass
 class Plan:

@@ -50,17 +50,6 @@ from .legacy import OLD_SLOTS
 from .state_dict import SLOTS, local_adapter_state_dict
 from .unwrap import STATE_ATTR
 
-__all__ = [
-    "SAVE_TOKEN_KEY",
-    "base_view",
-    "check_saved_pair",
-    "config_save_token",
-    "install_save_pretrained",
-    "load_base_keys",
-    "remove_save_pretrained",
-    "split_state_dict",
-]
-
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
 _WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not the base's

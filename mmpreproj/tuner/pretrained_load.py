@@ -25,8 +25,6 @@ from .files import (
 from .load import load_adapter  # the one loader of a trained folder
 from .pretrained import check_saved_pair, config_save_token
 
-__all__ = ["from_pretrained"]
-
 
 def _adapter_token(folder: Path) -> str | None:
     """The `base_save_token` of the adapter in `folder` (its committed config); None if absent or unreadable

@@ -16,8 +16,6 @@ from .config import PreProjConfig
 from .model import PreProjModel
 from .peft_type import PREPROJ
 
-__all__ = ["register_preproj"]
-
 
 def register_preproj() -> None:
     """Register PREPROJ with peft (config class, tuner, prefix); a no-op when it already is."""

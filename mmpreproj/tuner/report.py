@@ -8,8 +8,6 @@ from torch import nn
 
 from ..modules import PreProjAttention
 
-__all__ = ["TrainableReport", "trainable_report"]
-
 
 @dataclass(frozen=True)
 class TrainableReport:

@@ -26,8 +26,6 @@ from safetensors.torch import load_file
 from .config import PreProjConfig
 from .digest import DIGEST_KEY, check_weights_digest
 
-__all__ = ["last_whole_checkpoint"]
-
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")

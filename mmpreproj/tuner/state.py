@@ -14,17 +14,6 @@ from ..modules import PreProjAttention
 from ..version import __version__
 from .config import PreProjConfig
 
-__all__ = [
-    "ADAPTER_TYPE",
-    "InjectionState",
-    "adapter_params",
-    "check_adapter_name",
-    "injected_modules",
-    "is_injected",
-    "named_adapter",
-]
-
-
 ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files: peft_type "PREPROJ", tuner/keys.py)
 
 

@@ -23,24 +23,6 @@ from .legacy import OLD_SLOTS, model_keys
 from .state import InjectionState, adapter_params, named_adapter
 from .unwrap import STATE_ATTR, injected_owner
 
-__all__ = [
-    "SLOTS",
-    "adapter_state_dict",
-    "adapter_tensors_from_state_dict",
-    "check_tensors_match",
-    "injected_paths",
-    "is_slot_key",
-    "local_adapter_state_dict",
-    "named_adapter_tensors",
-    "refuse_empty",
-    "refuse_non_finite",
-    "rekeyed_by_block",
-    "saved_module_tensors",
-    "set_adapter_state_dict",
-    "trainable_adapter_params",
-    "wrapper_tensors",
-]
-
 V = TypeVar("V")
 SLOTS = PreProjAttention.adapter_layer_names  # the adapter slots of a wrapper, named once
 

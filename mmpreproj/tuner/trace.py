@@ -40,8 +40,6 @@ from ..util.probing import probing
 from .config import PreProjConfig
 from .plan import plan_injection
 
-__all__ = ["TraceError", "trace_seams"]
-
 _INPUT_KEYS = ("hidden_states", "x", "query", "input")
 _HINT = (
     "describe the host by hand: inject(model, host={'name': ..., 'parts': [{'name': ..., 'blocks': ..., "

@@ -13,8 +13,6 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["STATE_ATTR", "injected_owner", "injected_owners", "refuse_meta_parameters"]
-
 STATE_ATTR = "mmpreproj_state"
 
 
