@@ -5,4 +5,4 @@ either raises the minor version while below 1.0; the file format itself has its 
 `mmpreproj.tuner.config.ADAPTER_FORMAT`, saved as `format_version` with every adapter.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
