@@ -94,8 +94,10 @@ def _copy(killed: dict[str, Path], point: str, tmp_path: Path) -> Path:
 
 
 def _is_complete(desc: dict, tensors: dict, preproj: bool) -> bool:
-    keys = {k.split(".")[2] for k in tensors}
-    return desc["config"]["preproj"] is preproj and keys == ({"preproj", "skip"} if preproj else {"skip"})
+    slots = {k.split(".")[2] for k in tensors}  # the wrapper's slots (adapter_layer_names) holding weights
+    return desc["config"]["preproj"] is preproj and slots == (
+        {"preproj", "preproj_skip"} if preproj else {"preproj_skip"}
+    )
 
 
 @pytest.mark.slow  # the `killed` fixture starts and SIGKILLs subprocesses
