@@ -13,7 +13,7 @@ import torch
 
 from mmpreproj.train import LMExamples, NonFiniteLossError, TrainConfig, load_checkpoint, train
 from mmpreproj.train.rng import seed_everything, seeded_rng
-from tests.helpers.training import trainable
+from tests.helpers.training import run_config, trainable
 from tests.helpers.zoo import tiny_neox
 
 DATA = LMExamples.random(24, 12, 128, seed=0)
@@ -21,22 +21,8 @@ DROPOUT = dict(hidden_dropout=0.2, attention_dropout=0.2)  # the run draws rando
 
 
 def _cfg(path, **kw) -> TrainConfig:
-    base = dict(
-        method="preproj_skip",
-        model="tiny",
-        steps=4,
-        warmup_steps=0,
-        lr=1e-3,
-        batch_size=2,
-        grad_accum=2,
-        precision="fp32",
-        gradient_checkpointing=False,
-        save_every=0,
-        progress=False,
-        out=str(path),
-        device="cpu",
-    )
-    return TrainConfig(**{**base, **kw})
+    """`helpers.training.run_config` with 4 steps (two optimizer steps at grad_accum 2)."""
+    return run_config(path, **{"steps": 4, **kw})
 
 
 def _states() -> dict:
