@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..modules import PreProjAttention
+from ..tuner.legacy import named_model_keys
 from ..util.io import atomic_write, remove_stale_temps
 from ..version import __version__
 from .errors import CheckpointWriteError
@@ -60,6 +62,9 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy saved trainable weights into `model`; names, shapes and dtypes must match exactly."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if set(state) != set(params):  # injected weights saved before adapters were keyed by name (0.4)
+        wrappers = [(n, m) for n, m in model.named_modules() if isinstance(m, PreProjAttention)]
+        state = named_model_keys(state, wrappers)
     missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
     if missing or unexpected:
         raise ValueError(

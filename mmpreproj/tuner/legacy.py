@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 V = TypeVar("V")
 OLD_SLOTS = {"preproj": "preproj", "skip": "preproj_skip"}  # old slot name -> today's (the wrapper's attribute)
+SLOT_NAMES = {**OLD_SLOTS, "preproj_skip": "preproj_skip"}  # a slot's name in any layout -> today's
 
 
 def is_legacy_description(cfg: Mapping[str, Any]) -> bool:
@@ -80,4 +81,31 @@ def renamed_slots(tensors: Mapping[str, V], paths: Iterable[str], prefix: str = 
     for key, value in tensors.items():
         head = next((h for h in heads if key.startswith(h)), None)
         out[key if head is None else heads[head] + key[len(head) :]] = value
+    return out
+
+
+def named_slot_key(rest: str, wrapper: Any) -> str | None:
+    """A key's remainder under an injected wrapper (`wrapper`, a `PreProjAttention`) in today's layout of the
+    model's parameters, the adapter name in: the layout before adapters were keyed by name (`preproj.up.weight`,
+    `skip.proj.weight`; mmpreproj 0.4's checkpoints and training state) gets the active adapter's name
+    (`preproj.default.up.weight`, `preproj_skip.default.proj.weight`); a key already named passes unchanged.
+    None when `rest` is not an injected weight's (the wrapped attention's own, e.g. a `skip` it has)."""
+    slot, _, param = rest.partition(".")
+    new = SLOT_NAMES.get(slot)
+    if new is None or not param or (new != slot and hasattr(wrapper.base_layer, slot)):
+        return None
+    if param.partition(".")[0] in getattr(wrapper, new):
+        return rest
+    return f"{new}.{wrapper.active_adapters[0]}.{param}"
+
+
+def named_model_keys(tensors: Mapping[str, V], wrappers: Iterable[tuple[str, Any]]) -> dict[str, V]:
+    """`tensors` keyed by the model's parameter names (a training checkpoint's trainable state) with every
+    injected weight's key in today's layout (`named_slot_key`); other keys unchanged."""
+    heads = {f"{path}.": w for path, w in wrappers}
+    out = {}
+    for key, value in tensors.items():
+        head = max((h for h in heads if key.startswith(h)), key=len, default=None)
+        named = named_slot_key(key[len(head) :], heads[head]) if head is not None else None
+        out[key if named is None else head + named] = value
     return out

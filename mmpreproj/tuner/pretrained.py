@@ -46,14 +46,13 @@ from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
-from .legacy import OLD_SLOTS
+from .legacy import named_slot_key
 from .state_dict import SLOTS, local_adapter_state_dict
 from .unwrap import STATE_ATTR
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
 _WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not the base's
-_SLOT_NAMES = {**OLD_SLOTS, **{slot: slot for slot in SLOTS}}  # a slot's name in any layout -> today's
 
 
 def install_save_pretrained(model: nn.Module) -> None:
@@ -99,13 +98,11 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
         if wrapper_prefix is None:
             continue
         rest = key[len(wrapper_prefix) :]
-        wrapper = wrappers[wrapper_prefix]
-        slot, _, param = rest.partition(".")
-        renamed = _SLOT_NAMES.get(slot)  # the slot's name, today's or an older one (`legacy.OLD_SLOTS`)
-        if renamed is not None and (renamed == slot or not hasattr(wrapper.base_layer, slot)):
+        named = named_slot_key(rest, wrappers[wrapper_prefix])  # today's layout, or an older one (`legacy.py`)
+        if named is not None:
             adapter_keys += 1
-            if param.partition(".")[0] not in getattr(wrapper, renamed):  # no adapter name: the older layout
-                renames[key] = f"{wrapper_prefix}{renamed}.{wrapper.active_adapters[0]}.{param}"
+            if named != rest:
+                renames[key] = f"{wrapper_prefix}{named}"
         elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
             renames[key] = f"{wrapper_prefix}base_layer.{rest}"
     if renames and not adapter_keys:  # refused before anything is renamed or loaded
