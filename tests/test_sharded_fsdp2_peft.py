@@ -7,9 +7,6 @@ same save path on one rank, with every gather made to fail."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +17,7 @@ from safetensors.torch import load_file
 import mmpreproj
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner.state_dict import adapter_tensors_from_state_dict
-from tests.helpers.distributed import free_port
-from tests.helpers.procs import HANG_GUARD_S
+from tests.helpers.distributed import run_two_ranks
 from tests.helpers.zoo import tiny_neox
 
 WORKER = Path(__file__).parent / "helpers" / "fsdp2_peft_worker.py"  # run as a script, never imported
@@ -29,24 +25,8 @@ SLOTS = (".preproj.", ".preproj_skip.")  # the wrapper's slots (adapter_layer_na
 
 
 def _run_worker(side: Path, mode: str) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(side),
-        mode,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # a save that gathers on rank 0 alone never returns: the hang guard turns that into a failure
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(WORKER, side, mode)
 
 
 def _adapter(sd: dict) -> dict:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +16,7 @@ from safetensors.torch import load_file
 
 from mmpreproj import PreProjConfig
 from tests.helpers.adamw import assert_adamw_runs_agree
-from tests.helpers.distributed import free_port
-from tests.helpers.procs import HANG_GUARD_S
+from tests.helpers.distributed import run_two_ranks
 from tests.helpers.zoo import tiny_neox
 
 WORKER = Path(__file__).parent / "helpers" / "zero3_worker.py"  # run as a script, never imported
@@ -54,23 +50,8 @@ def _unsharded_run(steps: int, lr: float) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_zero3_trains_saves_from_the_main_process_and_reloads_bit_exact(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(tmp_path),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # importing DeepSpeed on a loaded CPU takes minutes: wait for the work; the guard is only against a hang
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(WORKER, tmp_path)
     result = torch.load(tmp_path / "result.pt")
     # it trained, really partitioned, and the seam check ran on tensors ZeRO-3 had replaced
     assert result["partitioned"] and all(math.isfinite(x) for x in result["losses"])

@@ -30,7 +30,7 @@ def test_no_short_clock_limit_on_a_wait():
 
 
 def test_process_starting_modules_mark_slow_tests():
-    starts = ("subprocess.run(", "subprocess.Popen(", "torch.distributed.run")
+    starts = ("subprocess.run(", "subprocess.Popen(", "torch.distributed.run", "run_two_ranks(")
     unmarked = [
         str(p.relative_to(TESTS))
         for p in _modules()

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -13,8 +9,7 @@ import mmpreproj
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.rng import seed_everything
 from tests.helpers.adamw import assert_adamw_runs_agree
-from tests.helpers.distributed import CONFIG, DATA, WORKER, free_port
-from tests.helpers.procs import HANG_GUARD_S
+from tests.helpers.distributed import CONFIG, DATA, WORKER, run_two_ranks
 from tests.helpers.zoo import tiny_neox
 
 
@@ -22,23 +17,7 @@ from tests.helpers.zoo import tiny_neox
 def test_two_gloo_ranks_train_identically_and_only_rank0_writes(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(out),
-        str(side),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(WORKER, out, side)
     ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
     w0, w1 = ranks[0]["weights"], ranks[1]["weights"]
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)

@@ -3,10 +3,6 @@ and rank 0 saves the full (gathered) adapter."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,8 +12,7 @@ from mmpreproj.train.rng import seed_everything
 from mmpreproj.tuner.files import read_adapter
 from mmpreproj_cli.parser import build_parser
 from tests.helpers.adamw import assert_adamw_runs_agree
-from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, free_port
-from tests.helpers.procs import HANG_GUARD_S
+from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, run_two_ranks
 from tests.helpers.zoo import tiny_neox
 
 
@@ -25,25 +20,8 @@ from tests.helpers.zoo import tiny_neox
 def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(out),
-        str(side),
-        "fsdp",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # three processes import torch on a shared CPU: wait for them; the guard is only against a hang
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(WORKER, out, side, "fsdp")
     ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
     w0, w1 = ranks[0]["weights"], ranks[1]["weights"]
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
