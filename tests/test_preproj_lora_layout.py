@@ -175,6 +175,19 @@ def test_train_writes_the_same_layout_from_the_model_or_from_gathered_weights(tm
     assert torch.equal(_logits(mmpreproj.load_adapter(tiny_neox(), tmp_path / "gathered").eval()), _logits(model))
 
 
+def test_a_train_run_folder_is_the_layout_and_reloads_bit_exact(tmp_path):
+    from mmpreproj.train import train
+    from tests.helpers.training import DATA, run_config
+
+    result = train(run_config(tmp_path / "run", method="preproj_lora", lora_r=4, steps=2), tiny_neox(), examples=DATA)
+    adapter = tmp_path / "run" / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    assert json.loads((adapter / PREPROJ_SUBDIR / "adapter_config.json").read_text())["peft_type"] == "PREPROJ"
+    assert not (adapter / "lora").exists()
+    reloaded = mmpreproj.load_adapter(tiny_neox(), tmp_path / "run").eval()  # the run folder: its method checked
+    assert isinstance(reloaded, PreProjLoraModel) and torch.equal(_logits(reloaded), _logits(result.model.eval()))
+
+
 # ---- a transformers Trainer: checkpoints in the layout, a resume bit-exact -------------------------------------
 
 STEPS = 4
