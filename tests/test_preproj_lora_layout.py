@@ -95,6 +95,31 @@ def test_a_given_state_dict_is_what_both_parts_hold(tmp_path):
     assert torch.equal(lora[lora_key], given[lora_key.replace("lora_A.", "lora_A.default.")])
 
 
+def test_fsdp2_main_process_save_reads_ours_from_the_gathered_state_dict_and_gathers_nothing(tmp_path, monkeypatch):
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = _trained()
+        fully_shard(model)
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        changed = {k: v + 1.0 for k, v in full.items() if ".preproj." in k or ".preproj_skip." in k}
+
+        def refuse(self, *args, **kwargs):
+            raise AssertionError("full_tensor() called: a collective on the main process alone deadlocks")
+
+        monkeypatch.setattr(DTensor, "full_tensor", refuse)
+        model.save_pretrained(str(tmp_path / "s"), state_dict={**full, **changed})
+    finally:
+        dist.destroy_process_group()
+    ours = load_file(str(tmp_path / "s" / PREPROJ_SUBDIR / WEIGHTS))
+    want = {k.replace(".default.", "."): v for k, v in changed.items()}
+    assert ours.keys() == want.keys() and all(torch.equal(ours[k], v) for k, v in want.items())
+
+
 def test_a_state_dict_without_our_weights_is_refused_before_anything_is_written(tmp_path):
     model = _trained()
     given = {k: v for k, v in model.state_dict().items() if "preproj" not in k}
