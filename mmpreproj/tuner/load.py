@@ -12,6 +12,7 @@ What a folder holds is read from its files in one place (`detect`), never from w
 | preproj_lora  | `DIR/preproj/`   | `DIR`       | its `save_pretrained` (`stacked.py`): train(), a Trainer, users   |
 
 Older layouts (ours at `DIR`, peft's LoRA in `DIR/lora/`: train() before 0.5) are found by `legacy.py`.
+
 `DIR` is the folder given or its `adapter/` subfolder (a train() run folder, a `save_pretrained` folder: its
 base and adapter must come from one save, `pretrained.check_saved_pair`). A run folder's `train_config.json`,
 when there, must name a method the folder holds. Returns a `PeftModel` when the folder holds LoRA weights.
