@@ -1,11 +1,13 @@
 """A plain transformers `Trainer` with the method, no Trainer subclass: a `PeftModel` of PREPROJ (what trains,
 bf16 autocast), and `preproj_lora` (peft's LoRA on top of an injection): peft's checkpoints hold both parts,
-a resume after a stop is bit-exact, and the one loader rebuilds the trained model from a fresh base.
+a resume after a stop is bit-exact, and the one loader rebuilds the trained model from a fresh base (the folder's
+layout: tests/test_preproj_lora_layout.py).
 (Resume, activation checkpointing and best-model reload of a PREPROJ PeftModel: tests/test_peft_lifecycle.py.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -117,8 +119,8 @@ def test_preproj_lora_reloads_through_the_one_loader_and_unloads(tmp_path, lm_da
     trainer = _fit(tmp_path / "run", lm_data, model, max_steps=2, save_strategy="no")
     trained = _trained(model)
     final = tmp_path / "final"
-    trainer.save_model(str(final))  # peft's LoRA file (with our weights in it) ...
-    mmpreproj.save_adapter(model, final / "preproj")  # ... and our injection, which rebuilds them on a base
+    trainer.save_model(str(final))  # peft's LoRA file (with our weights in it) and our injection in preproj/
+    assert (final / "preproj" / "adapter_config.json").is_file()
     x = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     model.eval()
     with torch.no_grad():
@@ -140,7 +142,8 @@ def test_preproj_lora_reloads_through_the_one_loader_and_unloads(tmp_path, lm_da
 
 def test_a_lora_file_holding_injected_weights_is_refused_on_a_base_without_the_injection(tmp_path):
     model = _preproj_lora()
-    model.save_pretrained(str(tmp_path))  # no preproj/ beside it: nothing says how to rebuild our weights
+    model.save_pretrained(str(tmp_path))
+    shutil.rmtree(tmp_path / "preproj")  # no preproj/ beside it: nothing says how to rebuild our weights
     base = tiny_neox()
     before = {k: v.clone() for k, v in base.state_dict().items()}
     with pytest.raises(

@@ -133,7 +133,7 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
     again = _trained(resumed)
     assert again.keys() == trained.keys() and all(torch.equal(again[k], trained[k]) for k in trained)
 
-    mmpreproj.save_adapter(model, ckpt / "preproj")  # our injection beside peft's file: a fresh base rebuilds both
+    assert (ckpt / "preproj" / "adapter_config.json").is_file()  # our injection beside peft's: a base rebuilds both
     trainable = mmpreproj.load_adapter(tiny_neox(vocab_size=len(tokenizer)), ckpt, is_trainable=True)
     assert {n for n, p in trainable.named_parameters() if p.requires_grad} == trained.keys()  # both parts
 

@@ -140,8 +140,9 @@ def test_peft_weights_beside_ours_get_the_umask_mode(tmp_path, user_umask):
     from mmpreproj.train.adapters import save_run_adapter
 
     model = apply_method(tiny_neox(), "preproj_lora")
-    save_run_adapter(model, "preproj_lora", tmp_path / "run" / "adapter")  # peft's LoRA in adapter/lora/
-    assert any(name.endswith(f"lora/{ADAPTER_WEIGHTS_NAME}") for name in _modes(tmp_path / "run"))
+    save_run_adapter(model, "preproj_lora", tmp_path / "run" / "adapter")  # peft's LoRA in adapter/, ours below
+    written = set(_modes(tmp_path / "run"))
+    assert {f"adapter/{ADAPTER_WEIGHTS_NAME}", f"adapter/preproj/{ADAPTER_WEIGHTS_NAME}"} <= written
     _assert_umask_modes(tmp_path / "run", user_umask)
 
 

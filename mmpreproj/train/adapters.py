@@ -2,7 +2,8 @@
 
 - preproj / skip / preproj_skip: `mmpreproj.save_adapter` -> adapter/{adapter_model.safetensors, adapter_config.json}
 - lora: peft `save_pretrained` -> adapter/ (peft's own format, loadable with `PeftModel.from_pretrained`)
-- preproj_lora: the mmpreproj adapter in adapter/ and the peft adapter in adapter/lora/
+- preproj_lora: its `save_pretrained` (`tuner/stacked.py`): peft's LoRA in adapter/, ours in adapter/preproj/,
+  the layout a Trainer's checkpoints have
 
 A model sharded by FSDP is saved in two steps: every rank calls `gather_run_adapter` (full tensors), then
 one rank passes the result to `save_run_adapter(..., state=...)`, so the files hold full weights.
@@ -17,7 +18,6 @@ import torch
 from torch import nn
 
 from .. import tuner as _adapter
-from ..tuner.load import LORA_SUBDIR  # where the one loader looks for preproj_lora's LoRA
 from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS
@@ -28,16 +28,13 @@ ADAPTER_DIR = "adapter"
 def gather_run_adapter(model: nn.Module, method: str) -> dict[str, Any]:
     """The weights `save_run_adapter` writes, as full tensors (FSDP2 shards gathered: call on every rank).
 
-    {"adapter": `mmpreproj.adapter_state_dict`} for the injected methods, plus {"lora": {name: tensor}} of
-    the trainable parameters (peft keeps the LoRA ones) for the LoRA methods.
+    {"lora": {name: tensor}} of the trainable parameters for the LoRA methods (peft's LoRA weights, and for
+    preproj_lora ours, which its `save_pretrained` reads from them), else {"adapter":
+    `mmpreproj.adapter_state_dict`}.
     """
-    spec = METHOD_SPECS[method]
-    state: dict[str, Any] = {}
-    if spec.preproj or spec.skip:
-        state["adapter"] = _adapter.adapter_state_dict(model)
-    if spec.lora:
-        state["lora"] = {n: _full(p) for n, p in model.named_parameters() if p.requires_grad}
-    return state
+    if METHOD_SPECS[method].lora:
+        return {"lora": {n: _full(p) for n, p in model.named_parameters() if p.requires_grad}}
+    return {"adapter": _adapter.adapter_state_dict(model)}
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
@@ -49,30 +46,26 @@ def save_run_adapter(model: nn.Module, method: str, path: str | Path, *, state: 
 
     `state`: what `gather_run_adapter` returned (needed for a sharded model); default: read from `model`.
     """
-    spec = METHOD_SPECS[method]
     state = state or {}
     path = Path(path)
+    if METHOD_SPECS[method].lora:  # preproj_lora: ours in path/preproj/ too, written by the same call
+        try:
+            model.save_pretrained(str(path), state_dict=state.get("lora"))
+        except OSError as err:  # peft writes in place: its files may be torn
+            raise CheckpointWriteError(
+                f"cannot write the LoRA adapter to {path}: {_why(err)}; peft's files there may be incomplete. "
+                "Free space (or choose another output folder) and run again"
+            ) from err
+        set_new_file_modes(path, (_adapter.ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
+        return path
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        if spec.preproj or spec.skip:  # both files replaced together or not at all (`util/file_sets.py`)
-            _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
+        path.mkdir(parents=True, exist_ok=True)  # both files replaced together or not at all (`util/file_sets.py`)
+        _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
     except OSError as err:
         raise CheckpointWriteError(
             f"cannot write the adapter to {path}: {_why(err)}; nothing there was replaced (the previous adapter "
             "files, if any, are kept). Free space (or choose another output folder) and run again"
         ) from err
-    if spec.lora:
-        lora_dir = path / LORA_SUBDIR if (spec.preproj or spec.skip) else path
-        try:
-            model.save_pretrained(str(lora_dir), state_dict=state.get("lora"))
-        except OSError as err:  # peft writes in place: its files may be torn
-            raise CheckpointWriteError(
-                f"cannot write the LoRA adapter to {lora_dir}: {_why(err)}; peft's files there may be incomplete. "
-                "Free space (or choose another output folder) and run again"
-            ) from err
-        set_new_file_modes(
-            lora_dir, (_adapter.ADAPTER_WEIGHTS_NAME,)
-        )  # peft's safetensors are 0600 whatever the umask
     return path
 
 

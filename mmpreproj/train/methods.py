@@ -36,6 +36,7 @@ from ..hosts.lora import lora_params_per_rank, peft_target_modules
 from ..hosts.shape import host_shape
 from ..modules import ContentSkip, PreProjection
 from ..tuner.config import PreProjConfig
+from ..tuner.stacked import stacked_peft_model
 
 
 def check_methods(names: Sequence[str]) -> tuple[str, ...]:
@@ -125,8 +126,9 @@ def apply_method(
     `sizes`: `PreProjConfig` size fields for the injected modules (expansion, skip_rank, layers, parts;
     `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
-    For "preproj_lora" the pre-projection is injected first, then peft wraps the model; peft freezes every
-    non-LoRA parameter, so the injected weights are made trainable again afterwards.
+    For "preproj_lora" the pre-projection is injected first, then peft's LoRA wraps the model in the stacked
+    class (`tuner/stacked.py`), whose `save_pretrained` alone writes both: the LoRA at the folder, ours in
+    `preproj/`.
     """
     spec = _spec(method)
     if spec.preproj or spec.skip:
@@ -137,8 +139,9 @@ def apply_method(
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
-        peft_model = get_peft_model(model, lora)  # peft keeps the injected weights (its tuner layers) trainable
-    return peft_model
+        if spec.preproj or spec.skip:  # saved and loaded as one folder: LoRA at the top, ours in preproj/
+            return stacked_peft_model(model, lora)  # peft keeps the injected weights (its tuner layers) trainable
+        return get_peft_model(model, lora)
 
 
 def lora_targets(model: nn.Module) -> list[str]:

@@ -1,7 +1,7 @@
 """The run folder's text files: JSON written atomically, and the per-step JSONL log.
 
 out/
-  adapter/            the trained weights (mmpreproj adapter; peft adapter for LoRA, in adapter/lora/ for preproj_lora)
+  adapter/            the trained weights (ours; peft's for LoRA; preproj_lora: peft's, ours in adapter/preproj/)
   train_config.json   the TrainConfig, with the library version
   metrics.json        summary: steps, losses, tokens, time, parameter counts
   log.jsonl           one line per optimizer step: step, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s

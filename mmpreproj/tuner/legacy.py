@@ -20,9 +20,11 @@ wrappers (or, for a file checked before injection, from the paths its own record
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 V = TypeVar("V")
+LORA_SUBDIR = "lora"  # train()'s preproj_lora before 0.5: peft's LoRA in a folder below ours
 OLD_SLOTS = {"preproj": "preproj", "skip": "preproj_skip"}  # old slot name -> today's (the wrapper's attribute)
 SLOT_NAMES = {**OLD_SLOTS, "preproj_skip": "preproj_skip"}  # a slot's name in any layout -> today's
 
@@ -30,6 +32,12 @@ SLOT_NAMES = {**OLD_SLOTS, "preproj_skip": "preproj_skip"}  # a slot's name in a
 def is_legacy_description(cfg: Mapping[str, Any]) -> bool:
     """Whether an `adapter_config.json` object is mmpreproj's old layout (a nested `config`, no `peft_type`)."""
     return "peft_type" not in cfg and "config" in cfg
+
+
+def lora_below_ours(top: Path) -> Path:
+    """Where train() before 0.5 put `preproj_lora`'s LoRA: peft's folder below ours at `top` (today: peft's LoRA at
+    the top and ours in `preproj/`, `stacked.py`)."""
+    return top / LORA_SUBDIR
 
 
 def parse_block_key(key: str) -> tuple[int | None, str, str] | None:

@@ -5,12 +5,13 @@
 
 What a folder holds is read from its files in one place (`detect`), never from who wrote it:
 
-| kind          | ours (PREPROJ or mmpreproj <= 0.3)  | peft LoRA       | written by                              |
-|---------------|-------------------------------------|-----------------|-----------------------------------------|
-| adapter       | `DIR`                               | -               | save_adapter, PeftModel.save_pretrained, a Trainer checkpoint, train() |
-| lora          | -                                   | `DIR`           | peft / train() `lora`, `lora_matched`   |
-| preproj_lora  | `DIR`                               | `DIR/lora/`     | train() `preproj_lora`                  |
-| preproj_lora  | `DIR/preproj/`                      | `DIR`           | Trainer `save_model` + `save_adapter(model, DIR/preproj)`; the removed `PreProjTrainer`'s checkpoints |
+| kind          | ours (PREPROJ)   | peft LoRA   | written by                                                        |
+|---------------|------------------|-------------|-------------------------------------------------------------------|
+| adapter       | `DIR`            | -           | save_adapter, PeftModel.save_pretrained, a Trainer checkpoint, train() |
+| lora          | -                | `DIR`       | peft / train() `lora`, `lora_matched`                             |
+| preproj_lora  | `DIR/preproj/`   | `DIR`       | its `save_pretrained` (`stacked.py`): train(), a Trainer, users   |
+
+Older layouts (ours at `DIR`, peft's LoRA in `DIR/lora/`: train() before 0.5) are found by `legacy.py`.
 
 `DIR` is the folder given or its `adapter/` subfolder (a train() run folder, a `save_pretrained` folder: its
 base and adapter must come from one save, `pretrained.check_saved_pair`). A run folder's `train_config.json`,
@@ -33,13 +34,12 @@ from torch import nn
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .inject import unload
 from .keys import as_description, is_other_peft_method
-from .legacy import OLD_SLOTS
+from .legacy import OLD_SLOTS, lora_below_ours
 from .load_injection import load_injection as _load_ours
+from .stacked import PREPROJ_SUBDIR, stacked_class
 from .state import is_injected
 from .state_dict import SLOTS, trainable_adapter_params
 
-LORA_SUBDIR = "lora"  # train()'s preproj_lora: peft's LoRA below ours
-PREPROJ_SUBDIR = "preproj"  # a Trainer checkpoint of preproj_lora: ours below peft's LoRA
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
 _LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone
 _OUR_METHODS = ("preproj", "skip", "preproj_skip")  # the `method` tags of our adapter (PreProjConfig.method)
@@ -83,7 +83,7 @@ def detect(path: str | Path) -> Folder:
     if _is_lora(top / ADAPTER_CONFIG_NAME):
         below = top / PREPROJ_SUBDIR
         return Folder(below, top, below) if (below / ADAPTER_CONFIG_NAME).is_file() else Folder(None, top, None)
-    lora = top / LORA_SUBDIR
+    lora = lora_below_ours(top)
     return Folder(top, lora if (lora / ADAPTER_CONFIG_NAME).is_file() else None, given)
 
 
@@ -116,7 +116,7 @@ def load_adapter(
     if folder.lora is None:
         return model
     try:
-        lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default")
+        lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default", folder.ours is not None)
     except BaseException:
         if folder.ours is not None:
             unload(model)
@@ -127,10 +127,11 @@ def load_adapter(
     return lora
 
 
-def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) -> peft.PeftModel:
-    """peft's LoRA (or other method) in `folder` on `model`, as `peft.PeftModel.from_pretrained` does it, but
-    refused before the weights load unless every weight peft expects is in the file and every weight in the
-    file is one it expects; on any failure peft's layers are taken off and `requires_grad` put back."""
+def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, stacked: bool) -> peft.PeftModel:
+    """peft's LoRA (or other method) in `folder` on `model`, as `peft.PeftModel.from_pretrained` does it (over our
+    injection: `stacked`, in the class that saves both, `stacked.py`), but refused before the weights load unless
+    every weight peft expects is in the file and every weight in the file is one it expects; on any failure
+    peft's layers are taken off and `requires_grad` put back."""
     try:
         saved = set(load_file(str(folder / ADAPTER_WEIGHTS_NAME)))
     except FileNotFoundError:
@@ -140,7 +141,8 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str) ->
     config = peft.PeftConfig.from_pretrained(str(folder))
     config.inference_mode = not is_trainable
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    lora = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, peft.PeftModel)(model, config, name)
+    cls = stacked_class(config.task_type) if stacked else MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type)
+    lora = (cls or peft.PeftModel)(model, config, name)
     try:
         expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers (+ ours)
         prefix = PEFT_TYPE_TO_PREFIX_MAPPING[config.peft_type]

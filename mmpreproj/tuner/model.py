@@ -41,7 +41,7 @@ from .state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
-from .unwrap import injected_owner
+from .unwrap import injected_owner, owner_prefix
 
 FREEZE_BASE_REFUSED = (
     "PreProjConfig.freeze_base=False under peft: peft saves only the adapter (and modules_to_save), so the base "
@@ -219,7 +219,7 @@ class PreProjModel(BaseTuner):
         (sharded, they would need a collective on one rank: a deadlock); only FSDP2 shards in `state_dict`
         itself are gathered (`state_dict.adapter_tensors_from_state_dict`)."""
         owner, state = injected_owner(model, "get_peft_model_state_dict")
-        prefix = _owner_prefix(model, owner)
+        prefix = owner_prefix(model, owner)
         try:
             tensors = adapter_tensors_from_state_dict(owner, adapter_name, state_dict, prefix)
         except ValueError as e:
@@ -265,7 +265,7 @@ class PreProjModel(BaseTuner):
             f"{where}: the weights do not match this adapter (another method's or another size's checkpoint?)",
         )
         refuse_non_finite(tensors, where)
-        prefix = _owner_prefix(model, owner)
+        prefix = owner_prefix(model, owner)
         out = {}
         for key, value in tensors.items():
             if is_slot_key(key):
@@ -289,11 +289,3 @@ def _split_slot_key(key: str, paths: list[str]) -> tuple[str, str, str]:
     path = max((p for p in paths if key.startswith(f"{p}.")), key=len)
     slot, _, param = key[len(path) + 1 :].partition(".")
     return path, slot, param
-
-
-def _owner_prefix(model: nn.Module, owner: nn.Module) -> str:
-    """The key prefix of the injected model's weights in `model.state_dict()` ("base_model.model." in a PeftModel)."""
-    if owner is model:
-        return ""
-    name = next(n for n, m in model.named_modules() if m is owner)
-    return f"{name}." if name != PEFT_PREFIX.rstrip(".") else PEFT_PREFIX

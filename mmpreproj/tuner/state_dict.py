@@ -208,17 +208,31 @@ def set_adapter_state_dict(
     Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
     running, or a graph through the adapter awaiting backward: `in_flight.refuse_in_flight`).
     """
-    owner, state = injected_owner(model, "set_adapter_state_dict")
+    copy_adapter_weights(checked_adapter_copies(model, tensors, adapter_name, "set_adapter_state_dict"))
+    return model
+
+
+def checked_adapter_copies(
+    model: nn.Module, tensors: dict[str, torch.Tensor], adapter_name: str | None, what: str
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(live weight, given tensor) of every weight of adapter `adapter_name` (default: the active one) in the
+    injected `model`, once every key, shape, dtype and value of `tensors` has passed (ValueError starting with
+    `what` otherwise); nothing is copied here, so a caller may check before it changes anything else."""
+    owner, state = injected_owner(model, what)
     name, _ = named_adapter(state, adapter_name)
-    refuse_in_flight(owner, "set_adapter_state_dict")
+    refuse_in_flight(owner, what)
     tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)
     expected = named_adapter_tensors(owner, name)
-    check_tensors_match(expected, tensors, "set_adapter_state_dict: the weights do not match this injection")
-    refuse_non_finite(tensors, "set_adapter_state_dict")
+    check_tensors_match(expected, tensors, f"{what}: the weights do not match this injection")
+    refuse_non_finite(tensors, what)
+    return [(dst, tensors[k]) for k, dst in expected.items()]
+
+
+def copy_adapter_weights(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each checked tensor into its live weight (`checked_adapter_copies`)."""
     with torch.no_grad():
-        for k, dst in expected.items():
-            dst.copy_(tensors[k])
-    return model
+        for dst, src in copies:
+            dst.copy_(src)
 
 
 def named_adapter_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor]:

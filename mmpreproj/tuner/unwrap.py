@@ -34,6 +34,13 @@ def injected_owner(model: nn.Module, what: str) -> tuple[nn.Module, Any]:
     return owner, vars(owner)[STATE_ATTR]
 
 
+def owner_prefix(model: nn.Module, owner: nn.Module) -> str:
+    """The key prefix of `owner`'s weights in `model.state_dict()` ("base_model.model." in a PeftModel)."""
+    if owner is model:
+        return ""
+    return next(f"{n}." for n, m in model.named_modules() if m is owner)
+
+
 def refuse_meta_parameters(model: nn.Module, what: str) -> None:
     """Refuse a model whose weights live on the meta device: weights copied into it would be dropped by
     the `to_empty` that materialises it later."""

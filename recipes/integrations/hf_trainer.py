@@ -8,7 +8,8 @@ The method, top to bottom:
   4. train with transformers' own `Trainer`: checkpoints under OUT/checkpoint-N hold the adapter (peft's
      path), not the base, and `--resume` continues from the last one (weights, optimizer, scheduler, RNG,
      data order);
-  5. save the final adapter to OUT/final (for preproj_lora also our injection, OUT/final/preproj), rebuild
+  5. save the final adapter to OUT/final (for preproj_lora peft's LoRA and, by the same
+     `save_pretrained`, our injection in OUT/final/preproj), rebuild
      the model from a fresh base and that folder (`mmpreproj.load_adapter`), check that it gives the
      trained model's outputs.
 
@@ -83,9 +84,7 @@ def run(config: RecipeConfig) -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=build_data(config, tokenizer), processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = Path(config.out) / "final"
-    trainer.save_model(str(final))  # the adapter (peft's LoRA file, for preproj_lora), the tokenizer
-    if config.method == "preproj_lora" and trainer.is_world_process_zero():
-        mmpreproj.save_adapter(model, final / "preproj")  # the injection a fresh base needs, beside peft's file
+    trainer.save_model(str(final))  # the adapter (preproj_lora: peft's LoRA, ours in preproj/), the tokenizer
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss, "final": str(final)}
     if trainer.is_world_process_zero():
         model.eval()

@@ -9,7 +9,8 @@ The method, top to bottom:
      an injection, passed in as the model);
   4. train with TRL's own `SFTTrainer`, with TRL's defaults (bf16 autocast, activation checkpointing) and
      the loss on the assistant's tokens only; checkpoints hold the adapter, `--resume` continues;
-  5. save the final adapter to OUT/final (for preproj_lora also our injection, OUT/final/preproj), rebuild
+  5. save the final adapter to OUT/final (for preproj_lora peft's LoRA and, by the same
+     `save_pretrained`, our injection in OUT/final/preproj), rebuild
      the model from a fresh base (`mmpreproj.load_adapter`), check the outputs.
 
     python recipes/integrations/sft_trainer.py --out runs/sft   # 60 steps: 141 CPU-s (measured, 2 cores)
@@ -97,9 +98,7 @@ def run(config: RecipeConfig) -> dict:
     model = trainer.model  # the PeftModel TRL built
     result = trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = Path(config.out) / "final"
-    trainer.save_model(str(final))
-    if config.method == "preproj_lora" and trainer.is_world_process_zero():
-        mmpreproj.save_adapter(model, final / "preproj")  # the injection a fresh base needs, beside peft's file
+    trainer.save_model(str(final))  # preproj_lora: peft's LoRA, the injection a fresh base needs in preproj/
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss, "final": str(final)}
     if trainer.is_world_process_zero():
         prompt = tokenizer.apply_chat_template(

@@ -1,0 +1,192 @@
+"""`preproj_lora`'s model: peft's LoRA over an injected model, one folder written and read by peft's own calls.
+
+    DIR/adapter_config.json, adapter_model.safetensors            peft's LoRA, exactly as peft writes it
+    DIR/preproj/adapter_config.json, adapter_model.safetensors    our adapter (`save_adapter`), where peft
+                                                                  writes an adapter named "preproj"
+
+`save_pretrained` writes both (train(), a Trainer's checkpoints, users); `load_adapter` reads both (a Trainer's
+resume and best-model reload), our weights checked (keys, shapes, dtypes, finite values) before either part
+changes. One class per peft task class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `stacked_peft_model`
+builds one, `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh base.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import peft
+import torch
+from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys
+
+from .files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
+from .keys import is_other_peft_method
+from .state_dict import (
+    adapter_state_dict,
+    adapter_tensors_from_state_dict,
+    checked_adapter_copies,
+    copy_adapter_weights,
+    refuse_non_finite,
+    trainable_adapter_params,
+)
+from .unwrap import injected_owner, owner_prefix
+
+PREPROJ_SUBDIR = "preproj"  # our adapter's folder below peft's LoRA (peft's folder for an adapter of that name)
+
+
+class _Stacked:
+    """What the stacked classes add to peft's: our adapter saved and loaded with the LoRA (module docstring)."""
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        safe_serialization: bool = True,
+        selected_adapters: list[str] | None = None,
+        save_embedding_layers: str | bool = "auto",
+        is_main_process: bool = True,
+        path_initial_model_for_weight_conversion: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """peft's `save_pretrained` (the LoRA at `save_directory`), then our adapter at `save_directory/preproj`.
+
+        A given `state_dict` (a Trainer's or accelerate's full state dict, gathered under FSDP / ZeRO-3, keys
+        `base_model.model.`...) is where our weights are read, on the main process, never the live (sharded)
+        ones; without one they are the model's (`adapter_state_dict`: FSDP2 shards gathered, so every rank
+        calls, as for peft's own save). Refused before any file is written: a LoRA adapter named "preproj"
+        (peft would write it to the same folder), a `state_dict` lacking our weights, non-finite values."""
+        if PREPROJ_SUBDIR in self.peft_config:
+            raise ValueError(
+                f"save_pretrained: a LoRA adapter is named {PREPROJ_SUBDIR!r}, the folder of the mmpreproj adapter "
+                f"({Path(save_directory) / PREPROJ_SUBDIR}); rename it (allowed: any other name); nothing was written"
+            )
+        owner, state = injected_owner(self, "save_pretrained")
+        given = kwargs.get("state_dict")
+        ours = None
+        if given is None:
+            ours = adapter_state_dict(owner)  # a collective on FSDP2 shards: every rank is here
+        elif is_main_process:
+            ours = adapter_tensors_from_state_dict(
+                owner, state.active_adapter, given, owner_prefix(self, owner), gather=False
+            )
+        if ours is not None:
+            refuse_non_finite(ours, f"save_pretrained: refusing to write {save_directory}")
+        super().save_pretrained(
+            save_directory,
+            safe_serialization=safe_serialization,
+            selected_adapters=selected_adapters,
+            save_embedding_layers=save_embedding_layers,
+            is_main_process=is_main_process,
+            path_initial_model_for_weight_conversion=path_initial_model_for_weight_conversion,
+            **kwargs,
+        )
+        if is_main_process:
+            save_adapter(owner, Path(save_directory) / PREPROJ_SUBDIR, state_dict=ours)
+
+    def load_adapter(
+        self, model_id: str | os.PathLike, adapter_name: str, is_trainable: bool = False, *args: Any, **kwargs: Any
+    ) -> Any:
+        """peft's `load_adapter` of the LoRA in `model_id`, with our weights from `model_id/preproj` when there
+        (checked before either part loads); `is_trainable=True` leaves ours trainable too.
+
+        Our folder itself (a Trainer's resume loads each subfolder as an adapter of its name, "preproj") is
+        copied into the injection's active adapter. A folder holding ours is read only into a loaded LoRA name
+        (peft's resume and best-model reload): a new name would replace the weights of the one injection."""
+        folder = Path(model_id)
+        if _holds_ours(folder):
+            if adapter_name != PREPROJ_SUBDIR:
+                raise ValueError(
+                    f"load_adapter({str(folder)!r}, {adapter_name!r}): a PREPROJ adapter loads into this model's "
+                    f"injection under the name {PREPROJ_SUBDIR!r} (allowed: [{PREPROJ_SUBDIR!r}]); to add it as a "
+                    "second PREPROJ adapter call mmpreproj.load_adapter(model, DIR, adapter_name=...); nothing was "
+                    "loaded"
+                )
+            copy_adapter_weights(_checked_ours(self, folder))
+            return _IncompatibleKeys([], [])  # what peft's load_adapter returns: nothing missing
+        below = folder / PREPROJ_SUBDIR
+        copies = None
+        if _holds_ours(below):
+            if adapter_name not in self.peft_config:
+                raise ValueError(
+                    f"load_adapter({str(folder)!r}, {adapter_name!r}): the folder holds an mmpreproj adapter too "
+                    f"({below}), whose weights would replace this model's; load it into a loaded LoRA name "
+                    f"(allowed: {sorted(self.peft_config)}) or onto a fresh base with mmpreproj.load_adapter(base, "
+                    "DIR); nothing was loaded"
+                )
+            copies = _checked_ours(self, below)
+        result = super().load_adapter(model_id, adapter_name, is_trainable, *args, **kwargs)
+        if copies is not None:
+            copy_adapter_weights(copies)
+            if is_trainable:
+                for p in trainable_adapter_params(injected_owner(self, "load_adapter")[0]):
+                    p.requires_grad_(True)
+        return result
+
+
+def _holds_ours(folder: Path) -> bool:
+    """Whether `folder` holds an adapter config that is ours (not another peft method's)."""
+    try:
+        cfg = json.loads((folder / ADAPTER_CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(cfg, dict) and not is_other_peft_method(cfg)
+
+
+def _checked_ours(model: nn.Module, folder: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Our weights in `folder`, read and checked against the injection in `model` (nothing copied yet)."""
+    _, tensors = read_adapter(folder)
+    return checked_adapter_copies(model, tensors, None, f"load_adapter: the mmpreproj adapter at {folder}")
+
+
+class PreProjLoraModel(_Stacked, peft.PeftModel):
+    """peft's `PeftModel` (no task type) with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForCausalLM(_Stacked, peft.PeftModelForCausalLM):
+    """peft's `PeftModelForCausalLM` with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForSeq2SeqLM(_Stacked, peft.PeftModelForSeq2SeqLM):
+    """peft's `PeftModelForSeq2SeqLM` with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForSequenceClassification(_Stacked, peft.PeftModelForSequenceClassification):
+    """peft's `PeftModelForSequenceClassification` with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForTokenClassification(_Stacked, peft.PeftModelForTokenClassification):
+    """peft's `PeftModelForTokenClassification` with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForQuestionAnswering(_Stacked, peft.PeftModelForQuestionAnswering):
+    """peft's `PeftModelForQuestionAnswering` with our adapter beside its LoRA."""
+
+
+class PreProjLoraModelForFeatureExtraction(_Stacked, peft.PeftModelForFeatureExtraction):
+    """peft's `PeftModelForFeatureExtraction` with our adapter beside its LoRA."""
+
+
+_BY_PEFT_CLASS: dict[type[peft.PeftModel], type[peft.PeftModel]] = {
+    peft.PeftModel: PreProjLoraModel,
+    peft.PeftModelForCausalLM: PreProjLoraModelForCausalLM,
+    peft.PeftModelForSeq2SeqLM: PreProjLoraModelForSeq2SeqLM,
+    peft.PeftModelForSequenceClassification: PreProjLoraModelForSequenceClassification,
+    peft.PeftModelForTokenClassification: PreProjLoraModelForTokenClassification,
+    peft.PeftModelForQuestionAnswering: PreProjLoraModelForQuestionAnswering,
+    peft.PeftModelForFeatureExtraction: PreProjLoraModelForFeatureExtraction,
+}
+
+
+def stacked_class(task_type: str | None) -> type[peft.PeftModel]:
+    """The stacked class of peft's class for `task_type` (peft's `PeftModel` for None or a type peft maps to none)."""
+    return _BY_PEFT_CLASS[MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(task_type, peft.PeftModel)]
+
+
+def stacked_peft_model(model: nn.Module, config: peft.PeftConfig, adapter_name: str = "default") -> peft.PeftModel:
+    """peft's LoRA (`config`) over the injected `model`, as `peft.get_peft_model` builds it, in the stacked class."""
+    injected_owner(model, "stacked_peft_model")  # our adapter must be there to be saved beside the LoRA
+    config.base_model_name_or_path = model.__dict__.get("name_or_path") or None  # as get_peft_model records it
+    return stacked_class(config.task_type)(model, config, adapter_name)
