@@ -3,6 +3,7 @@
     model = peft.get_peft_model(model, mmpreproj.PreProjConfig())   # arXiv 2604.10791, eq. (1)-(5)
     model.print_trainable_parameters(); model.save_pretrained("run/adapter")
     mmpreproj.inject(model, mmpreproj.PreProjConfig())              # the same, in place (no PeftModel)
+    mmpreproj.save_pretrained(model, "run/full")                    # the base + adapter/ (whole-model folder)
     print(mmpreproj.estimate(mmpreproj.PreProjConfig(skip_rank=16), "llama-3-8b"))  # cost before loading
 
 Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), so peft's loaders
@@ -25,6 +26,7 @@ from .tuner.files import save_adapter
 from .tuner.inject import adapter_disabled, inject, unload
 from .tuner.load import load_adapter
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
+from .tuner.pretrained import save_pretrained
 from .tuner.pretrained_load import from_pretrained
 from .tuner.report import TrainableReport, trainable_report
 from .tuner.resume import last_whole_checkpoint
@@ -63,6 +65,7 @@ __all__ = [
     "multimodal_positions",
     "rope",
     "save_adapter",
+    "save_pretrained",
     "set_adapter",
     "set_adapter_state_dict",
     "trainable_report",

@@ -209,7 +209,7 @@ def test_save_pretrained_with_several_adapters(tmp_path):
     out(model)  # fills the weight-cast cache with a's weights
     mmpreproj.set_adapter(model, "b")
     assert torch.equal(out(model), out(single_b))
-    model.save_pretrained(tmp_path / "full")  # the base, and the active adapter beside it
+    mmpreproj.save_pretrained(model, tmp_path / "full")  # the base, and the active adapter beside it
     back, info = GPTNeoXForCausalLM.from_pretrained(tmp_path / "full", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert torch.equal(out(mmpreproj.load_adapter(back.eval(), tmp_path / "full")), out(single_b))

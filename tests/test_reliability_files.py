@@ -85,10 +85,10 @@ def test_save_adapter_files_and_the_model_card_get_the_umask_mode(tmp_path, user
 
 def test_save_pretrained_adapter_files_get_the_umask_mode(tmp_path, user_umask):
     model = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip_init_std=0.05))
-    model.save_pretrained(tmp_path / "full")
+    mmpreproj.save_pretrained(model, tmp_path / "full")
     _assert_umask_modes(tmp_path / "full" / "adapter", user_umask)
     _assert_umask_modes(tmp_path / "full", user_umask)  # the base too (transformers writes its safetensors 0600)
-    model.save_pretrained(tmp_path / "only", adapter_only=True)
+    mmpreproj.save_pretrained(model, tmp_path / "only", adapter_only=True)
     _assert_umask_modes(tmp_path / "only", user_umask)
 
 
@@ -173,7 +173,7 @@ def test_no_lock_file_is_left_in_adapter_folders_or_checkpoints(tmp_path, lock_k
     read_adapter(folder)
     assert sorted(p.name for p in folder.iterdir()) == sorted([ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME])
     model = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig())
-    model.save_pretrained(tmp_path / "full")
+    mmpreproj.save_pretrained(model, tmp_path / "full")
     assert not list((tmp_path / "full").rglob("*.lock")) and not list((tmp_path / "full").rglob(".mmpreproj*"))
     if lock_kind is not None:  # the outside lock folder is private to this user
         assert stat.S_IMODE(lock_kind.stat().st_mode) == 0o700 and list(lock_kind.iterdir())

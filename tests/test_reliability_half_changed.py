@@ -191,7 +191,7 @@ def _saved_pair(folder, seed):
     with torch.no_grad():
         for p in mmpreproj.adapter_state_dict(model).values():
             p.normal_(0, 0.05, generator=torch.Generator().manual_seed(seed))
-    model.save_pretrained(folder)
+    mmpreproj.save_pretrained(model, folder)
     return model
 
 
@@ -209,7 +209,7 @@ def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tm
 
     monkeypatch.setattr(save_pretrained_module, "save_adapter", killed_after_the_base)  # its one writer
     with pytest.raises(Killed):
-        newer.save_pretrained(tmp_path)  # the new base is written, the old adapter stays
+        mmpreproj.save_pretrained(newer, tmp_path)  # the new base is written, the old adapter stays
     monkeypatch.undo()
     assert "mmpreproj_save_token" not in vars(newer.config)  # the model's config is as it was
     with pytest.raises(
@@ -234,7 +234,7 @@ def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tm
 
         monkeypatch.setattr(adapter_files, "_fault_point", fault)
         with pytest.raises(Killed):
-            newer.save_pretrained(tmp_path)
+            mmpreproj.save_pretrained(newer, tmp_path)
         monkeypatch.undo()
         if loads:
             got = mmpreproj.from_pretrained(tmp_path).eval()

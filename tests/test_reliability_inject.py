@@ -261,7 +261,7 @@ def test_save_pretrained_of_an_injected_model_writes_the_base_and_the_adapter(tm
     ref = model(tokens).logits
     mmpreproj.inject(model, PreProjConfig(skip_init_std=0.05))
     injected = model(tokens).logits
-    model.save_pretrained(tmp_path / "full")  # was refused before the round trip existed
+    mmpreproj.save_pretrained(model, tmp_path / "full")  # was refused before the round trip existed
     assert "save_pretrained" not in vars(tiny_neox())  # only the injected instance is patched
     from transformers import GPTNeoXForCausalLM
 

@@ -302,11 +302,11 @@ def test_int8_save_pretrained_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"torchao int8 weights .*nothing was written. Save the adapter alone "
-        r"\(save_pretrained\(DIR, adapter_only=True\)",
+        r"\(mmpreproj\.save_pretrained\(model, DIR, adapter_only=True\)",
     ):
-        model.save_pretrained(tmp_path / "full")
+        mmpreproj.save_pretrained(model, tmp_path / "full")
     assert not (tmp_path / "full").exists()
-    model.save_pretrained(tmp_path / "only", adapter_only=True)  # what the message says to do works
+    mmpreproj.save_pretrained(model, tmp_path / "only", adapter_only=True)  # what the message says to do works
     assert mmpreproj.is_injected(mmpreproj.load_adapter(quantize_frozen_base(tiny_neox(), "int8"), tmp_path / "only"))
 
 

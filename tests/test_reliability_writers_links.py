@@ -117,7 +117,7 @@ def test_a_link_in_the_folder_is_never_written_through_nor_left_as_half_a_pair(t
             assert torch.equal(_logits(load(folder).eval()), _logits(model)), load_name
 
 
-# -- `save_pretrained(DIR)` of an injected model: transformers writes the base in place, so a link at any file it
+# -- `mmpreproj.save_pretrained(model, DIR)`: transformers writes the base in place, so a link at any file it
 # writes (or at the `adapter/` folder) is refused before anything is written; the adapter's files replace a link
 BASE_NAMES = ("config.json", "generation_config.json", "model.safetensors", "adapter")
 ADAPTER_NAMES = tuple(f"adapter/{n}" for n in NAMES)
@@ -145,10 +145,10 @@ def test_save_pretrained_of_an_injected_model_never_writes_through_a_link(tmp_pa
     before_outside, before_folder = _outside(outside, kind), files(folder)
     if name in BASE_NAMES:
         with pytest.raises(ValueError, match=rf"save_pretrained: .*{name} is a symlink .*nothing was written"):
-            model.save_pretrained(folder)
+            mmpreproj.save_pretrained(model, folder)
         assert files(folder) == before_folder
     else:
-        model.save_pretrained(folder)
+        mmpreproj.save_pretrained(model, folder)
         assert not (folder / name).is_symlink()
         assert torch.equal(_logits(mmpreproj.from_pretrained(folder).eval()), _logits(model.eval()))
     assert _outside(outside, kind) == before_outside

@@ -1,6 +1,7 @@
-"""`save_pretrained` of an injected transformers model writes the base (plain `from_pretrained` reloads it
-bit-exact, no missing or unexpected keys) and the adapter in `adapter/`; `load_adapter` / the
-`mmpreproj.from_pretrained` convenience give the injected model back bit-exact. Real classes, built tiny."""
+"""`mmpreproj.save_pretrained(model, DIR)` of an injected transformers model writes the base (plain
+`from_pretrained` reloads it bit-exact, no missing or unexpected keys) and the adapter in `adapter/`;
+`load_adapter` / the `mmpreproj.from_pretrained` convenience give the injected model back bit-exact. Real classes,
+built tiny."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def case(request):
 def test_round_trip_is_bit_exact_for_the_base_and_the_injected_model(case, tmp_path):
     base_out, model, injected_out = _trained(case)
     before = _state(model)
-    model.save_pretrained(tmp_path)
+    mmpreproj.save_pretrained(model, tmp_path)
     _same_state(_state(model), before)  # saving put every wrapper and modules_to_save value back
     assert torch.equal(case.forward(model, case.inputs()), injected_out)
     assert (tmp_path / "config.json").is_file() and not (tmp_path / "adapter_config.json").exists()
@@ -104,7 +105,7 @@ def test_round_trip_is_bit_exact_for_the_base_and_the_injected_model(case, tmp_p
 
 def test_gpt2_tied_embeddings_stay_tied_and_the_checkpoint_holds_them_once(tmp_path):
     _, model, _ = _trained(CASES[2])
-    model.save_pretrained(tmp_path)
+    mmpreproj.save_pretrained(model, tmp_path)
     keys = set(load_file(str(tmp_path / "model.safetensors")))
     assert "lm_head.weight" not in keys and "transformer.wte.weight" in keys
     assert not any("base_layer" in k or "preproj" in k or ".skip." in k for k in keys)
@@ -112,7 +113,7 @@ def test_gpt2_tied_embeddings_stay_tied_and_the_checkpoint_holds_them_once(tmp_p
 
 def test_sharded_save_and_safe_serialization(tmp_path):
     _, model, injected_out = _trained(CASES[0])
-    model.save_pretrained(tmp_path, max_shard_size="20KB", safe_serialization=True)
+    mmpreproj.save_pretrained(model, tmp_path, max_shard_size="20KB", safe_serialization=True)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert not any("base_layer" in k for k in index["weight_map"])
@@ -123,8 +124,8 @@ def test_sharded_save_and_safe_serialization(tmp_path):
 
 def test_a_passed_state_dict_is_unwrapped_the_same_way(tmp_path):
     _, model, _ = _trained(Case("neox_head", tiny_neox, {"modules_to_save": ["lm_head"]}))
-    model.save_pretrained(tmp_path / "plain")
-    model.save_pretrained(tmp_path / "given", state_dict=model.state_dict())
+    mmpreproj.save_pretrained(model, tmp_path / "plain")
+    mmpreproj.save_pretrained(model, tmp_path / "given", state_dict=model.state_dict())
     for name in ("model.safetensors", f"{PRETRAINED_ADAPTER_DIR}/adapter_model.safetensors"):
         a, b = load_file(str(tmp_path / "plain" / name)), load_file(str(tmp_path / "given" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
@@ -137,7 +138,7 @@ def test_a_passed_state_dict_is_unwrapped_the_same_way(tmp_path):
     sd = model.state_dict()
     key = next(k for k in sd if k.endswith("layers.0.attention.preproj_skip.default.proj.weight"))
     sd[key] = sd[key] * 2
-    model.save_pretrained(tmp_path / "doubled", state_dict=sd)
+    mmpreproj.save_pretrained(model, tmp_path / "doubled", state_dict=sd)
     doubled = load_file(str(tmp_path / "doubled" / PRETRAINED_ADAPTER_DIR / "adapter_model.safetensors"))
     assert torch.equal(doubled[f"base_model.model.{key.replace('.default', '')}"], sd[key])  # peft: name removed
 
@@ -147,7 +148,7 @@ def test_a_bad_state_dict_key_is_refused_before_anything_is_written(tmp_path):
     sd = model.state_dict()
     sd["gpt_neox.layers.0.attention.stray.weight"] = torch.zeros(1)
     with pytest.raises(ValueError, match=r"'gpt_neox.layers.0.attention.stray.weight' is neither the base's"):
-        model.save_pretrained(tmp_path / "x", state_dict=sd)
+        mmpreproj.save_pretrained(model, tmp_path / "x", state_dict=sd)
     assert not (tmp_path / "x").exists()
 
 
@@ -161,7 +162,7 @@ def test_a_save_that_fails_inside_transformers_puts_everything_back(tmp_path, mo
 
     monkeypatch.setattr(tf.GPTNeoXForCausalLM, "save_pretrained", broken)
     with pytest.raises(OSError, match="disk full"):
-        model.save_pretrained(tmp_path)
+        mmpreproj.save_pretrained(model, tmp_path)
     _same_state(_state(model), before)
     assert len(mmpreproj.injected_modules(model)) == 2
     assert torch.equal(lm_forward(model), injected_out)
@@ -169,14 +170,14 @@ def test_a_save_that_fails_inside_transformers_puts_everything_back(tmp_path, mo
 
 def test_adapter_only_writes_only_the_adapter(tmp_path):
     _, model, injected_out = _trained(CASES[0])
-    model.save_pretrained(tmp_path, adapter_only=True)
+    mmpreproj.save_pretrained(model, tmp_path, adapter_only=True)
     assert {p.name for p in tmp_path.iterdir() if not p.name.startswith(".")} == {
         "adapter_config.json",
         "adapter_model.safetensors",
     }
     assert torch.equal(lm_forward(mmpreproj.load_adapter(tiny_neox(), tmp_path)), injected_out)
     for given in (model.state_dict(), mmpreproj.adapter_state_dict(model)):  # full, or the adapter's alone
-        model.save_pretrained(tmp_path / "given", adapter_only=True, state_dict=given)
+        mmpreproj.save_pretrained(model, tmp_path / "given", adapter_only=True, state_dict=given)
         assert torch.equal(lm_forward(mmpreproj.load_adapter(tiny_neox(), tmp_path / "given")), injected_out)
 
 
@@ -191,7 +192,7 @@ def test_after_unload_save_pretrained_is_the_plain_one(tmp_path):
 
 def test_adapter_files_carry_the_model_card_facts(tmp_path):
     _, model, _ = _trained(CASES[0])
-    model.save_pretrained(tmp_path / "first")
+    mmpreproj.save_pretrained(model, tmp_path / "first")
     loaded = mmpreproj.from_pretrained(tmp_path / "first")  # name_or_path is now that folder
     mmpreproj.save_adapter(loaded, tmp_path / "card", readme=True)
     desc = load_desc(tmp_path / "card" / "adapter_config.json")
@@ -214,7 +215,7 @@ def test_from_pretrained_offline_with_an_uncached_hub_id_is_one_clear_line(monke
 
 def test_from_pretrained_with_an_adapter_folder_elsewhere(tmp_path):
     _, model, injected_out = _trained(CASES[0])
-    model.save_pretrained(tmp_path / "full")
+    mmpreproj.save_pretrained(model, tmp_path / "full")
     mmpreproj.save_adapter(model, tmp_path / "only")
     mmpreproj.unload(model)
     model.save_pretrained(tmp_path / "base")
@@ -236,7 +237,7 @@ def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loa
     from mmpreproj.tuner.pretrained import _base_key_hooks
 
     _, model, out = _trained(CASES[1])
-    model.save_pretrained(tmp_path)
+    mmpreproj.save_pretrained(model, tmp_path)
     base_sd = load_file(str(tmp_path / "model.safetensors"))
     other = mmpreproj.inject(BUILDERS["llama"](seed=3), PreProjConfig(skip_init_std=0.05))
     before = {k: v.clone() for k, v in other.state_dict().items()}

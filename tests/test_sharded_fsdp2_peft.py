@@ -114,7 +114,10 @@ def test_main_process_save_with_a_gathered_state_dict_calls_no_collective(mode, 
     changed = {k: v + 1.0 for k, v in full.items() if any(s in k for s in SLOTS)}  # not the live values: saved
     want = _adapter(changed)
     _no_gather(monkeypatch)
-    model.save_pretrained(tmp_path / "s", state_dict={**full, **changed})
+    if mode == "peft":
+        model.save_pretrained(tmp_path / "s", state_dict={**full, **changed})
+    else:
+        mmpreproj.save_pretrained(model, tmp_path / "s", state_dict={**full, **changed})
     folder = tmp_path / "s" if mode == "peft" else tmp_path / "s" / "adapter"
     saved = load_file(folder / "adapter_model.safetensors")
     prefix = "" if mode == "peft" else "base_model.model."

@@ -6,9 +6,9 @@ layer is the wrapper, `mmpreproj.modules.PreProjAttention`: one `nn.ModuleDict` 
 (`adapter_layer_names`: `preproj`, `preproj_skip`); the model's `state_dict()` keys, without the adapter name,
 are the file keys. The injection, bottom to top (each file imports only those before it): `state` (what inject
 leaves on a model), `in_flight`, `state_dict`, `files` (save / read an adapter folder), `plan` (validate and
-build), `pretrained` (`save_pretrained` of an injected model), `inject` (inject / unload), `named` (several
-adapters), `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel: peft's LoRA and
-ours saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `trace`
+build), `pretrained` (`save_pretrained`: an injected model's whole folder), `inject` (inject / unload),
+`named` (several adapters), `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel:
+peft's LoRA and ours saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `trace`
 (`trace_seams`), `pretrained_load` (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`,
 `model_card`, `estimate`, `report`, `budget`, the checks `file_check`, `load_check`, `digest`.
 """

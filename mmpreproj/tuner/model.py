@@ -46,7 +46,7 @@ from .unwrap import injected_owner, owner_prefix
 FREEZE_BASE_REFUSED = (
     "PreProjConfig.freeze_base=False under peft: peft saves only the adapter (and modules_to_save), so the base "
     "weights that would train are lost at every save; keep freeze_base=True and name the base modules to train "
-    "in modules_to_save, or use mmpreproj.inject + save_pretrained, which saves the whole model"
+    "in modules_to_save, or use mmpreproj.inject + mmpreproj.save_pretrained, which saves the whole model"
 )
 
 

@@ -1,12 +1,13 @@
-"""`save_pretrained` of an injected transformers model (read back by `from_pretrained`, `pretrained_load.py`):
-the base checkpoint that plain `from_pretrained` reloads bit-exact, and the adapter beside it.
+"""`mmpreproj.save_pretrained(model, DIR)`: the whole-model folder of an injected transformers model (read back
+by `from_pretrained`, `pretrained_load.py`): the base checkpoint that plain `from_pretrained` reloads bit-exact,
+and the adapter beside it.
 
-    model.save_pretrained(DIR)                      # DIR: the base (config.json, model.safetensors, ...)
+    mmpreproj.save_pretrained(model, DIR)           # DIR: the base (config.json, model.safetensors, ...)
                                                     # DIR/adapter/: adapter_config.json + adapter_model.safetensors
     base = AutoModelForCausalLM.from_pretrained(DIR)            # the base, no missing or unexpected keys
     mmpreproj.load_adapter(base, DIR)                           # the injected model again, bit-exact
     model = mmpreproj.from_pretrained(DIR)                      # both in one call
-    model.save_pretrained(DIR, adapter_only=True)   # DIR: only the adapter files (a Trainer checkpoint)
+    mmpreproj.save_pretrained(model, DIR, adapter_only=True)    # DIR: only the adapter files (a Trainer checkpoint)
 
 Why `adapter/` and not DIR itself: transformers' `from_pretrained` takes a model folder that holds an
 `adapter_config.json` for a peft adapter (with peft installed) and fails on ours, so the plain reload of the
@@ -18,8 +19,12 @@ machinery (tied weights, shards, quantizer, weight-name conversions); everything
 also when the save fails. The trained `modules_to_save` values go to the adapter. A `state_dict=` the
 caller passes (the Trainer does, under some launchers) is translated the same way (`split_state_dict`).
 
-`inject` installs the method on the instance and `unload` takes it off; the class and every other model
-are untouched.
+`inject` still installs the same save as the instance's `model.save_pretrained` (the Trainer calls it) and
+`unload` takes it off; the class and every other model are untouched. It stays until the class's own method can
+save an injected model: transformers 5.24 writes a model's adapters (`_hf_peft_config_loaded`, peft's format)
+only with peft >= 0.22 (`check_peft_version` in `get_adapter_state_dict` / `active_adapters`), and the class's
+method of an unregistered injected model would write the wrapper's keys (`base_layer.`), which a plain
+`from_pretrained` misreads.
 
 The two halves are two writes (transformers', then ours), so each records which save it belongs to: a fresh
 token goes into the base's `config.json` (`mmpreproj_save_token`, written with the config, before the
@@ -31,6 +36,7 @@ base beside an old adapter; `load_adapter(model, DIR)` and `from_pretrained(DIR)
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import secrets
 import types
@@ -235,26 +241,30 @@ def check_saved_pair(base_token: str | None, adapter_token: str | None, where: s
         )
 
 
-def _save_pretrained(
-    self: nn.Module,
+def save_pretrained(
+    model: nn.Module,
     save_directory: str | Path,
-    is_main_process: bool = True,
-    state_dict: dict[str, Any] | None = None,
-    *args: Any,
+    *,
     adapter_only: bool = False,
+    state_dict: dict[str, Any] | None = None,
+    is_main_process: bool = True,
     **kwargs: Any,
 ) -> None:
-    """`save_pretrained` of an injected model: the base in `save_directory` (plain `from_pretrained` reloads
-    it) and the adapter in `save_directory/adapter/`; with `adapter_only=True` only the adapter files, in
-    `save_directory` itself. Other arguments go to the class's `save_pretrained` (shards, variant, ...).
+    """The whole-model folder of an injected transformers `model`: the base in `save_directory` (plain
+    `from_pretrained` reloads it) and the adapter in `save_directory/adapter/`; with `adapter_only=True` only the
+    adapter files, in `save_directory` itself. `kwargs` go to the class's `save_pretrained` (shards, variant, ...).
 
     `state_dict`: the model's full one (translated by `split_state_dict`) or the adapter's alone (keyed as
     `adapter_state_dict` keys it; the base is then read from the model). A sharded model (FSDP2) saved by
     the main process alone needs it (the full state dict every rank gathered, as the Trainer passes it):
     without it the adapter is gathered from the model, a collective every rank must call."""
-    cls_save = type(self).save_pretrained
-    if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
-        return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
+    cls_save = getattr(type(model), "save_pretrained", None)
+    if STATE_ATTR not in vars(model) or not callable(cls_save):
+        raise ValueError(
+            f"mmpreproj.save_pretrained: {type(model).__name__} is not an inject()ed transformers model (no injection "
+            "of its own, or no save_pretrained on its class); save a PeftModel with its own save_pretrained, an "
+            "adapter alone with mmpreproj.save_adapter; nothing was written"
+        )
     if kwargs.get("push_to_hub"):
         raise ValueError(
             "save_pretrained(push_to_hub=True) of an injected model is not supported: save to a folder, then "
@@ -265,22 +275,49 @@ def _save_pretrained(
         raise ValueError(f"save_pretrained: {folder} is a file; pass a folder")
     if state_dict is None:
         base_sd, adapter_sd = None, None
-    elif set(state_dict) == set(local_adapter_state_dict(self)):  # already the adapter's (keys only: no gather)
+    elif set(state_dict) == set(local_adapter_state_dict(model)):  # already the adapter's (keys only: no gather)
         base_sd, adapter_sd = None, state_dict
     else:
-        base_sd, adapter_sd = split_state_dict(self, state_dict)
+        base_sd, adapter_sd = split_state_dict(model, state_dict)
     if adapter_only:
         if is_main_process:
-            save_adapter(self, folder, state_dict=adapter_sd)
-        return None
-    _refuse_torchao_base(self)
+            save_adapter(model, folder, state_dict=adapter_sd)
+        return
+    _refuse_torchao_base(model)
     refuse_links(folder, (*BASE_FILES, PRETRAINED_ADAPTER_DIR), "save_pretrained")  # transformers writes in place
-    with base_view(self), _save_token_in_config(self) as token:  # config.json carries the token
-        cls_save(self, save_directory, is_main_process, base_sd, *args, **kwargs)
+    with base_view(model), _save_token_in_config(model) as token:  # config.json carries the token
+        cls_save(model, save_directory, is_main_process=is_main_process, state_dict=base_sd, **kwargs)
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask
         set_new_file_modes(folder, tuple(p.name for p in folder.glob("model*.safetensors")))
-        save_adapter(self, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True, base_save_token=token)
-    return None
+        save_adapter(model, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True, base_save_token=token)
+
+
+def _save_pretrained(
+    self: nn.Module,
+    save_directory: str | Path,
+    is_main_process: bool = True,
+    state_dict: dict[str, Any] | None = None,
+    *args: Any,
+    adapter_only: bool = False,
+    **kwargs: Any,
+) -> None:
+    """The instance's `save_pretrained` that `inject` installs: `save_pretrained(self, ...)` above (the class's
+    own, after an unload by hand). Kept while the class's method cannot save an injected model right (transformers
+    5.24 saves a model's adapters only with peft >= 0.22, which mmpreproj does not support yet)."""
+    cls_save = type(self).save_pretrained
+    if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
+        return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
+    if args:  # the class's positional parameters after state_dict, by name
+        bound = inspect.signature(cls_save).bind_partial(self, save_directory, is_main_process, state_dict, *args)
+        kwargs = {**dict(list(bound.arguments.items())[4:]), **kwargs}
+    return save_pretrained(
+        self,
+        save_directory,
+        adapter_only=adapter_only,
+        state_dict=state_dict,
+        is_main_process=is_main_process,
+        **kwargs,
+    )
 
 
 def _refuse_torchao_base(model: nn.Module) -> None:
@@ -292,6 +329,6 @@ def _refuse_torchao_base(model: nn.Module) -> None:
     if ao is not None:
         raise ValueError(
             f"save_pretrained: the base holds torchao int8 weights (e.g. {ao!r}), which transformers cannot save; "
-            "nothing was written. Save the adapter alone (save_pretrained(DIR, adapter_only=True) or "
+            "nothing was written. Save the adapter alone (mmpreproj.save_pretrained(model, DIR, adapter_only=True) or "
             "mmpreproj.save_adapter) and keep the float base: quantize it again after loading, then load_adapter"
         )
