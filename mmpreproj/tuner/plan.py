@@ -87,8 +87,7 @@ def plan_injection(
     if not isinstance(config, PreProjConfig):
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
     check_adapter_name(adapter_name)
-    if is_injected(model):
-        raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
+    check_not_injected(model)
     _refuse_compiled_or_peft(model)
     spec = as_host(model, host)
     try:
@@ -142,6 +141,12 @@ def plan_injection(
         active_adapter=adapter_name,
     )
     return Plan(spec, state, placements, seams)
+
+
+def check_not_injected(model: nn.Module) -> None:
+    """RuntimeError when `model` already holds an injection (a first injection needs a plain model)."""
+    if is_injected(model):
+        raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
 
 
 def peft_layers(model: nn.Module) -> list[str]:
