@@ -169,3 +169,11 @@ def test_mmpreproj_inject_keeps_refusing_an_injected_model():
     model = mmpreproj.inject(tiny_neox())
     with pytest.raises(RuntimeError, match="already has mmpreproj modules injected"):
         mmpreproj.inject(model)
+
+
+def test_inject_refuses_a_peft_model_before_peft_touches_its_configs():
+    lora = get_peft_model(tiny_neox(), LoraConfig(r=2, target_modules=["query_key_value"]))
+    before = dict(lora.peft_config)
+    with pytest.raises(RuntimeError, match="the model is a peft PeftModel"):
+        mmpreproj.inject(lora)
+    assert lora.peft_config == before and isinstance(lora.peft_config["default"], LoraConfig)

@@ -7,7 +7,7 @@ holds its wrapper (`finish`), the base frozen (`mark_trainable`), the example fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from ..modules.seam import SeamCheck
 from ..util.probing import probing
 from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
-from .plan import Plan, check_not_injected, config_host, peft_layers, plan_injection
+from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
 from .state import InjectionState, adapter_params, injected_modules
 
@@ -47,11 +47,10 @@ class Injection:
     placed: list[tuple[Site, PreProjAttention]] = field(default_factory=list)
     finished: bool = False
 
-    def wrapper_at(self, path: str) -> tuple[Site, PreProjAttention] | None:
-        """The planned (site, wrapper) at module path `path`, None when no site is planned there."""
-        if self.plan is None:
-            return None
-        return dict(zip(self.plan.state.modules, self.plan.placements)).get(path)
+    @cached_property
+    def sites(self) -> dict[str, tuple[Site, PreProjAttention]]:
+        """The planned (site, wrapper) by module path (read once the plan is built)."""
+        return dict(zip(self.plan.state.modules, self.plan.placements))
 
 
 def plan_for(
@@ -60,7 +59,7 @@ def plan_for(
     """(the plan, the example input to run once injected): the host the call names, else the config's (a saved
     one), else the row that claims the model or the trace (`auto_host.one_call_host`); every check, nothing
     changed."""
-    check_not_injected(model)
+    check_plain_model(model)
     if isinstance(host, str):  # a forced row: the trace must not find it post-norm
         check_forced(model, host, example_input)
     host = host if host is not None else config_host(model, config)

@@ -16,7 +16,7 @@ from ..hosts import HostSpec
 from .apply import Request
 from .config import PreProjConfig
 from .model import PreProjModel
-from .plan import Plan
+from .plan import Plan, check_plain_model
 from .unload import adapter_disabled as adapter_disabled
 from .unload import unload as unload
 
@@ -48,7 +48,7 @@ def inject(
             injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
             train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that
-            cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
+            cannot take `x~`), the model is put back as it was and the error re-raised: a wrong description never
             leaves an injected model behind.
 
         adapter_name: the name of this first adapter (peft's "default"; `tuner.named` adds more).
@@ -71,7 +71,10 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
 def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, request: Request) -> nn.Module:
     """peft's `inject_adapter_in_model(config, model, adapter_name)` with our `request`: the tuner is built over
     `model` and dropped. peft's tuner also gives the model its `peft_config` dict; `inject` leaves only the
-    injection, so that attribute is put back as it was (absent, or a dict already there)."""
+    injection, so that attribute is put back as it was (absent, or a dict already there). A model that cannot take
+    a first injection is refused before: peft's constructor adds the config to a `peft_config` it finds on the
+    model (a `PeftModel`'s own)."""
+    check_plain_model(model)
     kept = vars(model).pop("peft_config", _ABSENT)
     try:
         PreProjModel(model, config, adapter_name, request=request)

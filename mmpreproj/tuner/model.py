@@ -144,6 +144,10 @@ class PreProjModel(BaseTuner):
                 "adapter_name=...); nothing was changed"
             )
 
+    def _check_tied_modules(self, model: nn.Module, peft_config: PreProjConfig) -> None:
+        """peft's check of tied embeddings among `modules_to_save` is about the copy its `ModulesToSaveWrapper`
+        trains; ours train the module in place, so a tied weight stays one Parameter: nothing to check."""
+
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         """The config peft's loop reads from here on: a copy without `modules_to_save` (peft would wrap each
         module whose name ends so in its `ModulesToSaveWrapper`; ours are the host's modules, trained in place:
@@ -170,7 +174,7 @@ class PreProjModel(BaseTuner):
     def _check_target_module_exists(self, peft_config: PreProjConfig, key: str) -> bool:
         """Whether module `key` is a site of the injection: planned (in peft's loop) or injected."""
         if self._injection is not None:
-            return self._injection.wrapper_at(key) is not None
+            return key in self._injection.sites
         return is_injected(self.model) and key in injected_owner(self.model, "PreProjModel")[1].modules
 
     def _create_and_replace(
@@ -186,7 +190,7 @@ class PreProjModel(BaseTuner):
         """Put the planned wrapper of site `current_key` in place of `target`; once every planned site holds
         its wrapper, finish the injection (seam checks, the state, `save_pretrained`)."""
         injection = self._injection
-        site, wrapper = injection.wrapper_at(current_key)
+        site, wrapper = injection.sites[current_key]
         if target is not site.attention or parent is not site.parent or target_name != site.attr:
             raise RuntimeError(f"PreProjModel: module {current_key!r} is not the attention the plan wraps there")
         place(injection, site, wrapper)
