@@ -4,13 +4,16 @@ peft's layout: `config` (PreProjConfig), `model` (PreProjModel, the tuner), `key
 layout), `legacy` (the one reader of older layouts), `register` (peft learns PREPROJ at `import mmpreproj`). The
 layer is the wrapper, `mmpreproj.modules.PreProjAttention`: one `nn.ModuleDict` per slot keyed by adapter name
 (`adapter_layer_names`: `preproj`, `preproj_skip`); the model's `state_dict()` keys, without the adapter name,
-are the file keys. The injection, bottom to top (each file imports only those before it): `state` (what inject
-leaves on a model), `in_flight`, `state_dict`, `files` (save / read an adapter folder), `plan` (validate and
-build), `pretrained` (`save_pretrained`: an injected model's whole folder), `inject` (inject / unload),
-`named` (several adapters), `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel:
-peft's LoRA and ours saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `trace`
-(`trace_seams`), `pretrained_load` (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`,
-`model_card`, `estimate`, `report`, `budget`, the checks `file_check`, `load_check`, `digest`.
+are the file keys. One injection path: peft's `BaseTuner.inject_adapter` loop, whose hooks in `PreProjModel` take
+the steps of `apply` from the host plan; `inject` (and `peft.inject_adapter_in_model`, `get_peft_model`) builds
+that tuner. Bottom to top (each file imports only those before it): `state` (what inject leaves on a model),
+`in_flight`, `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
+(`save_pretrained`: an injected model's whole folder), `trace` (`trace_seams`), `apply` (plan, place, finish,
+freeze, roll back), `unload` (unload, `adapter_disabled`), `named` (several adapters), `model` (the tuner),
+`inject`, `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel: peft's LoRA and ours
+saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `pretrained_load`
+(`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`, `model_card`, `estimate`,
+`report`, `budget`, the checks `file_check`, `load_check`, `digest`.
 """
 
 from .config import PreProjConfig as PreProjConfig

@@ -1,4 +1,6 @@
-"""inject / unload / adapter_disabled: put the modules into a host model and take them out.
+"""inject: put the modules into a host model, in place, through peft's injection loop: `PreProjModel`, whose
+hooks take each step of `apply.py` (plan, place, finish, freeze), the path of `peft.inject_adapter_in_model` and
+`peft.get_peft_model` too. `unload` / `adapter_disabled` (`unload.py`) are re-exported here.
 
 Every call validates first (`plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
 The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `state.py`), never in globals.
@@ -6,104 +8,19 @@ The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..hosts import HostSpec
-from ..hosts.checkpointing import reentrant_checkpointing
-from ..hosts.spec import get_path
-from ..modules import PreProjAttention
-from ..modules.seam import SeamCheck
-from ..util.probing import probing
-from .auto_host import check_forced, one_call_host, split_input
+from .apply import Request
 from .config import PreProjConfig
-from .plan import Plan, config_host, peft_layers, plan_injection
-from .pretrained import install_save_pretrained, remove_save_pretrained
-from .state import InjectionState, adapter_params, injected_modules, is_injected
-from .unwrap import STATE_ATTR, injected_owners
+from .model import PreProjModel
+from .plan import Plan, check_plain_model
+from .unload import adapter_disabled as adapter_disabled
+from .unload import unload as unload
 
-
-def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
-    injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)}
-    for p in model.parameters():
-        if id(p) not in injected and p.requires_grad:
-            p.requires_grad_(False)
-            state.frozen.append(p)
-    # With every base weight frozen, a block's input does not require grad, and reentrant gradient
-    # checkpointing would silently give the injected weights no gradient. The hook makes the embedding output
-    # require grad, only while reentrant checkpointing is on: otherwise that would cost a backward through
-    # the frozen ops ahead of the first injected module (2.7% of a step) for nothing.
-    emb = spec.input_embeddings(model)
-    if emb is not None:
-        # a partial, not a closure: deepcopy and pickle carry it over to the copied model
-        state.input_grad_hook = emb.register_forward_hook(
-            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
-        )
-
-
-def _make_output_require_grad(
-    model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor, *, checkpointing: str = "any"
-) -> None:
-    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly, read
-    with the row's switch (`HostSpec.checkpointing`, `hosts/checkpointing.py`)."""
-    if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
-        return
-    if not output.requires_grad and reentrant_checkpointing(model, checkpointing):
-        output.requires_grad_(True)
-
-
-def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
-    for _, wrapper in plan.placements:  # an inner width of 0 would inject a no-op and save an empty adapter
-        if len(wrapper.preproj):
-            plan.state.config.inner_width(wrapper.adapter_width)
-    done = []
-    try:
-        for site, wrapper in plan.placements:
-            setattr(site.parent, site.attr, wrapper)
-            done.append((site, wrapper))
-        for wrapper, block, norm, where, norm_path in plan.seams:
-            wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
-        model.mmpreproj_state = plan.state
-        install_save_pretrained(model)
-        if plan.state.config.freeze_base:
-            _freeze_base(model, plan.state, plan.spec)
-        _keep_trainable(model, plan.state)
-    except BaseException:
-        for site, wrapper in done:
-            setattr(site.parent, site.attr, wrapper.base_layer)
-            if getattr(wrapper, "seam_check", None) is not None:
-                wrapper.seam_check.close()
-        for p in plan.state.frozen:
-            p.requires_grad_(True)
-        for p in plan.state.thawed:
-            p.requires_grad_(False)
-        if plan.state.input_grad_hook is not None:
-            plan.state.input_grad_hook.remove()
-        remove_save_pretrained(model)
-        if hasattr(model, "mmpreproj_state"):
-            del model.mmpreproj_state
-        raise
-    return model
-
-
-def _keep_trainable(model: nn.Module, state: InjectionState) -> None:
-    """Unfreeze the config's `modules_to_save` and keep a copy of their weights for `unload`."""
-    for name, path in state.modules_to_save.items():
-        module = get_path(model, path)
-        for k, v in module.state_dict().items():
-            state.saved_originals[f"{name}.{k}"] = v.detach().clone()
-        keep = {id(p) for p in module.parameters()}
-        frozen_here = {id(p) for p in state.frozen}
-        for p in module.parameters():
-            if not p.requires_grad and id(p) not in frozen_here:
-                state.thawed.append(p)
-            p.requires_grad_(True)
-        state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
+_ABSENT = object()
 
 
 def inject(
@@ -131,111 +48,38 @@ def inject(
             injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
             train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that
-            cannot take `x~`), the model is unloaded and the error re-raised: a wrong description never
+            cannot take `x~`), the model is put back as it was and the error re-raised: a wrong description never
             leaves an injected model behind.
 
         adapter_name: the name of this first adapter (peft's "default"; `tuner.named` adds more).
 
     Returns the same model object. Injected weights are float32 on the device of their block.
-    peft's spelling of the same call: `peft.inject_adapter_in_model(config, model)`; `peft.get_peft_model`
-    wraps the result in a `PeftModel` (`mmpreproj.tuner.PreProjModel`).
+    It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
+    (`mmpreproj.tuner.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
+    wraps the result in a `PeftModel`.
     """
     config = config or PreProjConfig()
-    if isinstance(host, str) and not is_injected(model):  # a forced row: the trace must not find it post-norm
-        check_forced(model, host, example_input)
-    host = host if host is not None else config_host(model, config)
-    if host is None and not is_injected(model) and not peft_layers(model):  # the one call: a row, or the trace
-        host, example_input = one_call_host(model, example_input)
-    plan = plan_injection(model, config, host, adapter_name=adapter_name)
-    apply_plan(model, plan)
-    if example_input is not None:
-        args, kwargs = split_input(example_input)
-        try:
-            with probing(model), torch.no_grad():
-                model(*args, **kwargs)
-        except BaseException:
-            unload(model)
-            raise
-    return model
+    return _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
 
 
-def unload(model: nn.Module) -> nn.Module:
-    """Remove every injected module, restoring the original attention modules and `requires_grad` flags.
-
-    `model` may be the injected model or anything that holds it (a peft `PeftModel`, a container module,
-    DDP/FSDP, `torch.compile`): every injected model inside is restored. Everything is checked before the
-    first change, so a refused call leaves the model as it was.
-
-    Only the flags inject changed are put back: the base weights it froze become trainable again, the
-    `modules_to_save` weights it made trainable are frozen again. Under peft (the `preproj_lora` shape: peft
-    wrapped the model after inject and froze the base for its own adapter) the base stays frozen, as peft
-    wants it: the LoRA model goes on training only its LoRA weights.
-    """
-    if not is_injected(model):
-        raise RuntimeError("this model has no mmpreproj modules to unload")
-    swaps = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, PreProjAttention):
-                if not isinstance(child.base_layer, nn.Module):
-                    raise RuntimeError(
-                        f"unload: the wrapper at .{name} of {type(parent).__name__} lost its base layer"
-                    )
-                swaps.append((parent, name, child.base_layer))
-    owners = [owner for _, owner in injected_owners(model)]
-    params = list(model.parameters())
-    current = {id(p) for p in params}
-    for owner in owners:
-        state = vars(owner)[STATE_ATTR]
-        if not isinstance(state, InjectionState):
-            raise TypeError(
-                f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed"
-            )
-        if any(id(p) not in current for p in state.frozen) and any(hasattr(p, "full_tensor") for p in params):
-            raise RuntimeError(
-                "unload: the model's parameters were replaced by sharded ones after inject (FSDP fully_shard), so "
-                "the base's requires_grad flags cannot be restored; nothing was changed. Unload before sharding"
-            )
-    for parent, name, base in swaps:  # from here on nothing can fail
-        wrapper = getattr(parent, name)
-        if wrapper.seam_check is not None:
-            wrapper.seam_check.close()
-        setattr(parent, name, base)
-    wrapped_by_peft = peft_layers(model)[:1] == [""]
-    for owner in owners:
-        state: InjectionState = vars(owner)[STATE_ATTR]
-        _restore_saved_modules(owner, state)
-        if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
-            for p in state.frozen:
-                if not p.requires_grad:
-                    p.requires_grad_(True)
-        for p in state.thawed:
-            if p.requires_grad:
-                p.requires_grad_(False)
-        if state.input_grad_hook is not None:
-            state.input_grad_hook.remove()
-        delattr(owner, STATE_ATTR)
-        remove_save_pretrained(owner)
-    return model
+def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
+    """Place a plan the caller built and filled (`load_injection`: saved weights copied in), through the same
+    loop; on error the model is left as it was."""
+    return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
 
 
-@contextlib.contextmanager
-def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
-    """Run the host without its injected modules inside the block (weights stay in place)."""
-    wrappers = injected_modules(model)
-    before = [w.adapter_enabled for w in wrappers]
-    for w in wrappers:
-        w.adapter_enabled = False
+def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, request: Request) -> nn.Module:
+    """peft's `inject_adapter_in_model(config, model, adapter_name)` with our `request`: the tuner is built over
+    `model` and dropped. peft's tuner also gives the model its `peft_config` dict; `inject` leaves only the
+    injection, so that attribute is put back as it was (absent, or a dict already there). A model that cannot take
+    a first injection is refused before: peft's constructor adds the config to a `peft_config` it finds on the
+    model (a `PeftModel`'s own)."""
+    check_plain_model(model)
+    kept = vars(model).pop("peft_config", _ABSENT)
     try:
-        yield model
+        PreProjModel(model, config, adapter_name, request=request)
     finally:
-        for w, flag in zip(wrappers, before):
-            w.adapter_enabled = flag
-
-
-def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
-    """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
-    with torch.no_grad():
-        for name, path in state.modules_to_save.items():
-            for k, v in get_path(model, path).state_dict(keep_vars=True).items():
-                v.copy_(state.saved_originals[f"{name}.{k}"])
+        vars(model).pop("peft_config", None)
+        if kept is not _ABSENT:
+            vars(model)["peft_config"] = kept
+    return model

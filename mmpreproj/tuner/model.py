@@ -1,17 +1,23 @@
 """`PreProjModel`: the peft tuner of the method (peft_type "PREPROJ"), so `peft.get_peft_model(model,
 PreProjConfig())` returns a `PeftModel` with the same modules, weights and outputs as `mmpreproj.inject`.
 
-peft's generic tuner finds target modules by name and swaps each for a layer; this method instead finds its
-sites through the host table (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts),
-so `inject_adapter` hands the model to `inject.inject` (peft's `inject_adapter_in_model` counterpart), and
-the multi-adapter calls go to `named.py`. What peft reads back is peft's: `peft_config`,
-`active_adapter`, `targeted_module_names`, and a state dict in peft's keys: the model's own `state_dict()` keys,
-the adapter name removed on save and put back on load (`_remove_adapter_name_from_key`), no converter between.
+The first injection is peft's own loop, `BaseTuner.inject_adapter`, driven by the host plan rather than by module
+names (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts), each step in `apply.py`:
+`_prepare_model` builds the plan (every check, nothing changed), `_check_target_module_exists` answers whether a
+module is a planned site, `_create_and_replace` puts the planned wrapper there (the last one finishes the
+injection: seam checks, state, `save_pretrained`), `_mark_only_adapters_as_trainable` freezes the base and keeps
+our `modules_to_save` trainable, recording each flag it changes. `inject_adapter` wraps that loop: any error
+rolls the model back as it was. `mmpreproj.inject`, `peft.inject_adapter_in_model` and `peft.get_peft_model` all
+build this tuner; a further adapter (peft's `add_adapter`) and the multi-adapter calls go to `named.py`.
+What peft reads back is peft's: `peft_config`, `active_adapter`, `targeted_module_names`, and a state dict in
+peft's keys: the model's own `state_dict()` keys, the adapter name removed on save and put back on load
+(`_remove_adapter_name_from_key`), no converter between.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -22,10 +28,10 @@ from torch import nn
 
 from ..modules.slot import MERGE_REFUSED
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
+from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
 from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
-from .inject import inject, unload
 from .keys import PEFT_PREFIX, injection_of
 from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
@@ -41,6 +47,7 @@ from .state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
+from .unload import unload
 from .unwrap import injected_owner, owner_prefix
 
 FREEZE_BASE_REFUSED = (
@@ -57,7 +64,23 @@ class PreProjModel(BaseTuner):
     tuner_layer_cls = PreProjAttention
     target_module_mapping: dict[str, list[str]] = {}
 
-    # -- injection -------------------------------------------------------------------------------------
+    def __init__(
+        self,
+        model: nn.Module,
+        peft_config: PreProjConfig | dict[str, PreProjConfig],
+        adapter_name: str,
+        low_cpu_mem_usage: bool = False,
+        state_dict: dict | None = None,
+        *,
+        request: Request | None = None,
+    ) -> None:
+        """peft's constructor; `request` is set by `mmpreproj.inject` / `load_adapter` (None: peft built it)."""
+        # plain attributes, so nn.Module takes them before its __init__ (BaseTuner's runs the injection)
+        self._request = request
+        self._injection: Injection | None = None
+        super().__init__(model, peft_config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict)
+
+    # -- injection: peft's loop (BaseTuner.inject_adapter), driven by the host plan ------------------------
     def inject_adapter(
         self,
         model: nn.Module,
@@ -67,28 +90,37 @@ class PreProjModel(BaseTuner):
         state_dict: dict | None = None,
         **_: Any,
     ) -> None:
-        """First adapter: `inject.inject`; a further name (peft's `add_adapter`): a fresh adapter on the same
-        sites (`named.add_fresh_adapter`), inactive, as peft leaves an added adapter."""
+        """First adapter: peft's `BaseTuner.inject_adapter` loop, whose hooks below plan, place and freeze; on any
+        error the model is put back as it was. The sites come from the host plan, not from `state_dict` keys, and
+        the wrappers are built by the plan, so `state_dict` and `low_cpu_mem_usage` are not passed on. A further
+        name (peft's `add_adapter`): a fresh adapter on the same sites (`named.add_fresh_adapter`), inactive."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, PreProjConfig):
             raise TypeError(
                 f"PreProjModel: peft_config[{adapter_name!r}] is a {type(config).__name__}, expected a PreProjConfig"
             )
-        if not config.freeze_base and not config.inference_mode:
+        by_peft = self._request is None
+        if by_peft and not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
-        if is_injected(model):
+        if by_peft and is_injected(model):
             if config.injection is not None:  # a saved adapter added beside a loaded one: checked as the first is
                 check_added_record(model, config, config.injection, "adapter config", by_path=True)
             add_fresh_adapter(model, adapter_name, config)
         else:
-            if config.injection is not None:  # a config read from a file: its record must fit this model
-                check_record_fits(model, config)
-            inject(model, config, adapter_name=adapter_name)
-            if config.inference_mode:
-                self.set_requires_grad(adapter_name, requires_grad=False)
-        owner, state = injected_owner(model, "PreProjModel")
-        self.targeted_module_names = list(state.modules)
-        config.injection = injection_of(describe_for_save(owner, adapter_name))  # what it resolved
+            self._injection = Injection(config, adapter_name)
+            try:
+                super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
+                if not self._injection.finished:  # pragma: no cover - peft's loop visits every module
+                    raise RuntimeError("PreProjModel: peft's inject_adapter did not reach every planned site")
+                run_example(model, self._injection.example_input)
+            except BaseException:
+                roll_back(model, self._injection)
+                raise
+            finally:
+                self._injection = None
+        if by_peft:
+            owner, _ = injected_owner(model, "PreProjModel")
+            config.injection = injection_of(describe_for_save(owner, adapter_name))  # what it resolved
 
     def _pre_injection_hook(self, model: nn.Module, config: PreProjConfig, adapter_name: str) -> None:
         """A new tuner over a model that already holds a PREPROJ adapter, for a config read from a folder: that is
@@ -96,7 +128,12 @@ class PreProjModel(BaseTuner):
         loads the file by its keys, and those keys are the active adapter's: its weights would overwrite the
         loaded adapter and leave the new one at its init. Refused before anything changes (peft's `__init__`
         already put the config into the model's `peft_config`; it is taken out again)."""
-        if isinstance(config, PreProjConfig) and config.injection is not None and is_injected(model):
+        if (
+            self._request is None
+            and isinstance(config, PreProjConfig)
+            and config.injection is not None
+            and is_injected(model)
+        ):
             if self.peft_config.get(adapter_name) is config:
                 del self.peft_config[adapter_name]
             raise ValueError(
@@ -107,18 +144,67 @@ class PreProjModel(BaseTuner):
                 "adapter_name=...); nothing was changed"
             )
 
+    def _check_tied_modules(self, model: nn.Module, peft_config: PreProjConfig) -> None:
+        """peft's check of tied embeddings among `modules_to_save` is about the copy its `ModulesToSaveWrapper`
+        trains; ours train the module in place, so a tied weight stays one Parameter: nothing to check."""
+
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
-        return peft_config
+        """The config peft's loop reads from here on: a copy without `modules_to_save` (peft would wrap each
+        module whose name ends so in its `ModulesToSaveWrapper`; ours are the host's modules, trained in place:
+        `_mark_only_adapters_as_trainable`) and, for `mmpreproj.inject`, without `inference_mode` (inject
+        trains what it injects). The hooks read the config itself."""
+        view = copy.copy(peft_config)
+        view.modules_to_save = None
+        if self._request is not None:
+            view.inference_mode = False
+        return view
 
-    def _create_and_replace(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - inject_adapter owns it
-        raise NotImplementedError("PreProjModel injects through the host table (inject_adapter), not per name")
+    def _prepare_model(self, peft_config: PreProjConfig, model: nn.Module) -> None:
+        """peft's first step on the model: the plan (host, sites, wrappers, every check; nothing changed)."""
+        injection, request = self._injection, self._request or Request()
+        if request.plan is not None:
+            injection.plan = request.plan
+            return
+        if self._request is None and injection.config.injection is not None:  # a config read from a file
+            check_record_fits(model, injection.config)
+        injection.plan, injection.example_input = plan_for(
+            model, injection.config, injection.adapter_name, request.host, request.example_input
+        )
 
-    @staticmethod
-    def _check_target_module_exists(peft_config: PreProjConfig, key: str) -> bool:  # pragma: no cover
-        return False
+    def _check_target_module_exists(self, peft_config: PreProjConfig, key: str) -> bool:
+        """Whether module `key` is a site of the injection: planned (in peft's loop) or injected."""
+        if self._injection is not None:
+            return key in self._injection.sites
+        return is_injected(self.model) and key in injected_owner(self.model, "PreProjModel")[1].modules
+
+    def _create_and_replace(
+        self,
+        peft_config: PreProjConfig,
+        adapter_name: str,
+        target: nn.Module,
+        target_name: str,
+        parent: nn.Module,
+        current_key: str,
+        parameter_name: str | None = None,
+    ) -> None:
+        """Put the planned wrapper of site `current_key` in place of `target`; once every planned site holds
+        its wrapper, finish the injection (seam checks, the state, `save_pretrained`)."""
+        injection = self._injection
+        site, wrapper = injection.sites[current_key]
+        if target is not site.attention or parent is not site.parent or target_name != site.attr:
+            raise RuntimeError(f"PreProjModel: module {current_key!r} is not the attention the plan wraps there")
+        place(injection, site, wrapper)
+        if len(injection.placed) == len(injection.plan.placements):
+            finish(self.model, injection.plan)
+            injection.finished = True
 
     def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
-        """`inject` already froze the base (`freeze_base`) and left the adapter and `modules_to_save` trainable."""
+        """peft's freeze after the loop: the base frozen (`config.freeze_base`), the adapter and the config's
+        `modules_to_save` left trainable (frozen where peft's `inference_mode` froze the adapter); each flag
+        changed is recorded, so `unload` puts it back. Outside an injection there is nothing to do: an added
+        adapter is frozen by `named.py`."""
+        if self._injection is not None:
+            mark_trainable(model, self._injection.plan)
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:

@@ -87,9 +87,7 @@ def plan_injection(
     if not isinstance(config, PreProjConfig):
         raise TypeError(f"config must be a PreProjConfig, got {type(config).__name__}")
     check_adapter_name(adapter_name)
-    if is_injected(model):
-        raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
-    _refuse_compiled_or_peft(model)
+    check_plain_model(model)
     spec = as_host(model, host)
     try:
         sites = resolve_sites(model, spec)
@@ -142,6 +140,14 @@ def plan_injection(
         active_adapter=adapter_name,
     )
     return Plan(spec, state, placements, seams)
+
+
+def check_plain_model(model: nn.Module) -> None:
+    """RuntimeError when `model` cannot take a first injection: it holds one already, is compiled, or is (or
+    holds) a peft model."""
+    if is_injected(model):
+        raise RuntimeError("this model already has mmpreproj modules injected; call mmpreproj.unload(model) first")
+    _refuse_compiled_or_peft(model)
 
 
 def peft_layers(model: nn.Module) -> list[str]:

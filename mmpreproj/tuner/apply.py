@@ -1,0 +1,172 @@
+"""The steps of one first injection, as the tuner's peft hooks run them (`model.PreProjModel`): the plan
+(`plan_for`, nothing changed), each planned wrapper placed (`place`), the injection finished once every site
+holds its wrapper (`finish`), the base frozen (`mark_trainable`), the example forward (`run_example`), and
+`roll_back`, which undoes whatever of these ran, so a failed injection leaves the model exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hosts import HostSpec
+from ..hosts.checkpointing import reentrant_checkpointing
+from ..hosts.spec import Site, get_path
+from ..modules import PreProjAttention
+from ..modules.seam import SeamCheck
+from ..util.probing import probing
+from .auto_host import check_forced, one_call_host, split_input
+from .config import PreProjConfig
+from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
+from .pretrained import install_save_pretrained, remove_save_pretrained
+from .state import InjectionState, adapter_params, injected_modules
+
+
+@dataclass
+class Request:
+    """What `mmpreproj.inject` / `load_adapter` hand the tuner beyond peft's arguments: the host, the example
+    input, or a plan already built (and filled with saved weights)."""
+
+    host: str | dict | HostSpec | None = None
+    example_input: Any = None
+    plan: Plan | None = None
+
+
+@dataclass
+class Injection:
+    """A first injection on its way through peft's `inject_adapter` loop."""
+
+    config: PreProjConfig
+    adapter_name: str
+    plan: Plan | None = None
+    example_input: Any = None
+    placed: list[tuple[Site, PreProjAttention]] = field(default_factory=list)
+    finished: bool = False
+
+    @cached_property
+    def sites(self) -> dict[str, tuple[Site, PreProjAttention]]:
+        """The planned (site, wrapper) by module path (read once the plan is built)."""
+        return dict(zip(self.plan.state.modules, self.plan.placements))
+
+
+def plan_for(
+    model: nn.Module, config: PreProjConfig, adapter_name: str, host: Any, example_input: Any
+) -> tuple[Plan, Any]:
+    """(the plan, the example input to run once injected): the host the call names, else the config's (a saved
+    one), else the row that claims the model or the trace (`auto_host.one_call_host`); every check, nothing
+    changed."""
+    check_plain_model(model)
+    if isinstance(host, str):  # a forced row: the trace must not find it post-norm
+        check_forced(model, host, example_input)
+    host = host if host is not None else config_host(model, config)
+    if host is None and not peft_layers(model):  # the one call: a row, or the trace
+        host, example_input = one_call_host(model, example_input)
+    plan = plan_injection(model, config, host, adapter_name=adapter_name)
+    for _, wrapper in plan.placements:  # an inner width of 0 would inject a no-op and save an empty adapter
+        if len(wrapper.preproj):
+            config.inner_width(wrapper.adapter_width)
+    return plan, example_input
+
+
+def place(injection: Injection, site: Site, wrapper: PreProjAttention) -> None:
+    """Put one planned wrapper in its site's place."""
+    setattr(site.parent, site.attr, wrapper)
+    injection.placed.append((site, wrapper))
+
+
+def finish(model: nn.Module, plan: Plan) -> None:
+    """Every site holds its wrapper: arm the seam checks, attach the injection state, give the model its
+    round-tripping `save_pretrained`."""
+    for wrapper, block, norm, where, norm_path in plan.seams:
+        wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
+    model.mmpreproj_state = plan.state
+    install_save_pretrained(model)
+
+
+def mark_trainable(model: nn.Module, plan: Plan) -> None:
+    """Freeze the base (`config.freeze_base`) and keep `modules_to_save` trainable iff the adapter trains;
+    each flag changed is recorded in the state, so `unload` and `roll_back` put it back."""
+    if plan.state.config.freeze_base:
+        _freeze_base(model, plan.state, plan.spec)
+    trains = any(p.requires_grad for _, w in plan.placements for p in adapter_params(w))
+    _keep_trainable(model, plan.state, thaw=trains)
+
+
+def run_example(model: nn.Module, example_input: Any) -> None:
+    """One forward on `example_input` (None: none), under `torch.no_grad`, in eval mode, on a forked RNG."""
+    if example_input is None:
+        return
+    args, kwargs = split_input(example_input)
+    with probing(model), torch.no_grad():
+        model(*args, **kwargs)
+
+
+def roll_back(model: nn.Module, injection: Injection) -> None:
+    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hook, the state, `save_pretrained`."""
+    for site, wrapper in reversed(injection.placed):
+        setattr(site.parent, site.attr, wrapper.base_layer)
+        if getattr(wrapper, "seam_check", None) is not None:
+            wrapper.seam_check.close()
+    injection.placed.clear()
+    if injection.plan is None:
+        return
+    state = injection.plan.state
+    for p in state.frozen:
+        p.requires_grad_(True)
+    for p in state.thawed:
+        p.requires_grad_(False)
+    if state.input_grad_hook is not None:
+        state.input_grad_hook.remove()
+    if vars(model).get("mmpreproj_state") is state:
+        del model.mmpreproj_state
+        remove_save_pretrained(model)
+
+
+def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
+    injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)}
+    for p in model.parameters():
+        if id(p) not in injected and p.requires_grad:
+            p.requires_grad_(False)
+            state.frozen.append(p)
+    # With every base weight frozen, a block's input does not require grad, and reentrant gradient
+    # checkpointing would silently give the injected weights no gradient. The hook makes the embedding output
+    # require grad, only while reentrant checkpointing is on: otherwise that would cost a backward through
+    # the frozen ops ahead of the first injected module (2.7% of a step) for nothing.
+    emb = spec.input_embeddings(model)
+    if emb is not None:
+        # a partial, not a closure: deepcopy and pickle carry it over to the copied model
+        state.input_grad_hook = emb.register_forward_hook(
+            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
+        )
+
+
+def _make_output_require_grad(
+    model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor, *, checkpointing: str = "any"
+) -> None:
+    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly, read
+    with the row's switch (`HostSpec.checkpointing`, `hosts/checkpointing.py`)."""
+    if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
+        return
+    if not output.requires_grad and reentrant_checkpointing(model, checkpointing):
+        output.requires_grad_(True)
+
+
+def _keep_trainable(model: nn.Module, state: InjectionState, *, thaw: bool) -> None:
+    """Keep a copy of the config's `modules_to_save` weights for `unload`, and unfreeze them when `thaw`."""
+    for name, path in state.modules_to_save.items():
+        module = get_path(model, path)
+        for k, v in module.state_dict().items():
+            state.saved_originals.setdefault(f"{name}.{k}", v.detach().clone())
+        if not thaw:
+            continue
+        keep = {id(p) for p in module.parameters()}
+        frozen_here = {id(p) for p in state.frozen}
+        for p in module.parameters():
+            if not p.requires_grad and id(p) not in frozen_here:
+                state.thawed.append(p)
+            p.requires_grad_(True)
+        state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
