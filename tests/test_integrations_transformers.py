@@ -12,13 +12,14 @@ import shutil
 import pytest
 import torch
 
+from tests.helpers.training import trainer_args
 from tests.helpers.zoo import tiny_neox
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 peft = pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
 import mmpreproj  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
@@ -33,20 +34,8 @@ def lm_data():
     return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
 
 
-def _args(out, **kw) -> TrainingArguments:
-    base = dict(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        save_steps=2,
-        logging_steps=1,
-        report_to=[],
-        seed=0,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    return TrainingArguments(**{**base, **kw})
+def _args(out, **kw):
+    return trainer_args(out, STEPS, **kw)
 
 
 def _fit(out, data, model, *, callbacks=(), resume=None, **kw) -> Trainer:

@@ -18,11 +18,12 @@ datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 peft = pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import AutoModelForCausalLM, Trainer  # noqa: E402
 
 import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from tests.helpers.callbacks import StopAfterSave  # noqa: E402
+from tests.helpers.training import trainer_args  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -82,20 +83,8 @@ def _adapter(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
 
 
-def _args(out: Path, **kw) -> TrainingArguments:
-    base = dict(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        save_steps=2,
-        logging_steps=1,
-        report_to=[],
-        seed=0,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    return TrainingArguments(**{**base, **kw})
+def _args(out, **kw):
+    return trainer_args(out, STEPS, **kw)
 
 
 def _fit(out: Path, model, data, *, callbacks=(), resume=None, eval_data=None, compute_metrics=None, **kw) -> Trainer:

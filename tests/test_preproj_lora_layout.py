@@ -16,6 +16,7 @@ import mmpreproj
 from mmpreproj.train import apply_method
 from mmpreproj.train.adapters import gather_run_adapter, save_run_adapter
 from mmpreproj.tuner.stacked import PREPROJ_SUBDIR, PreProjLoraModel
+from tests.helpers.training import trainer_args
 from tests.helpers.zoo import tiny_neox
 
 peft = pytest.importorskip("peft")
@@ -220,24 +221,13 @@ STEPS = 4
 
 def _fit(out, model, *, stop=None, resume=None):
     datasets = pytest.importorskip("datasets")
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from tests.helpers.callbacks import StopAfterSave
 
     ids = torch.randint(0, 128, (16, 12), generator=torch.Generator().manual_seed(0)).tolist()
     data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = TrainingArguments(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        save_steps=2,
-        logging_steps=1,
-        report_to=[],
-        seed=0,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = trainer_args(out, STEPS)
     callbacks = [StopAfterSave(stop)] if stop else []
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=resume)

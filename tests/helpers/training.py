@@ -55,3 +55,23 @@ def trainable(model) -> dict[str, torch.Tensor]:
 def frozen(model) -> dict[str, torch.Tensor]:
     """{name: detached copy} of the frozen parameters."""
     return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def trainer_args(out, steps: int, **kw):
+    """transformers `TrainingArguments` of the Trainer tests: `steps` steps of 4 rows at LR 1e-2 on CPU, a
+    checkpoint every 2 steps, seed 0, no reporting; `kw` overrides any field."""
+    from transformers import TrainingArguments
+
+    base = dict(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_steps=2,
+        logging_steps=1,
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    return TrainingArguments(**{**base, **kw})
