@@ -4,8 +4,9 @@ sharded model's passes through untouched), and the old in-memory block-index key
 
 from __future__ import annotations
 
+import pytest
 import torch
-from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
 import mmpreproj
 from mmpreproj import PreProjConfig
@@ -120,3 +121,23 @@ def test_a_lora_checkpoint_of_0_4_resumed_by_peft_restores_our_weights_too(tmp_p
     resumed.load_adapter(str(tmp_path), "default", is_trainable=True)
     want, got = mmpreproj.adapter_state_dict(pm), mmpreproj.adapter_state_dict(resumed)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("name", ["up", "down", "proj", "preproj", "preproj_skip", "base_layer", "weight"])
+def test_an_adapter_named_like_a_key_segment_saves_and_reloads_bit_exact(tmp_path, name):
+    """peft removes the adapter name from a key by its position after the slot: a name that is also a slot,
+    a weight or a module name must neither be cut elsewhere nor cut twice."""
+    model = _trained(get_peft_model(tiny_neox(), PreProjConfig(), adapter_name=name))
+    ours = [k for k, p in model.named_parameters() if p.requires_grad]  # the adapter's: the base is frozen
+    saved = get_peft_model_state_dict(model, adapter_name=name)
+    want = {
+        k.replace(f".preproj.{name}.", ".preproj.").replace(f".preproj_skip.{name}.", ".preproj_skip.") for k in ours
+    }
+    assert len(saved) == 6 and saved.keys() == want
+    model.save_pretrained(tmp_path)
+    folder = tmp_path / name if name != "default" else tmp_path
+    reloaded = PeftModel.from_pretrained(tiny_neox(), folder, adapter_name=name)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
+        assert not torch.equal(reloaded(input_ids=ids).logits, tiny_neox()(input_ids=ids).logits)
