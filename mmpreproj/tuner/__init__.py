@@ -13,7 +13,8 @@ freeze, roll back), `unload` (unload, `adapter_disabled`), `named` (several adap
 `inject`, `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel: peft's LoRA and ours
 saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `pretrained_load`
 (`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`, `model_card`, `estimate`,
-`report`, `budget`, the checks `file_check`, `load_check`, `digest`.
+`report`, `budget`, the check `load_check`. The checks of a folder's files alone (`digest`, `file_check`) are
+`mmpreproj.adapter_files`, below the tuner.
 """
 
 from .config import PreProjConfig as PreProjConfig
