@@ -24,10 +24,10 @@ from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from ..sizing.budget import preproj_sizes
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
-from .budget import preproj_sizes
 from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
@@ -295,7 +295,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     @classmethod
     def for_budget(cls, model: nn.Module, fraction: float, **kwargs: Any) -> PreProjConfig:
         """The pre-projection + a rank-r skip sized to train about `fraction` of `model`'s parameters (the
-        budget study's sizing, `tuner/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
+        budget study's sizing, `sizing/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
         trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%). `kwargs` are other
         fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
         taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))
