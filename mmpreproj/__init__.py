@@ -19,6 +19,7 @@ _quiet.install()  # before peft imports torchao / bitsandbytes, which log them
 from . import hosts, rope
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
+from .sizing.report import TrainableReport, trainable_report
 from .tuner import PreProjModel
 from .tuner.config import PreProjConfig
 from .tuner.estimate import Estimate, estimate
@@ -28,7 +29,6 @@ from .tuner.load import load_adapter
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
 from .tuner.pretrained import save_pretrained
 from .tuner.pretrained_load import from_pretrained
-from .tuner.report import TrainableReport, trainable_report
 from .tuner.resume import last_whole_checkpoint
 from .tuner.state import injected_modules, is_injected
 from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict

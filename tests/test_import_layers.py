@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("util",),
     ("data",),
     ("modules", "rope"),
-    ("hosts", "timm_rope", "models"),
+    ("hosts", "timm_rope", "models", "adapter_files", "sizing"),
     ("tuner",),
     ("train",),
     ("eval", "analysis"),

@@ -16,7 +16,7 @@ from transformers import Trainer, TrainingArguments
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.digest import weights_digest
+from mmpreproj.adapter_files.digest import weights_digest
 from tests.helpers.zoo import tiny_neox
 
 W, C = "adapter_model.safetensors", "adapter_config.json"

@@ -21,11 +21,11 @@ from torch import nn
 
 from ..analysis import plot_loss_curve, routing_ratios, skip_norms
 from ..eval import evaluate
+from ..sizing.report import trainable_report
 from ..train import train
 from ..train.checkpoint import CHECKPOINT_NAME
 from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
 from ..train.runlog import write_json
-from ..tuner.report import trainable_report
 
 ARM_FILE = "eval.json"
 

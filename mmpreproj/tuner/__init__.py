@@ -12,8 +12,10 @@ that tuner. Bottom to top (each file imports only those before it): `state` (wha
 freeze, roll back), `unload` (unload, `adapter_disabled`), `named` (several adapters), `model` (the tuner),
 `inject`, `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel: peft's LoRA and ours
 saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `pretrained_load`
-(`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`, `model_card`, `estimate`,
-`report`, `budget`, the checks `file_check`, `load_check`, `digest`.
+(`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`, `model_card`, `estimate` and
+the check `load_check`. Below the tuner: the checks of a folder's files alone (`digest`, `file_check`) in
+`mmpreproj.adapter_files`, the counts `budget` and `report` in `mmpreproj.sizing`, the trace's input builder in
+`mmpreproj.hosts.example_input`.
 """
 
 from .config import PreProjConfig as PreProjConfig

@@ -19,10 +19,10 @@ from typing import Any
 from torch import nn
 
 from ..hosts import HOSTS, HostSpec
+from ..hosts.example_input import example_input as build_example_input
 from ..hosts.registry import _no_row
 from ..hosts.spec import HostError, resolve_sites
 from ..hosts.structure import match_structure
-from .example_input import example_input as build_example_input
 from .trace import TraceError, trace_seams
 
 log = logging.getLogger("mmpreproj.inject")

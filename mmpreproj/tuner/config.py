@@ -18,16 +18,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
+from ..adapter_files.file_check import check_file_tensors
 from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
+from ..sizing.budget import preproj_sizes
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
-from .budget import preproj_sizes
-from .digest import DIGEST_KEY, check_weights_digest
-from .file_check import check_file_tensors
 from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
@@ -222,8 +222,9 @@ class PreProjConfig(JsonConfig, PeftConfig):
     ) -> PreProjConfig:
         """peft's `PeftConfig.from_pretrained`, then, for a local folder, the checks of the weights beside it
         (what peft's loaders and `AutoPeftModel*` read before they inject anything): every tensor the config
-        describes, of the shape its sizes give, floating point and finite, nothing else (`file_check.py`), and
-        from the same save as the config (`tuner/digest.py`: a save cut short is refused, naming the file)."""
+        describes, of the shape its sizes give, floating point and finite, nothing else
+        (`adapter_files/file_check.py`), and from the same save as the config (`adapter_files/digest.py`: a save
+        cut short is refused, naming the file)."""
         config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
         weights = Path(pretrained_model_name_or_path, subfolder or "", "adapter_model.safetensors")
         if isinstance(config, PreProjConfig) and weights.is_file():  # a hub id: peft downloads the weights later
@@ -294,7 +295,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     @classmethod
     def for_budget(cls, model: nn.Module, fraction: float, **kwargs: Any) -> PreProjConfig:
         """The pre-projection + a rank-r skip sized to train about `fraction` of `model`'s parameters (the
-        budget study's sizing, `tuner/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
+        budget study's sizing, `sizing/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
         trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%). `kwargs` are other
         fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
         taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))

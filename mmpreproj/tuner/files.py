@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
 from ..hosts import HostSpec
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError
@@ -21,7 +22,6 @@ from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 from .config import ADAPTER_FORMAT
-from .digest import DIGEST_KEY, check_weights_digest, weights_digest
 from .keys import PEFT_PREFIX, description_from_peft_config, peft_config_from_description
 from .legacy import OLD_SLOTS, is_legacy_description, model_keys
 from .model_card import card_fields, model_card

@@ -44,7 +44,7 @@ def inject(
             `config.host` (and, on a config read from an adapter file, the host it was saved for).
 
         example_input: None, or an input to trace the model with (when no row claims it by type; None = one the
-            model builds from its config, `tuner/example_input.py`) and to run one forward with right after
+            model builds from its config, `hosts/example_input.py`) and to run one forward with right after
             injecting (a tensor, a tuple of
             positional arguments, or a dict of keyword arguments): under `torch.no_grad`, in eval mode (the
             train/eval flags put back) and on a forked RNG. If it raises (a seam error, an attention that

@@ -26,11 +26,11 @@ import torch
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
+from ..adapter_files.digest import DIGEST_KEY, weights_digest
 from ..modules.slot import MERGE_REFUSED
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
-from .digest import DIGEST_KEY, weights_digest
 from .files import describe_for_save
 from .keys import PEFT_PREFIX, injection_of
 from .legacy import model_keys

@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapter_files.file_check import BASE_FILES, refuse_links
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
-from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .legacy import named_slot_key
 from .state_dict import SLOTS, local_adapter_state_dict

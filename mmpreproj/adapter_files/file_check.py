@@ -22,7 +22,7 @@ from ..modules.skip import ContentSkip
 # what transformers' `save_pretrained` writes into a model folder (config and generation config in place)
 BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 
-_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (keys.py sits above this file)
+_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (the tuner sits above this package)
 
 
 def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:

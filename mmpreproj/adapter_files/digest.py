@@ -38,7 +38,7 @@ DIGEST_KEY = "weights_digest"  # its key in the `injection` record
 _NAMED = "blake2b-named:"  # names, dtypes, shapes and values (every writer since names were covered)
 _VALUES = "blake2b:"  # dtypes, shapes and values only (folders written before)
 _FORM = re.compile(r"(blake2b|blake2b-named):[0-9a-f]{32}")
-_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (keys.py sits above this file)
+_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (the tuner sits above this package)
 _said_no_digest = False  # a folder without a digest is reported once per process
 
 
