@@ -60,6 +60,9 @@ def test_fsdp2_peft_main_process_save_of_the_gathered_state_dict_reloads_and_res
     # the save called on every rank without state_dict= gathers the shards (all ranks take part): the same file
     every = load_file(tmp_path / "every_rank" / "adapter_model.safetensors")
     assert every.keys() == gathered.keys() and all(torch.equal(every[k], gathered[k]) for k in gathered)
+    # peft's set_peft_model_state_dict of that file on every rank into a fresh sharded model: the same weights
+    loaded = result["loaded"]
+    assert loaded.keys() == gathered.keys() and all(torch.equal(loaded[k], gathered[k]) for k in gathered)
 
 
 @pytest.mark.slow

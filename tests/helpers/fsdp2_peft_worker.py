@@ -8,7 +8,8 @@ model and optimizer state dicts (rank 0 gets them: `cpu_offload=True`), and rank
 `save_pretrained(SIDE/saved, state_dict=full)` while rank 1 waits at a barrier (a collective inside the save
 would never return), and the gathered optimizer state beside it (SIDE/optimizer.pt, as the Trainer's checkpoint).
 Both ranks then train a third step (`continued`), and a fresh sharded model resumes from the two files and trains
-the same third step (`resumed`). MODE "peft" also saves without `state_dict=` on every rank
+the same third step (`resumed`); MODE "peft" also loads the saved file with peft's `set_peft_model_state_dict` on
+every rank into a fresh sharded model (`loaded`). MODE "peft" also saves without `state_dict=` on every rank
 (`is_main_process=rank == 0`) to SIDE/every_rank: that save gathers, every rank taking part.
 
 Rank 0 writes SIDE/result.pt: the adapter's entries of the gathered full state dict after step 2, and the
@@ -117,8 +118,16 @@ def main() -> None:
     set_optimizer_state_dict(fresh, opt2, optim, options=BROADCAST)
     step(fresh, opt2, 2, rank)
     resumed = adapter_part(get_model_state_dict(fresh, options=FULL))
+    loaded = {}
+    if mode == "peft":  # peft's own loader on every rank, into a sharded model (what PeftModel.load_adapter does)
+        from peft import set_peft_model_state_dict
+
+        into = build(mode)
+        set_peft_model_state_dict(into, load_file(saved_file(side, mode)))
+        loaded = adapter_part(get_model_state_dict(into, options=FULL))
     if rank == 0:
-        torch.save({"gathered": gathered, "continued": continued, "resumed": resumed}, f"{side}/result.pt")
+        result = {"gathered": gathered, "continued": continued, "resumed": resumed, "loaded": loaded}
+        torch.save(result, f"{side}/result.pt")
     dist.barrier()
     dist.destroy_process_group()
 
