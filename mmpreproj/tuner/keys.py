@@ -13,7 +13,9 @@ In memory the description is `InjectionState.describe()` with the adapter's `con
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from .legacy import is_legacy_description
 
@@ -23,6 +25,18 @@ PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its 
 def is_other_peft_method(cfg: dict[str, Any]) -> bool:
     """Whether an `adapter_config.json` object is another peft method's (LoRA, ...): a `peft_type` not PREPROJ."""
     return "peft_type" in cfg and cfg["peft_type"] != "PREPROJ"
+
+
+def config_kind(cfg_file: Path) -> Literal["ours", "other"] | None:
+    """Whose `adapter_config.json` `cfg_file` is: "other" (another peft method's: LoRA, ...), "ours" (any other
+    JSON object: our loader names what may be wrong with it), None when it cannot be read as a JSON object."""
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    return "other" if is_other_peft_method(cfg) else "ours"
 
 
 def as_description(cfg: dict[str, Any], where: str) -> dict[str, Any]:

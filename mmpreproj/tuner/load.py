@@ -33,7 +33,7 @@ from torch import nn
 
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .inject import unload
-from .keys import as_description, is_other_peft_method
+from .keys import as_description, config_kind
 from .legacy import OLD_SLOTS, lora_below_ours
 from .load_injection import load_injection as _load_ours
 from .stacked import PREPROJ_SUBDIR, stacked_class
@@ -80,7 +80,7 @@ def detect(path: str | Path) -> Folder:
             f"adapter file missing: {given / ADAPTER_CONFIG_NAME} (nor in its {PRETRAINED_ADAPTER_DIR}/); pass an "
             "adapter folder, a save_pretrained or train() run folder, or a Trainer checkpoint"
         )
-    if _is_lora(top / ADAPTER_CONFIG_NAME):
+    if config_kind(top / ADAPTER_CONFIG_NAME) == "other":  # an unreadable one: our loader names why
         below = top / PREPROJ_SUBDIR
         return Folder(below, top, below) if (below / ADAPTER_CONFIG_NAME).is_file() else Folder(None, top, None)
     lora = lora_below_ours(top)
@@ -177,16 +177,6 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
 def _is_ours(key: str) -> bool:
     """Whether a key of a LoRA file is one of our injected weights (a slot's segment, today's or an older name)."""
     return "lora_" not in key and any(f".{slot}." in key for slot in (*SLOTS, *OLD_SLOTS))
-
-
-def _is_lora(cfg_file: Path) -> bool:
-    """Whether `adapter_config.json` is another peft method's (LoRA, ...); an unreadable one is left to our
-    loader, which names what is wrong with it."""
-    try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(cfg, dict) and is_other_peft_method(cfg)
 
 
 def _our_method(folder: Path) -> str | None:

@@ -12,7 +12,6 @@ builds one, `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh ba
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from .files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
-from .keys import is_other_peft_method
+from .keys import config_kind
 from .state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
@@ -128,11 +127,7 @@ class _Stacked:
 
 def _holds_ours(folder: Path) -> bool:
     """Whether `folder` holds an adapter config that is ours (not another peft method's)."""
-    try:
-        cfg = json.loads((folder / ADAPTER_CONFIG_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(cfg, dict) and not is_other_peft_method(cfg)
+    return config_kind(folder / ADAPTER_CONFIG_NAME) == "ours"
 
 
 def _checked_ours(model: nn.Module, folder: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
