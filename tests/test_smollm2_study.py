@@ -105,3 +105,17 @@ def test_gpu_script_dry_run(tiny_gguf, tmp_path):
     for method in ("baseline", "preproj", "skip", "preproj_skip", "lora", "preproj_lora"):
         assert f"| {method} |" in table
     assert "smollm2-135m" in report.read_text()
+
+
+def test_study_restarts_a_run_that_stopped_before_its_first_checkpoint(tiny_gguf, tmp_path):
+    """A worker killed before its first checkpoint leaves train_config.json and nothing to resume: the next run
+    of the study starts that run over instead of refusing it."""
+    overrides = {"model": str(tiny_gguf), "steps": 2, "warmup_steps": 1, "batch_size": 2, "max_len": 32}
+    groups = [Group("skip", "skip", (1e-3,))]
+    kwargs = dict(groups=groups, max_extend=0, overrides=overrides, limit=4, poll_seconds=0.1)
+    run = tmp_path / "runs" / "skip" / "lr-0.001-seed-42"
+    run.mkdir(parents=True)
+    (run / "train_config.json").write_text("{}")  # what a killed worker leaves behind
+    study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", **kwargs)
+    arm = tmp_path / "out" / "arms" / "skip" / "lr-0.001-seed-42"
+    assert json.loads((arm / "select.json").read_text())["row"]["select.ppl"] > 0

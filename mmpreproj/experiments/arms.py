@@ -119,8 +119,10 @@ def baseline_arm(
 
 
 def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> tuple[nn.Module, dict[str, Any]]:
-    """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`); writes the
-    run folder's `loss_curve.png`. Returns the trained model and a row of training facts."""
+    """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`, or unless the run
+    stopped before its first checkpoint: then it starts over); writes the run folder's `loss_curve.png`. Returns
+    the trained model and a row of training facts."""
+    fresh = fresh or not (Path(cfg.out) / CHECKPOINT_NAME).is_file()
     cfg = cfg.replace(resume=not fresh, overwrite=fresh)
     t0 = time.time()
     result = train(cfg, model=copy.deepcopy(base), tokenizer=tokenizer)
