@@ -16,6 +16,7 @@ import mmpreproj.tuner.model as tuner_model
 from mmpreproj import PreProjConfig
 from mmpreproj.tuner import PreProjModel
 from mmpreproj.tuner.plan import config_host, plan_injection
+from mmpreproj.tuner.state import injected_modules
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import qwen2_vl, tiny_neox, vl_forward, vl_inputs
 
@@ -177,3 +178,67 @@ def test_inject_refuses_a_peft_model_before_peft_touches_its_configs():
     with pytest.raises(RuntimeError, match="the model is a peft PeftModel"):
         mmpreproj.inject(lora)
     assert lora.peft_config == before and isinstance(lora.peft_config["default"], LoraConfig)
+
+
+# --- a further adapter: the same loop, `_create_and_replace` adding to the wrappers already there ---------------
+
+
+def _spy_create(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    create = PreProjModel._create_and_replace
+
+    def spy(self, peft_config, adapter_name, target, target_name, parent, current_key, **kw):
+        seen.append(current_key)
+        return create(self, peft_config, adapter_name, target, target_name, parent, current_key, **kw)
+
+    monkeypatch.setattr(PreProjModel, "_create_and_replace", spy)
+    return seen
+
+
+@pytest.mark.parametrize("route", ["peft_add_adapter", "mmpreproj_load_adapter"])
+def test_a_further_adapter_goes_through_peft_loop_into_each_wrapper(route, tmp_path, monkeypatch):
+    config = PreProjConfig(layers=[0, 1])
+    saved = mmpreproj.inject(tiny_neox(), config)
+    _randomize_adapter(saved, 3)
+    mmpreproj.save_adapter(saved, tmp_path / "b")
+    model = mmpreproj.inject(tiny_neox(), config) if route == "mmpreproj_load_adapter" else tiny_neox()
+    pm = get_peft_model(model, config) if route == "peft_add_adapter" else None
+    planned = model.mmpreproj_state.modules
+    seen = _spy_create(monkeypatch)
+    if route == "peft_add_adapter":
+        pm.add_adapter("b", PreProjConfig(layers=[0, 1]))
+        assert sorted(pm.base_model.targeted_module_names) == sorted(planned)  # peft's record: the same sites
+    else:
+        mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+        mmpreproj.set_adapter(model, "b")
+        with torch.no_grad():
+            assert torch.equal(model(TOKENS).logits, saved(TOKENS).logits)  # the saved weights went in
+    assert sorted(seen) == sorted(planned)  # peft's loop visited each wrapper once
+    wrappers = injected_modules(model)
+    assert all("b" in w.preproj and "b" in w.preproj_skip for w in wrappers)
+    assert mmpreproj.adapter_names(model) == ["default", "b"]
+
+
+def test_a_further_adapter_failing_inside_peft_loop_leaves_no_wrapper_holding_it(tmp_path, monkeypatch):
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig())
+    mmpreproj.save_adapter(model, tmp_path / "b")
+    snap = snapshot(model)
+    place = tuner_model.place_added
+    calls = []
+
+    def fail_on_second(addition, path, wrapper):
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError("boom at the second site")
+        place(addition, path, wrapper)
+
+    monkeypatch.setattr(tuner_model, "place_added", fail_on_second)
+    with pytest.raises(RuntimeError, match="boom at the second site"):
+        mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+    assert len(calls) == 2  # the first wrapper got it before the failure
+    assert_unchanged(model, snap)
+    assert mmpreproj.adapter_names(model) == ["default"] and "peft_config" not in vars(model)
+    assert all(w.adapter_names() == ["default"] for w in injected_modules(model))
+    monkeypatch.undo()
+    mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")  # and it adds cleanly afterwards
+    assert mmpreproj.adapter_names(model) == ["default", "b"]

@@ -21,6 +21,7 @@ from ..modules.seam import SeamCheck
 from ..util.probing import probing
 from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
+from .named import Addition
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
 from .state import InjectionState, adapter_params, injected_modules
@@ -29,11 +30,12 @@ from .state import InjectionState, adapter_params, injected_modules
 @dataclass
 class Request:
     """What `mmpreproj.inject` / `load_adapter` hand the tuner beyond peft's arguments: the host, the example
-    input, or a plan already built (and filled with saved weights)."""
+    input, or a plan already built (and filled with saved weights), or a further adapter to add (`named.py`)."""
 
     host: str | dict | HostSpec | None = None
     example_input: Any = None
     plan: Plan | None = None
+    addition: Addition | None = None
 
 
 @dataclass

@@ -16,9 +16,11 @@ from ..hosts import HostSpec
 from .apply import Request
 from .config import PreProjConfig
 from .model import PreProjModel
+from .named import Addition
 from .plan import Plan, check_plain_model
 from .unload import adapter_disabled as adapter_disabled
 from .unload import unload as unload
+from .unwrap import injected_owner
 
 _ABSENT = object()
 
@@ -68,13 +70,22 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
 
 
+def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
+    """Add a further adapter the caller planned and filled (`named.plan_addition`: a saved one) to the injected
+    model inside `model`, through the same loop; on error no wrapper keeps it. Returns `model`."""
+    owner, _ = injected_owner(model, "load_adapter")
+    _through_tuner(owner, addition.config, addition.name, Request(addition=addition))
+    return model
+
+
 def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, request: Request) -> nn.Module:
     """peft's `inject_adapter_in_model(config, model, adapter_name)` with our `request`: the tuner is built over
     `model` and dropped. peft's tuner also gives the model its `peft_config` dict; `inject` leaves only the
     injection, so that attribute is put back as it was (absent, or a dict already there). A model that cannot take
-    a first injection is refused before: peft's constructor adds the config to a `peft_config` it finds on the
-    model (a `PeftModel`'s own)."""
-    check_plain_model(model)
+    a first injection is refused before (an addition goes onto the injected model itself): peft's constructor adds
+    the config to a `peft_config` it finds on the model (a `PeftModel`'s own)."""
+    if request.addition is None:
+        check_plain_model(model)
     kept = vars(model).pop("peft_config", _ABSENT)
     try:
         PreProjModel(model, config, adapter_name, request=request)

@@ -62,7 +62,7 @@ def check_added_record(
     """An adapter added beside the loaded ones (peft's `load_adapter` of a new name, `mmpreproj.load_adapter(...,
     adapter_name=)`) checked as the first one is, against the injection already in `model`: its record (`record`:
     the config's `injection`, or a description) names the same blocks, count, widths and, `by_path`, paths in the
-    same order (by block index, `named.add_named_adapter` compares the other sites), and its config's `layers`
+    same order (by block index, `named.plan_addition` compares the other sites), and its config's `layers`
     select the blocks the record names."""
     _, state = injected_owner(model, "load_adapter")
     if by_path:

@@ -1,6 +1,6 @@
 """`load_injection`: read one of our adapter folders, check it against the model, inject its modules and copy its
-weights; on a model already injected, add it beside the loaded ones (`named.add_named_adapter`). The public loader
-of any trained folder, `mmpreproj.load_adapter` (`tuner/load.py`), hands our part to this."""
+weights; on a model already injected, add it beside the loaded ones (`named.plan_addition`, through peft's loop).
+The public loader of any trained folder, `mmpreproj.load_adapter` (`tuner/load.py`), hands our part to this."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from torch import nn
 from ..timm_rope.saved import rope_for_load
 from .config import PreProjConfig
 from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
-from .inject import apply_plan
+from .inject import add_planned, apply_plan
 from .legacy import model_keys
 from .load_check import check_added_record, check_record
-from .named import add_named_adapter
+from .named import plan_addition
 from .plan import plan_injection, saved_host
 from .pretrained import check_saved_pair, config_save_token
 from .state import check_adapter_name, is_injected
@@ -27,7 +27,7 @@ from .state_dict import (
     trainable_adapter_params,
     wrapper_tensors,
 )
-from .unwrap import refuse_meta_parameters
+from .unwrap import injected_owner, refuse_meta_parameters
 
 
 def load_injection(
@@ -66,7 +66,8 @@ def load_injection(
     if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
         config = PreProjConfig.from_dict(desc["config"])
         check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
-        return add_named_adapter(model, desc, tensors, adapter_name, path)
+        owner, _ = injected_owner(model, "load_adapter")
+        return add_planned(model, plan_addition(owner, config, adapter_name, str(path), desc=desc, tensors=tensors))
     config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base

@@ -8,7 +8,8 @@ module is a planned site, `_create_and_replace` puts the planned wrapper there (
 injection: seam checks, state, `save_pretrained`), `_mark_only_adapters_as_trainable` freezes the base and keeps
 our `modules_to_save` trainable, recording each flag it changes. `inject_adapter` wraps that loop: any error
 rolls the model back as it was. `mmpreproj.inject`, `peft.inject_adapter_in_model` and `peft.get_peft_model` all
-build this tuner; a further adapter (peft's `add_adapter`) and the multi-adapter calls go to `named.py`.
+build this tuner, and a further adapter (peft's `add_adapter`, `mmpreproj.load_adapter(adapter_name=)`) goes
+through the same loop into the wrappers already there (`named.py`, as LoRA's `update_layer`).
 What peft reads back is peft's: `peft_config`, `active_adapter`, `targeted_module_names`, and a state dict in
 peft's keys: the model's own `state_dict()` keys, the adapter name removed on save and put back on load
 (`_remove_adapter_name_from_key`), no converter between.
@@ -35,7 +36,15 @@ from .files import describe_for_save
 from .keys import PEFT_PREFIX, injection_of
 from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
-from .named import add_fresh_adapter, delete_adapter, set_adapter
+from .named import (
+    Addition,
+    delete_adapter,
+    finish_addition,
+    place_added,
+    plan_addition,
+    set_adapter,
+    undo_addition,
+)
 from .state import injected_modules, is_injected
 from .state_dict import (
     SLOTS,
@@ -78,6 +87,7 @@ class PreProjModel(BaseTuner):
         # plain attributes, so nn.Module takes them before its __init__ (BaseTuner's runs the injection)
         self._request = request
         self._injection: Injection | None = None
+        self._addition: Addition | None = None
         super().__init__(model, peft_config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict)
 
     # -- injection: peft's loop (BaseTuner.inject_adapter), driven by the host plan ------------------------
@@ -93,7 +103,9 @@ class PreProjModel(BaseTuner):
         """First adapter: peft's `BaseTuner.inject_adapter` loop, whose hooks below plan, place and freeze; on any
         error the model is put back as it was. The sites come from the host plan, not from `state_dict` keys, and
         the wrappers are built by the plan, so `state_dict` and `low_cpu_mem_usage` are not passed on. A further
-        name (peft's `add_adapter`): a fresh adapter on the same sites (`named.add_fresh_adapter`), inactive."""
+        adapter (peft's `add_adapter`: a fresh one; `mmpreproj.load_adapter(adapter_name=)`: a saved one) goes
+        through the same loop onto the injected sites (`named.plan_addition`), inactive and frozen; on any error
+        no wrapper keeps it."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, PreProjConfig):
             raise TypeError(
@@ -102,10 +114,22 @@ class PreProjModel(BaseTuner):
         by_peft = self._request is None
         if by_peft and not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
-        if by_peft and is_injected(model):
+        addition = None if by_peft else self._request.addition
+        if by_peft and is_injected(model):  # peft's add_adapter: a fresh adapter on the same sites
             if config.injection is not None:  # a saved adapter added beside a loaded one: checked as the first is
                 check_added_record(model, config, config.injection, "adapter config", by_path=True)
-            add_fresh_adapter(model, adapter_name, config)
+            owner, _ = injected_owner(model, "add_adapter")
+            addition = plan_addition(owner, config, adapter_name, f"add_adapter({adapter_name!r})")
+        if addition is not None:
+            self._addition = addition
+            try:
+                super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
+                finish_addition(addition)
+            except BaseException:
+                undo_addition(addition)
+                raise
+            finally:
+                self._addition = None
         else:
             self._injection = Injection(config, adapter_name)
             try:
@@ -160,7 +184,10 @@ class PreProjModel(BaseTuner):
         return view
 
     def _prepare_model(self, peft_config: PreProjConfig, model: nn.Module) -> None:
-        """peft's first step on the model: the plan (host, sites, wrappers, every check; nothing changed)."""
+        """peft's first step on the model: the plan (host, sites, wrappers, every check; nothing changed). An
+        addition was planned before the loop."""
+        if self._addition is not None:
+            return
         injection, request = self._injection, self._request or Request()
         if request.plan is not None:
             injection.plan = request.plan
@@ -173,6 +200,8 @@ class PreProjModel(BaseTuner):
 
     def _check_target_module_exists(self, peft_config: PreProjConfig, key: str) -> bool:
         """Whether module `key` is a site of the injection: planned (in peft's loop) or injected."""
+        if self._addition is not None:
+            return key in self._addition.modules
         if self._injection is not None:
             return key in self._injection.sites
         return is_injected(self.model) and key in injected_owner(self.model, "PreProjModel")[1].modules
@@ -188,7 +217,13 @@ class PreProjModel(BaseTuner):
         parameter_name: str | None = None,
     ) -> None:
         """Put the planned wrapper of site `current_key` in place of `target`; once every planned site holds
-        its wrapper, finish the injection (seam checks, the state, `save_pretrained`)."""
+        its wrapper, finish the injection (seam checks, the state, `save_pretrained`). An addition puts its
+        modules into the wrapper already there (`update_layer`)."""
+        if self._addition is not None:
+            if not isinstance(target, PreProjAttention):  # pragma: no cover - the sites are the wrappers
+                raise RuntimeError(f"PreProjModel: module {current_key!r} is not an injected attention")
+            place_added(self._addition, current_key, target)
+            return
         injection = self._injection
         site, wrapper = injection.sites[current_key]
         if target is not site.attention or parent is not site.parent or target_name != site.attr:
@@ -201,13 +236,17 @@ class PreProjModel(BaseTuner):
     def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
         """peft's freeze after the loop: the base frozen (`config.freeze_base`), the adapter and the config's
         `modules_to_save` left trainable (frozen where peft's `inference_mode` froze the adapter); each flag
-        changed is recorded, so `unload` puts it back. Outside an injection there is nothing to do: an added
-        adapter is frozen by `named.py`."""
+        changed is recorded, so `unload` puts it back. Outside a first injection there is nothing to do: an
+        added adapter is built frozen (`named.plan_addition`)."""
         if self._injection is not None:
             mark_trainable(model, self._injection.plan)
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
+        """Make one loaded adapter the one that runs (`named.set_adapter`). peft's loop calls it at its end with
+        the adapters already active: after an addition that changes nothing (the added one waits, frozen)."""
+        if self._addition is not None:
+            return
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
             raise ValueError(

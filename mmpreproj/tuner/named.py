@@ -12,7 +12,10 @@ with `requires_grad=False`; `set_adapter` switches which one runs (nothing moves
 the switch still holds the old adapter's tensors). The `modules_to_save` values of the inactive adapters live
 in the injection state and are copied in and out on a switch.
 
-An added adapter must fit the injection's sites: the same host row, parts, blocks and widths, the same
+An added adapter goes in through peft's own injection loop, as the first one does (`PreProjModel.inject_adapter`:
+`plan_addition` checks and builds it, peft's loop visits each site, `place_added` puts its modules into that
+wrapper with `update_layer`, as LoRA adds a second adapter; a failure takes them out again). It must fit the
+injection's sites: the same host row, parts, blocks and widths, the same
 preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
 dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
 
@@ -26,19 +29,21 @@ backward would fill gradients of an adapter the optimizer no longer steps.
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ..hosts.spec import HostSpec
+from ..modules import ContentSkip, PreProjAttention, PreProjection
 from .config import PreProjConfig
 from .in_flight import refuse_in_flight
 from .legacy import model_keys
 from .plan import new_adapter_modules
-from .state import adapter_params, check_adapter_name, injected_modules, named_adapter
+from .state import InjectionState, adapter_params, check_adapter_name, injected_modules, named_adapter
 from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors
-from .unwrap import injected_owner
+from .unwrap import STATE_ATTR, injected_owner
 
 
 def adapter_names(model: nn.Module) -> list[str]:
@@ -82,75 +87,96 @@ def _paths_of(description: dict) -> dict:
     return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
 
 
-def add_named_adapter(
-    model: nn.Module, desc: dict, tensors: dict[str, torch.Tensor], name: str, where: str | Path
-) -> nn.Module:
-    """Add a read adapter (`files.read_adapter`) to an injected model under `name`, inactive and frozen.
+@dataclass
+class Addition:
+    """A further adapter on its way through peft's injection loop (`PreProjModel.inject_adapter`): checked and
+    built for every site, not yet in any wrapper. `place_added` puts one site's modules in, `finish_addition`
+    records it once every site holds them, `undo_addition` takes them out of the wrappers that got them."""
 
-    Everything is checked and built first; on error nothing changed.
-    """
-    owner, state = injected_owner(model, "load_adapter")
+    name: str
+    config: PreProjConfig
+    state: InjectionState
+    modules: dict[str, tuple[PreProjection | None, ContentSkip | None]]  # by wrapper path in the injected model
+    stored: dict[str, torch.Tensor]  # its `modules_to_save` values, kept in the state while it is inactive
+    placed: list[PreProjAttention] = field(default_factory=list)
+
+
+def plan_addition(
+    owner: nn.Module,
+    config: PreProjConfig,
+    name: str,
+    where: str,
+    *,
+    desc: dict | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Addition:
+    """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`desc` and
+    `tensors` read by `files.read_adapter`, copied into the built modules) or, without them, a freshly initialised
+    one (peft's `add_adapter`; its `modules_to_save` start from their current values). Nothing is changed: the
+    modules go in through peft's loop. ValueError naming the first field that does not fit."""
+    state = vars(owner)[STATE_ATTR]
     check_adapter_name(name)
     if name in state.adapter_configs:
+        caller = "load_adapter" if tensors is not None else "add_adapter"
         raise ValueError(
-            f"load_adapter: adapter_name={name!r} is already loaded ({list(state.adapter_configs)}); "
+            f"{caller}: adapter_name={name!r} is already loaded ({list(state.adapter_configs)}); "
             "delete_adapter it first or choose another name"
         )
-    config = PreProjConfig.from_dict(desc["config"])
-    _check_fits(state, desc, config, str(where))
-    built, expected = [], {}
+    if desc is None:  # a fresh adapter: its config must inject the same slots at the same blocks
+        for field_name in ("parts", "layers", "modules_to_save", "host"):
+            have, want = getattr(state.config, field_name), getattr(config, field_name)
+            if want != have and not (field_name == "host" and want is None):
+                raise ValueError(
+                    f"{where}: config.{field_name}={want!r}, the injection has {have!r}; "
+                    "an added adapter sits on the same sites (nothing was changed)"
+                )
+        desc = {**state.describe(), "config": config.to_dict()}
+    _check_fits(state, desc, config, where)
+    modules, expected = {}, {}
     pairs = injected_paths(owner)
-    with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
+    # a saved adapter's modules are overwritten: building them must not move the caller's RNG
+    rng = torch.random.fork_rng(devices=[]) if tensors is not None else contextlib.nullcontext()
+    with rng:
         for path, w in pairs:
             ref = adapter_params(w)[0]  # the active adapter's weight: its device and dtype
-            preproj, skip = new_adapter_modules(w.adapter_width, config, ref.device)
-            for slot, module in zip(SLOTS, (preproj, skip)):
+            built = new_adapter_modules(w.adapter_width, config, ref.device)
+            for slot, module in zip(SLOTS, built):
                 if module is not None:
-                    module.to(dtype=ref.dtype)
+                    module.to(dtype=ref.dtype).requires_grad_(False)  # added inactive and frozen
                     expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
-            built.append((w, preproj, skip))
-    tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
+            modules[path] = built
     live_modules = saved_module_tensors(owner, state.modules_to_save)
+    if tensors is None:
+        stored = {k: v.detach().clone() for k, v in live_modules.items()}
+        return Addition(name, config, state, modules, stored)
+    tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
     with torch.no_grad():
         for k, dst in expected.items():
             dst.copy_(tensors[k])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
-    for w, preproj, skip in built:  # from here on nothing can fail
-        for module in (preproj, skip):
-            if module is not None:
-                module.requires_grad_(False)
-        w.update_layer(name, preproj, skip)
-    state.adapter_configs[name] = config
-    state.stored_modules[name] = stored
-    return model
+    return Addition(name, config, state, modules, stored)
 
 
-def add_fresh_adapter(model: nn.Module, name: str, config: PreProjConfig) -> nn.Module:
-    """Add a newly initialised adapter `name` (peft's `add_adapter`) on the sites of the injection, stored
-    (inactive, frozen) until `set_adapter(name)`; it trains then iff the previous active one did.
+def place_added(addition: Addition, path: str, wrapper: PreProjAttention) -> None:
+    """Put the added adapter's modules for site `path` into its wrapper (peft's `update_layer`)."""
+    wrapper.update_layer(addition.name, *addition.modules[path])
+    addition.placed.append(wrapper)
 
-    The config must inject the same slots at the same blocks; its init (and `skip_init_std`) is its own.
-    `modules_to_save` start from their current values.
-    """
-    owner, state = injected_owner(model, "add_adapter")
-    for field_name in ("parts", "layers", "modules_to_save", "host"):
-        have, want = getattr(state.config, field_name), getattr(config, field_name)
-        if want != have and not (field_name == "host" and want is None):
-            raise ValueError(
-                f"add_adapter({name!r}): config.{field_name}={want!r}, the injection has {have!r}; "
-                "an added adapter sits on the same sites (nothing was changed)"
-            )
-    desc = state.describe()
-    desc["config"] = config.to_dict()
-    tensors = {}
-    for path, w in injected_paths(owner):
-        preproj, skip = new_adapter_modules(w.adapter_width, config, adapter_params(w)[0].device)
-        for slot, module in zip(SLOTS, (preproj, skip)):
-            if module is not None:
-                tensors.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
-    tensors.update({k: v.detach().clone() for k, v in saved_module_tensors(owner, state.modules_to_save).items()})
-    return add_named_adapter(model, desc, tensors, name, f"add_adapter({name!r})")
+
+def finish_addition(addition: Addition) -> None:
+    """Every site holds the added adapter: record its config and `modules_to_save` values in the state."""
+    if len(addition.placed) != len(addition.modules):  # pragma: no cover - peft's loop visits every module
+        raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
+    addition.state.adapter_configs[addition.name] = addition.config
+    addition.state.stored_modules[addition.name] = addition.stored
+
+
+def undo_addition(addition: Addition) -> None:
+    """Take the added adapter out of every wrapper that got it (a failed addition changes nothing)."""
+    for wrapper in reversed(addition.placed):
+        wrapper.delete_adapter(addition.name)
+    addition.placed.clear()
 
 
 def set_adapter(model: nn.Module, name: str) -> nn.Module:
