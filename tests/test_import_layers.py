@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modules", "rope"),
     ("hosts", "timm_rope", "models", "adapter_files", "sizing"),
     ("tuner",),
+    ("folders",),
     ("train",),
     ("eval", "analysis"),
     ("experiments",),
@@ -172,7 +173,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
         ),
         (
             {"eval/a.py": "from ..analysis import plot\n", "analysis/plot.py": ""},
-            "eval/a.py:1: mmpreproj.eval.a (eval, layer 7) imports mmpreproj.analysis.plot (analysis, layer 7)",
+            "eval/a.py:1: mmpreproj.eval.a (eval, layer 8) imports mmpreproj.analysis.plot (analysis, layer 8)",
         ),
         (
             {"train/a.py": "def f():\n    from ..tuner import state\n", "tuner/state.py": ""},
@@ -181,7 +182,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
         (
             {"tuner/a.py": "import mmpreproj.experiments.arms\n", "experiments/arms.py": ""},
             "tuner/a.py:1: mmpreproj.tuner.a (tuner, layer 5) imports mmpreproj.experiments.arms "
-            "(experiments, layer 8)",
+            "(experiments, layer 9)",
         ),
     ],
     ids=["up", "peer", "in-a-function", "plain-import-up"],

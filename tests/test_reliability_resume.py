@@ -75,7 +75,7 @@ def test_a_torn_newest_checkpoint_is_skipped_and_named(run, tear, caplog):
         (ckpt / C).unlink()
     else:
         (ckpt / "trainer_state.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="mmpreproj.tuner.resume"):
+    with caplog.at_level(logging.WARNING, logger="mmpreproj.folders.resume"):
         found = mmpreproj.last_whole_checkpoint(run)
     assert found == str(run / "checkpoint-2")
     assert any("skipping" in r.getMessage() and "checkpoint-4" in r.getMessage() for r in caplog.records)

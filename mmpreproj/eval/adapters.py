@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from ..folders.load import load_adapter
 from ..tuner.inject import unload
-from ..tuner.load import load_adapter
 from ..tuner.state import is_injected
 from .evaluate import evaluate
 

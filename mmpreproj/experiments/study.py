@@ -45,12 +45,12 @@ from ..analysis import routing_ratios, skip_norms
 from ..analysis.plot import plot_loss_curve
 from ..data import wikitext_lines
 from ..eval import evaluate
+from ..folders.load import load_adapter
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.errors import NonFiniteLossError
 from ..train.methods import host_shape, lora_per_rank
 from ..train.runlog import write_json
 from ..train.sizes import sizes_for_budget
-from ..tuner.load import load_adapter
 from .arms import arm_key, train_arm
 
 log = logging.getLogger("mmpreproj.study")

@@ -2,7 +2,7 @@
 
 - preproj / skip / preproj_skip: `mmpreproj.save_adapter` -> adapter/{adapter_model.safetensors, adapter_config.json}
 - lora: peft `save_pretrained` -> adapter/ (peft's own format, loadable with `PeftModel.from_pretrained`)
-- preproj_lora: its `save_pretrained` (`tuner/stacked.py`): peft's LoRA in adapter/, ours in adapter/preproj/,
+- preproj_lora: its `save_pretrained` (`folders/stacked.py`): peft's LoRA in adapter/, ours in adapter/preproj/,
   the layout a Trainer's checkpoints have
 
 A model sharded by FSDP is saved in two steps: every rank calls `gather_run_adapter` (full tensors), then

@@ -31,12 +31,12 @@ from transformers import AutoModelForCausalLM
 from mmpreproj_cli.tables import METHOD_SPECS, METHODS, MethodSpec
 
 from .. import tuner as _adapter
+from ..folders.stacked import stacked_peft_model
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules
 from ..hosts.shape import host_shape
 from ..modules import ContentSkip, PreProjection
 from ..tuner.config import PreProjConfig
-from ..tuner.stacked import stacked_peft_model
 
 
 def check_methods(names: Sequence[str]) -> tuple[str, ...]:
@@ -127,7 +127,7 @@ def apply_method(
     `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
     For "preproj_lora" the pre-projection is injected first, then peft's LoRA wraps the model in the stacked
-    class (`tuner/stacked.py`), whose `save_pretrained` alone writes both: the LoRA at the folder, ours in
+    class (`folders/stacked.py`), whose `save_pretrained` alone writes both: the LoRA at the folder, ours in
     `preproj/`.
     """
     spec = _spec(method)

@@ -10,10 +10,10 @@ that tuner. Bottom to top (each file imports only those before it): `state` (wha
 `in_flight`, `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
 (`save_pretrained`: an injected model's whole folder), `trace` (`trace_seams`), `apply` (plan, place, finish,
 freeze, roll back), `unload` (unload, `adapter_disabled`), `named` (several adapters), `model` (the tuner),
-`inject`, `load_injection` (our folder into a model), `stacked` (`preproj_lora`'s PeftModel: peft's LoRA and ours
-saved and loaded as one folder), `load` (`load_adapter`: any trained folder), `pretrained_load`
-(`from_pretrained`), `resume` (`last_whole_checkpoint`); beside them `unwrap`, `model_card`, `estimate` and
-the check `load_check`. Below the tuner: the checks of a folder's files alone (`digest`, `file_check`) in
+`inject`; beside them `unwrap`, `model_card`, `estimate` and the check `load_check`. Above the tuner, the
+trained folders (`mmpreproj.folders`: which loader a folder needs, our folder into a model, `preproj_lora`'s one
+folder, `from_pretrained`, the newest Trainer checkpoint). Below the tuner: the checks of a folder's files alone
+(`digest`, `file_check`) in
 `mmpreproj.adapter_files`, the counts `budget` and `report` in `mmpreproj.sizing`, the trace's input builder in
 `mmpreproj.hosts.example_input`.
 """
@@ -34,12 +34,10 @@ from .files import (
 from .inject import adapter_disabled as adapter_disabled
 from .inject import inject as inject
 from .inject import unload as unload
-from .load import load_adapter as load_adapter
 from .model import MERGE_REFUSED as MERGE_REFUSED
 from .model import PreProjModel as PreProjModel
 from .peft_type import PREPROJ as PREPROJ
 from .register import register_preproj as register_preproj
-from .resume import last_whole_checkpoint as last_whole_checkpoint
 from .state import injected_modules as injected_modules
 from .state import is_injected as is_injected
 from .state_dict import adapter_state_dict as adapter_state_dict

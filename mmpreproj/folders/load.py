@@ -31,14 +31,14 @@ from peft.mapping import PEFT_TYPE_TO_PREFIX_MAPPING
 from safetensors.torch import load_file
 from torch import nn
 
-from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
-from .inject import unload
-from .keys import as_description, config_kind
-from .legacy import OLD_SLOTS, lora_below_ours
+from ..tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
+from ..tuner.inject import unload
+from ..tuner.keys import as_description, config_kind
+from ..tuner.legacy import OLD_SLOTS, lora_below_ours
+from ..tuner.state import is_injected
+from ..tuner.state_dict import SLOTS, trainable_adapter_params
 from .load_injection import load_injection as _load_ours
 from .stacked import PREPROJ_SUBDIR, stacked_class
-from .state import is_injected
-from .state_dict import SLOTS, trainable_adapter_params
 
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
 _LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
-from .config import PreProjConfig
+from ..tuner.config import PreProjConfig
 
 logger = logging.getLogger(__name__)
 

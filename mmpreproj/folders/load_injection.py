@@ -1,6 +1,6 @@
 """`load_injection`: read one of our adapter folders, check it against the model, inject its modules and copy its
 weights; on a model already injected, add it beside the loaded ones (`named.plan_addition`, through peft's loop).
-The public loader of any trained folder, `mmpreproj.load_adapter` (`tuner/load.py`), hands our part to this."""
+The public loader of any trained folder, `mmpreproj.load_adapter` (`folders/load.py`), hands our part to this."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import torch
 from torch import nn
 
 from ..timm_rope.saved import rope_for_load
-from .config import PreProjConfig
-from .files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
-from .inject import add_planned, apply_plan
-from .legacy import model_keys
-from .load_check import check_added_record, check_record
-from .named import plan_addition
-from .plan import plan_injection, saved_host
-from .pretrained import check_saved_pair, config_save_token
-from .state import check_adapter_name, is_injected
-from .state_dict import (
+from ..tuner.config import PreProjConfig
+from ..tuner.files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
+from ..tuner.inject import add_planned, apply_plan
+from ..tuner.legacy import model_keys
+from ..tuner.load_check import check_added_record, check_record
+from ..tuner.named import plan_addition
+from ..tuner.plan import plan_injection, saved_host
+from ..tuner.pretrained import check_saved_pair, config_save_token
+from ..tuner.state import check_adapter_name, is_injected
+from ..tuner.state_dict import (
     check_tensors_match,
     is_slot_key,
     rekeyed_by_block,
@@ -27,7 +27,7 @@ from .state_dict import (
     trainable_adapter_params,
     wrapper_tensors,
 )
-from .unwrap import injected_owner, refuse_meta_parameters
+from ..tuner.unwrap import injected_owner, refuse_meta_parameters
 
 
 def load_injection(

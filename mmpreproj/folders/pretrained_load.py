@@ -14,16 +14,16 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..data.model_source import corrupt_weights_error, pretrained_source
-from ..util.file_sets import committed_files
-from .files import (
+from ..tuner.files import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
     BASE_SAVE_TOKEN,
     PRETRAINED_ADAPTER_DIR,
     adapter_folder,
 )
+from ..tuner.pretrained import check_saved_pair, config_save_token
+from ..util.file_sets import committed_files
 from .load import load_adapter  # the one loader of a trained folder
-from .pretrained import check_saved_pair, config_save_token
 
 
 def _adapter_token(folder: Path) -> str | None:
@@ -55,7 +55,7 @@ def from_pretrained(
     path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
 ) -> nn.Module:
     """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter put on by the one
-    loader, `mmpreproj.load_adapter` (`tuner/load.py`).
+    loader, `mmpreproj.load_adapter` (`folders/load.py`).
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
     `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError

@@ -22,9 +22,9 @@ from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from .files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
-from .keys import config_kind
-from .state_dict import (
+from ..tuner.files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
+from ..tuner.keys import config_kind
+from ..tuner.state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
     checked_adapter_copies,
@@ -32,7 +32,7 @@ from .state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
-from .unwrap import injected_owner, owner_prefix
+from ..tuner.unwrap import injected_owner, owner_prefix
 
 PREPROJ_SUBDIR = "preproj"  # our adapter's folder below peft's LoRA (peft's folder for an adapter of that name)
 
