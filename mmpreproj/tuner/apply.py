@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from ..hosts import HostSpec
+from ..hosts.auto_host import check_forced, one_call_host, split_input
 from ..hosts.checkpointing import reentrant_checkpointing
 from ..hosts.spec import Site, get_path
 from ..modules import PreProjAttention
 from ..modules.seam import SeamCheck
 from ..util.probing import probing
-from .auto_host import check_forced, one_call_host, split_input
 from .config import PreProjConfig
 from .named import Addition
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection

@@ -39,7 +39,7 @@ def inject(
         model: a supported host (see `mmpreproj.hosts.HOSTS`), or any model when `host` describes it.
         config: what to inject (default `PreProjConfig()`: pre-projection + skip, paper init, base frozen).
         host: None = the row that claims the model by type; else the seams traced on an example input (a row
-            matched by structure is confirmed by that trace; `tuner/auto_host.py`); a row name forces that row; a
+            matched by structure is confirmed by that trace; `hosts/auto_host.py`); a row name forces that row; a
             description dict (or `HostSpec`)
             says where the blocks, the pre-attention norm and the attention are (see `mmpreproj.hosts.spec`).
             The description is saved with the adapter, so `load_adapter` needs no code. None reads

@@ -1,5 +1,6 @@
 """The host of the one call, `inject(model, config)` with no host: a row that claims the model by type; else the
-trace (`trace.py`) on an example input (the caller's, or one the model builds, `example_input.py`).
+trace (`trace.py`, unchecked: the injection itself checks the seams) on an example input (the caller's, or one
+the model builds, `example_input.py`).
 
 - A row matched by type is used as is (its own `check` refuses what it must).
 - A row matched by structure (`hosts/structure.py`) is confirmed by the trace when an input can be had: a trace
@@ -18,12 +19,11 @@ from typing import Any
 
 from torch import nn
 
-from ..hosts import HOSTS, HostSpec
-from ..hosts.example_input import example_input as build_example_input
-from ..hosts.registry import _no_row
-from ..hosts.spec import HostError, resolve_sites
-from ..hosts.structure import match_structure
-from .trace import TraceError, trace_seams
+from .example_input import example_input as build_example_input
+from .registry import HOSTS, HostSpec, _no_row
+from .spec import HostError, resolve_sites
+from .structure import match_structure
+from .trace import TraceError, trace_description
 
 log = logging.getLogger("mmpreproj.inject")
 
@@ -58,7 +58,7 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
         raise ValueError(_no_row(model, found) + "; to have it traced, pass example_input= (one forward's input)")
     args, kwargs = split_input(x)
     try:
-        traced = trace_seams(model, *args, check=False, partial=found.spec is not None, **kwargs)
+        traced = trace_description(model, args, kwargs, partial=found.spec is not None)
     except TraceError as e:
         what = (
             "it is laid out as a host row, but the trace on an example input refuses its seams"
@@ -104,7 +104,7 @@ def check_forced(model: nn.Module, name: str, example_input: Any = None) -> None
         return
     args, kwargs = split_input(x)
     try:
-        trace_seams(model, *args, check=False, partial=True, **kwargs)
+        trace_description(model, args, kwargs, partial=True)
     except TraceError as e:
         if "post-norm" in str(e) or "a multiplier between norm and attention" in str(e):
             raise ValueError(f"host {name!r} does not fit {type(model).__name__}: {e}") from None
