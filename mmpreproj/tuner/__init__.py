@@ -10,12 +10,12 @@ that tuner. Bottom to top (each file imports only those before it): `state` (wha
 `in_flight`, `state_dict`, `files` (save / read an adapter folder), `plan` (validate and build), `pretrained`
 (`save_pretrained`: an injected model's whole folder), `trace` (`trace_seams`: the host trace checked by an
 identity injection), `apply` (plan, place, finish, freeze, roll back), `unload` (unload, `adapter_disabled`),
-`named` (several adapters), `model` (the tuner), `inject`; beside them `unwrap`, `model_card`, `estimate` and the
+`named` (several adapters), `model` (the tuner), `inject`; beside them `unwrap`, `estimate` and the
 check `load_check`. Above the tuner, the trained folders (`mmpreproj.folders`: which loader a folder needs, our
 folder into a model, `preproj_lora`'s one folder, `from_pretrained`, the newest Trainer checkpoint). Below it:
-the checks of a folder's files alone (`digest`, `file_check`) in `mmpreproj.adapter_files`, the counts `budget`
-and `report` in `mmpreproj.sizing`, the trace itself, its input builder and the one call's host in
-`mmpreproj.hosts` (`trace`, `example_input`, `auto_host`).
+the checks of a folder's files alone (`digest`, `file_check`) and its model card in `mmpreproj.adapter_files`,
+the counts `budget` and `report` in `mmpreproj.sizing`, the trace itself, its input builder and the one call's
+host in `mmpreproj.hosts` (`trace`, `example_input`, `auto_host`).
 """
 
 from .config import PreProjConfig as PreProjConfig

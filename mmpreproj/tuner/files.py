@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
+from ..adapter_files.model_card import card_fields, model_card
 from ..hosts import HostSpec
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError
@@ -24,12 +25,12 @@ from ..version import __version__
 from .config import ADAPTER_FORMAT
 from .keys import PEFT_PREFIX, description_from_peft_config, peft_config_from_description
 from .legacy import OLD_SLOTS, is_legacy_description, model_keys
-from .model_card import card_fields, model_card
 from .state import ADAPTER_TYPE, InjectionState, named_adapter
 from .state_dict import (
     SLOTS,
     adapter_state_dict,
     injected_paths,
+    is_slot_key,
     named_adapter_tensors,
     refuse_empty,
     refuse_non_finite,
@@ -62,7 +63,7 @@ def save_adapter(
     `torch.compile`). Non-finite weights are refused before anything is written.
 
     `adapter_name` saves one of several loaded adapters (default: the active one, `named.py`);
-    `readme=True` also writes a short model card, README.md (`model_card.py`), in the same commit.
+    `readme=True` also writes a short model card, README.md (`adapter_files/model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
     owner, state = injected_owner(model, "save_adapter")
@@ -108,7 +109,9 @@ def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tens
     tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
     # every tensor's shape, by its key: a loader checks the model's against it before injecting
     desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
-    for k, v in card_fields(owner, name, tensors, state).items():
+    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
+    to_save = sum(v.numel() for k, v in tensors.items() if not is_slot_key(k))
+    for k, v in card_fields(owner, name, injected, to_save).items():
         desc.setdefault(k, v)  # keys another writer already put in describe() win
     return desc
 

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 
-import torch
 from huggingface_hub import ModelCard
 from torch import nn
-
-from .state_dict import is_slot_key
 
 
 def base_model_name(model: nn.Module) -> str | None:
@@ -24,17 +21,14 @@ def base_model_name(model: nn.Module) -> str | None:
     return str(name) if name else None
 
 
-def card_fields(model: nn.Module, adapter_name: str, tensors: dict[str, torch.Tensor], state) -> dict:
-    """The keys `save_adapter` adds to `adapter_config.json` (beside `InjectionState.describe()`)."""
-    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
+def card_fields(model: nn.Module, adapter_name: str, injected: int, modules_to_save: int) -> dict:
+    """The keys `save_adapter` adds to `adapter_config.json` (beside `InjectionState.describe()`): the base, the
+    adapter's name and its counts of injected and `modules_to_save` weights."""
     return {
         "base_model_name_or_path": base_model_name(model),  # peft's name for the same fact
         "base_model_class": type(model).__name__,
         "adapter_name": adapter_name,
-        "trainable_parameters": {
-            "injected": injected,
-            "modules_to_save": sum(v.numel() for k, v in tensors.items() if not is_slot_key(k)),
-        },
+        "trainable_parameters": {"injected": injected, "modules_to_save": modules_to_save},
     }
 
 
