@@ -122,8 +122,9 @@ class PreProjModel(BaseTuner):
             addition = plan_addition(owner, config, adapter_name, f"add_adapter({adapter_name!r})")
         if addition is not None:
             self._addition = addition
+            owner, _ = injected_owner(model, "add_adapter")  # the sites' paths are the injected model's
             try:
-                super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
+                super().inject_adapter(owner, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 finish_addition(addition)
             except BaseException:
                 undo_addition(addition)
