@@ -54,20 +54,23 @@ def last_whole_checkpoint(output_dir: str | Path, config: PreProjConfig | None =
     return None
 
 
+def _json_object(path: Path) -> tuple[dict | None, str | None]:
+    """(the JSON object in `path`, None) or (None, why it cannot be read as one)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{path.name}: {type(e).__name__}"
+    if not isinstance(raw, dict):
+        return None, f"{path.name} is not an object"
+    return raw, None
+
+
 def _torn(ckpt: Path, want: PreProjConfig | None) -> str | None:
     """Why `ckpt` is torn (None when whole); raises for a whole one that cannot be resumed."""
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        return f"trainer_state.json: {type(e).__name__}"
-    if not isinstance(state, dict):
-        return "trainer_state.json is not an object"
-    try:
-        raw = json.loads((ckpt / "adapter_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        return f"adapter_config.json: {type(e).__name__}"
-    if not isinstance(raw, dict):
-        return "adapter_config.json is not an object"
+    for name in ("trainer_state.json", "adapter_config.json"):  # `raw` is then the adapter config, read last
+        raw, why = _json_object(ckpt / name)
+        if why is not None:
+            return why
     if raw.get("peft_type") != "PREPROJ":
         raise ValueError(
             f"last_whole_checkpoint: {ckpt} holds a {raw.get('peft_type')!r} adapter, not PREPROJ; "
