@@ -63,7 +63,10 @@ def test_the_newest_whole_checkpoint_is_taken(run):
     assert mmpreproj.last_whole_checkpoint(run / "nothing-here") is None
 
 
-@pytest.mark.parametrize("tear", ["weights_truncated", "weights_replaced", "config_missing", "state_missing"])
+@pytest.mark.parametrize(
+    "tear",
+    ["weights_truncated", "weights_replaced", "config_missing", "state_missing", "state_a_list", "config_cut"],
+)
 def test_a_torn_newest_checkpoint_is_skipped_and_named(run, tear, caplog):
     ckpt = run / "checkpoint-4"
     if tear == "weights_truncated":
@@ -73,12 +76,19 @@ def test_a_torn_newest_checkpoint_is_skipped_and_named(run, tear, caplog):
         save_file({k: v + 1 for k, v in load_file(str(ckpt / W)).items()}, str(ckpt / W))
     elif tear == "config_missing":
         (ckpt / C).unlink()
+    elif tear == "state_a_list":  # valid JSON, but not the object the Trainer writes
+        (ckpt / "trainer_state.json").write_text("[]")
+    elif tear == "config_cut":
+        text = (ckpt / C).read_text()
+        (ckpt / C).write_text(text[: len(text) // 2])
     else:
         (ckpt / "trainer_state.json").unlink()
     with caplog.at_level(logging.WARNING, logger="mmpreproj.folders.resume"):
         found = mmpreproj.last_whole_checkpoint(run)
     assert found == str(run / "checkpoint-2")
     assert any("skipping" in r.getMessage() and "checkpoint-4" in r.getMessage() for r in caplog.records)
+    if tear == "state_a_list":
+        assert any("trainer_state.json is not an object" in r.getMessage() for r in caplog.records)
     trainer = _trainer(run)
     trainer.train(resume_from_checkpoint=found)  # and the Trainer resumes from it
     assert trainer.state.global_step == 4
