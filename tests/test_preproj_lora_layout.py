@@ -82,6 +82,20 @@ def test_peft_reads_its_own_part_as_plain_lora(tmp_path):
     assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
+def test_peft_alone_restores_the_whole_model_from_the_top_file(tmp_path):
+    """peft writes every tuner layer's weights into its file at DIR, ours among them (`preproj.default.*`): so
+    peft's own loader, onto the same injection (`preproj_lora` injects the pre-projection alone), gives back the
+    trained model's outputs, not only its LoRA."""
+    model = _trained()
+    model.save_pretrained(str(tmp_path))
+    top = load_file(str(tmp_path / WEIGHTS))
+    assert any(".preproj.default." in k for k in top) and any("lora_" in k for k in top)
+    fresh = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip=False))
+    plain = peft.PeftModel.from_pretrained(fresh, str(tmp_path)).eval()
+    with torch.no_grad():
+        assert torch.equal(plain(IDS).logits, model(IDS).logits)
+
+
 def test_a_given_state_dict_is_what_both_parts_hold(tmp_path):
     model = _trained()
     given = {k: v.clone() + 1.0 for k, v in model.state_dict().items()}  # e.g. gathered from shards elsewhere

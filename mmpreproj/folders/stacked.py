@@ -4,7 +4,9 @@
     DIR/preproj/adapter_config.json, adapter_model.safetensors    our adapter (`save_adapter`), where peft
                                                                   writes an adapter named "preproj"
 
-`save_pretrained` writes both (train(), a Trainer's checkpoints, users); `load_adapter` reads both (a Trainer's
+peft's file at DIR also carries our weights (peft saves every tuner layer's, `preproj.default.*`), so peft alone,
+`PeftModel.from_pretrained(mmpreproj.inject(base, PreProjConfig(skip=False)), DIR)`, gives back the whole trained
+model. `save_pretrained` writes both (train(), a Trainer's checkpoints, users); `load_adapter` reads both (a Trainer's
 resume and best-model reload), our weights checked (keys, shapes, dtypes, finite values) before either part
 changes. One class per peft task class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `stacked_peft_model`
 builds one, `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh base.
