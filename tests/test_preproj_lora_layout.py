@@ -283,3 +283,29 @@ def test_a_trainer_resume_from_a_spoilt_preproj_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match="weights_digest|non-finite"):
         _fit(tmp_path / "cut", fresh, resume=True)
     _assert_unchanged(fresh, before)
+
+
+def test_a_hand_built_peft_lora_over_an_injection_is_refused_by_our_loader_and_read_by_peft(tmp_path):
+    """`get_peft_model(inject(base), LoraConfig)` is a plain PeftModel: its folder holds LoRA and our weights (peft
+    saves every tuner layer's) but not our config. Our loader refuses it naming the two ways; peft alone, onto a base
+    injected alike, gives the trained outputs back."""
+    injected = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip=False))
+    model = peft.get_peft_model(injected, peft.LoraConfig(r=4, target_modules=["query_key_value"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.eval().save_pretrained(str(tmp_path))
+    assert not (tmp_path / PREPROJ_SUBDIR).exists()
+    base = tiny_neox()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    with pytest.raises(ValueError, match=r"mmpreproj modules injected .*save_adapter.*PeftModel.from_pretrained"):
+        mmpreproj.load_adapter(base, tmp_path)
+    assert base.state_dict().keys() == before.keys() and all(
+        torch.equal(base.state_dict()[k], before[k]) for k in before
+    )
+    fresh = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(skip=False))
+    plain = peft.PeftModel.from_pretrained(fresh, str(tmp_path)).eval()
+    with torch.no_grad():
+        assert torch.equal(plain(IDS).logits, model(IDS).logits)

@@ -155,8 +155,11 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
             ours = any(f".{slot}." in k for k in saved - expected for slot in (*SLOTS, "base_layer"))
             hint = (
                 (
-                    f"; it was saved from a model with mmpreproj modules injected: save that adapter beside it, "
-                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r})"
+                    f"; it was saved from a model with mmpreproj modules injected (a plain PeftModel writes our "
+                    f"weights into its file but not our config): save that adapter beside it, "
+                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r}), or load the folder with peft onto a "
+                    "base injected alike, peft.PeftModel.from_pretrained(mmpreproj.inject(base, PreProjConfig(...)), "
+                    "DIR)"
                 )
                 if ours
                 else ""
