@@ -244,3 +244,36 @@ def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_igno
     with pytest.raises(ValueError, match=r"adapter_names=.*\['other'\] are not adapters of this layer"):
         model(tokens, adapter_names=["default", "other"])
     assert torch.equal(model(tokens).logits, ref)
+
+
+def test_mmpreproj_calls_on_a_peft_model_keep_peft_record_of_the_adapters(tmp_path):
+    """mmpreproj's load_adapter(adapter_name=) / set_adapter / delete_adapter on a `PeftModel` go through its tuner:
+    peft's `peft_config` and `active_adapter` name what runs, peft's own calls and save see the added adapter."""
+    from peft import PeftModel, get_peft_model
+
+    folder = _save(tiny_neox, tmp_path / "b", 2)
+    alone = mmpreproj.load_adapter(tiny_neox(), folder)
+    pm = get_peft_model(tiny_neox(), PreProjConfig())
+    mmpreproj.load_adapter(pm, folder, adapter_name="b")
+    assert list(pm.peft_config) == ["default", "b"] == mmpreproj.adapter_names(pm)
+    pm.set_adapter("b")  # peft's own switch knows it
+    assert pm.active_adapter == "b" == mmpreproj.active_adapter(pm)
+    with torch.no_grad():
+        assert torch.equal(out(pm), out(alone))
+    mmpreproj.set_adapter(pm, "default")
+    assert pm.active_adapter == "default" == mmpreproj.active_adapter(pm)
+    pm.save_pretrained(tmp_path / "saved")  # peft writes every adapter in its record: "b" in its own folder
+    again = PeftModel.from_pretrained(tiny_neox(), tmp_path / "saved")
+    again.load_adapter(tmp_path / "saved" / "b", "b")
+    again.set_adapter("b")
+    with torch.no_grad():
+        assert torch.equal(out(again), out(alone))
+    mmpreproj.delete_adapter(pm, "b")
+    assert list(pm.peft_config) == ["default"] == mmpreproj.adapter_names(pm)
+    # one added through the injected model itself (no PeftModel in sight) joins peft's record when used through it
+    mmpreproj.load_adapter(pm.base_model.model, folder, adapter_name="c")
+    assert "c" not in pm.peft_config
+    mmpreproj.set_adapter(pm, "c")
+    assert pm.active_adapter == "c" and "c" in pm.peft_config
+    with pytest.raises(ValueError, match=r"adapter_name='nope' is not loaded; loaded: \['default', 'c'\]"):
+        mmpreproj.set_adapter(pm, "nope")

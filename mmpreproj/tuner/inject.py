@@ -16,7 +16,7 @@ from ..hosts import HostSpec
 from .apply import Request
 from .config import PreProjConfig
 from .model import PreProjModel
-from .named import Addition
+from .named import Addition, peft_record
 from .plan import Plan, check_plain_model
 from .unload import adapter_disabled as adapter_disabled
 from .unload import unload as unload
@@ -72,9 +72,13 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
     """Add a further adapter the caller planned and filled (`named.plan_addition`: a saved one) to the injected
-    model inside `model`, through the same loop; on error no wrapper keeps it. Returns `model`."""
+    model inside `model`, through the same loop; on error no wrapper keeps it. When `model` is a `PeftModel` over
+    the injection, its `peft_config` gets the adapter too. Returns `model`."""
     owner, _ = injected_owner(model, "load_adapter")
     _through_tuner(owner, addition.config, addition.name, Request(addition=addition))
+    record = peft_record(model, owner)
+    if record is not None:  # a PeftModel's record of its adapters names the added one too
+        record.peft_config[addition.name] = addition.config
     return model
 
 

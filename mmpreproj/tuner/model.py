@@ -38,11 +38,11 @@ from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
 from .named import (
     Addition,
-    delete_adapter,
     finish_addition,
     place_added,
     plan_addition,
-    set_adapter,
+    remove_adapter,
+    switch_adapter,
     undo_addition,
 )
 from .state import injected_modules, is_injected
@@ -244,7 +244,7 @@ class PreProjModel(BaseTuner):
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
-        """Make one loaded adapter the one that runs (`named.set_adapter`). peft's loop calls it at its end with
+        """Make one loaded adapter the one that runs (`named.switch_adapter`). peft's loop calls it at its end with
         the adapters already active: after an addition that changes nothing (the added one waits, frozen)."""
         if self._addition is not None:
             return
@@ -255,7 +255,7 @@ class PreProjModel(BaseTuner):
                 "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
                 "run a mixed batch (forward(..., adapter_names=[one name per row]))"
             )
-        set_adapter(self.model, names[0])
+        switch_adapter(self.model, names[0])
         self.active_adapter = names[0]
         if inference_mode:
             self.set_requires_grad(names[0], requires_grad=False)
@@ -270,8 +270,8 @@ class PreProjModel(BaseTuner):
                 p.requires_grad_(requires_grad)
 
     def delete_adapter(self, adapter_name: str) -> None:
-        delete_adapter(self.model, adapter_name)
-        del self.peft_config[adapter_name]
+        remove_adapter(self.model, adapter_name)
+        self.peft_config.pop(adapter_name, None)
 
     def disable_adapter_layers(self) -> None:
         self._enable_adapter_layers(False)

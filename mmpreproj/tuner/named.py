@@ -33,6 +33,8 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
 from ..hosts.spec import HostSpec
@@ -179,8 +181,29 @@ def undo_addition(addition: Addition) -> None:
     addition.placed.clear()
 
 
+def peft_record(model: nn.Module, owner: nn.Module) -> nn.Module | None:
+    """What keeps peft's record of the adapters of the injected model `owner` inside `model`: the `PeftModel` over
+    it (its `active_adapter`, and its tuner's `peft_config`), else the PREPROJ tuner itself, else None (`inject`
+    keeps none). Every add, switch and delete made through `model` goes through it, so peft and mmpreproj name
+    the same adapters."""
+    tuner = next(
+        (
+            m
+            for m in model.modules()
+            if isinstance(m, BaseTuner)
+            and m.model is owner
+            and getattr(m, "tuner_layer_cls", None) is PreProjAttention
+        ),
+        None,
+    )
+    if tuner is None:
+        return None
+    return next((m for m in model.modules() if isinstance(m, PeftModel) and m.base_model is tuner), tuner)
+
+
 def set_adapter(model: nn.Module, name: str) -> nn.Module:
-    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did.
+    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did (through the
+    `PeftModel` when `model` is one, so peft's `active_adapter` follows).
 
     Switch between steps, never inside one: RuntimeError ("set_adapter: a forward/backward is in flight")
     while a forward of the injected model runs (a hook or observer inside it, another thread) or while an
@@ -190,10 +213,23 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     and a forward of a `torch.compile`d model (its compiled code keeps no count).
     """
     owner, state = injected_owner(model, "set_adapter")
+    name, config = named_adapter(state, check_adapter_name(name))  # our refusal of a name not loaded, first
+    record = peft_record(model, owner)
+    if record is not None:
+        record.peft_config.setdefault(name, config)  # one added through the injected model itself
+        record.set_adapter(name)
+    else:
+        switch_adapter(owner, name)
+    return model
+
+
+def switch_adapter(owner: nn.Module, name: str) -> None:
+    """`set_adapter` on the injected model `owner` itself (the peft tuner's `set_adapter` calls this)."""
+    _, state = injected_owner(owner, "set_adapter")
     name, config = named_adapter(state, check_adapter_name(name))
     old = state.active_adapter
     if name == old:
-        return model
+        return
     refuse_in_flight(owner, "set_adapter")
     live = saved_module_tensors(owner, state.modules_to_save)
     kept = {k: v.detach().clone() for k, v in live.items()}
@@ -208,13 +244,25 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     state.stored_modules[old] = kept
     state.config = config
     state.active_adapter = name
-    return model
 
 
 def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
-    removes them all)."""
+    removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
     owner, state = injected_owner(model, "delete_adapter")
+    name, config = named_adapter(state, check_adapter_name(name))
+    record = peft_record(model, owner)
+    if record is not None:
+        record.peft_config.setdefault(name, config)  # one added through the injected model itself
+        record.delete_adapter(name)
+    else:
+        remove_adapter(owner, name)
+    return model
+
+
+def remove_adapter(owner: nn.Module, name: str) -> None:
+    """`delete_adapter` on the injected model `owner` itself (the peft tuner's `delete_adapter` calls this)."""
+    _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(state, check_adapter_name(name))
     refuse_in_flight(owner, "delete_adapter")
     if name == state.active_adapter:
@@ -225,4 +273,3 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
         w.delete_adapter(name)
     del state.adapter_configs[name]
     state.stored_modules.pop(name, None)
-    return model
