@@ -212,15 +212,24 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     forward under reentrant gradient checkpointing (it builds no graph through the adapter until backward)
     and a forward of a `torch.compile`d model (its compiled code keeps no count).
     """
-    owner, state = injected_owner(model, "set_adapter")
-    name, config = named_adapter(state, check_adapter_name(name))  # our refusal of a name not loaded, first
-    record = peft_record(model, owner)
+    record, owner, name = _through_peft(model, name, "set_adapter")
     if record is not None:
-        record.peft_config.setdefault(name, config)  # one added through the injected model itself
         record.set_adapter(name)
     else:
         switch_adapter(owner, name)
     return model
+
+
+def _through_peft(model: nn.Module, name: str, what: str) -> tuple[nn.Module | None, nn.Module, str]:
+    """(peft's record or None, the injected model, the checked name) for a call `what` on adapter `name` made
+    through `model`; our refusal of a name not loaded comes first, and an adapter added through the injected model
+    itself joins peft's record."""
+    owner, state = injected_owner(model, what)
+    name, config = named_adapter(state, check_adapter_name(name))
+    record = peft_record(model, owner)
+    if record is not None:
+        record.peft_config.setdefault(name, config)
+    return record, owner, name
 
 
 def switch_adapter(owner: nn.Module, name: str) -> None:
@@ -249,11 +258,8 @@ def switch_adapter(owner: nn.Module, name: str) -> None:
 def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
     removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
-    owner, state = injected_owner(model, "delete_adapter")
-    name, config = named_adapter(state, check_adapter_name(name))
-    record = peft_record(model, owner)
+    record, owner, name = _through_peft(model, name, "delete_adapter")
     if record is not None:
-        record.peft_config.setdefault(name, config)  # one added through the injected model itself
         record.delete_adapter(name)
     else:
         remove_adapter(owner, name)
