@@ -20,7 +20,6 @@ from .named import Addition, peft_record
 from .plan import Plan, check_plain_model
 from .unload import adapter_disabled as adapter_disabled
 from .unload import unload as unload
-from .unwrap import injected_owner
 
 _ABSENT = object()
 
@@ -74,9 +73,8 @@ def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
     """Add a further adapter the caller planned and filled (`named.plan_addition`: a saved one) to the injected
     model inside `model`, through the same loop; on error no wrapper keeps it. When `model` is a `PeftModel` over
     the injection, its `peft_config` gets the adapter too. Returns `model`."""
-    owner, _ = injected_owner(model, "load_adapter")
-    _through_tuner(owner, addition.config, addition.name, Request(addition=addition))
-    record = peft_record(model, owner)
+    _through_tuner(addition.owner, addition.config, addition.name, Request(addition=addition))
+    record = peft_record(model, addition.owner)
     if record is not None:  # a PeftModel's record of its adapters names the added one too
         record.peft_config[addition.name] = addition.config
     return model

@@ -115,15 +115,15 @@ class PreProjModel(BaseTuner):
         if by_peft and not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
         addition = None if by_peft else self._request.addition
-        if addition is not None or (by_peft and is_injected(model)):
-            owner, _ = injected_owner(model, "add_adapter")  # the sites' paths are the injected model's
-            if addition is None:  # peft's add_adapter: a fresh adapter on the same sites
-                if config.injection is not None:  # a saved adapter beside a loaded one: checked as the first is
-                    check_added_record(model, config, config.injection, "adapter config", by_path=True)
-                addition = plan_addition(owner, config, adapter_name, f"add_adapter({adapter_name!r})")
+        if addition is None and by_peft and is_injected(model):  # peft's add_adapter: a fresh one, same sites
+            if config.injection is not None:  # a saved adapter beside a loaded one: checked as the first is
+                check_added_record(model, config, config.injection, "adapter config", by_path=True)
+            owner, _ = injected_owner(model, "add_adapter")
+            addition = plan_addition(owner, config, adapter_name, f"add_adapter({adapter_name!r})")
+        if addition is not None:
             self._addition = addition
-            try:
-                super().inject_adapter(owner, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
+            try:  # over the injected model itself: its paths are the sites'
+                super().inject_adapter(addition.owner, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 finish_addition(addition)
             except BaseException:
                 undo_addition(addition)

@@ -97,6 +97,7 @@ class Addition:
 
     name: str
     config: PreProjConfig
+    owner: nn.Module  # the injected model (its paths are the sites')
     state: InjectionState
     modules: dict[str, tuple[PreProjection | None, ContentSkip | None]]  # by wrapper path in the injected model
     stored: dict[str, torch.Tensor]  # its `modules_to_save` values, kept in the state while it is inactive
@@ -150,14 +151,14 @@ def plan_addition(
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     if tensors is None:
         stored = {k: v.detach().clone() for k, v in live_modules.items()}
-        return Addition(name, config, state, modules, stored)
+        return Addition(name, config, owner, state, modules, stored)
     tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
     with torch.no_grad():
         for k, dst in expected.items():
             dst.copy_(tensors[k])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
-    return Addition(name, config, state, modules, stored)
+    return Addition(name, config, owner, state, modules, stored)
 
 
 def place_added(addition: Addition, path: str, wrapper: PreProjAttention) -> None:
