@@ -107,6 +107,38 @@ def test_gpu_script_dry_run(tiny_gguf, tmp_path):
     assert "smollm2-135m" in report.read_text()
 
 
+def test_gpu_script_splits_the_papers_batch_of_16_and_refuses_other_splits(capsys):
+    from mmpreproj.train.presets import get_preset
+
+    ap = gpu_table2.build_parser()
+    fast = gpu_table2.train_overrides(ap.parse_args(["--micro-batch", "16", "--no-checkpointing", "--device", "cpu"]))
+    cfg = get_preset("smollm2-135m", **fast)
+    assert (cfg.batch_size, cfg.grad_accum, cfg.gradient_checkpointing) == (16, 1, False)
+    assert (cfg.lr, cfg.steps, cfg.max_len, cfg.precision, cfg.model_dtype) == (1e-5, 500, 512, "bf16", "bfloat16")
+    paper = get_preset("smollm2-135m", **gpu_table2.train_overrides(ap.parse_args(["--device", "cpu"])))
+    assert (paper.batch_size, paper.grad_accum, paper.gradient_checkpointing) == (4, 4, True)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--micro-batch", "5"])
+    assert "--micro-batch: invalid choice: 5 (choose from 1, 2, 4, 8, 16)" in capsys.readouterr().err
+
+
+def test_study_report_keeps_the_gpu_run_beside_the_cpu_study(tmp_path):
+    from mmpreproj.experiments.study_report import gpu_rows, gpu_section
+
+    assert gpu_rows(tmp_path) == [] and gpu_section(tmp_path, []) == []
+    rows = [
+        {"method": "baseline", "lambada.acc": 0.25, "ppl.ppl": 50.0},
+        {"method": "preproj_skip", "lambada.acc": 0.3, "ppl.ppl": 30.0, "skip_norms": [0.1, 0.2]},
+    ]
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "results.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "gpu" / "table.md").write_text("| method | PPL |\n|---|---|\n| preproj_skip | 30.0 |\n\nprose\n")
+    assert gpu_rows(tmp_path) == rows
+    text = "\n".join(gpu_section(tmp_path, rows))
+    assert "| preproj_skip | 30.0 |" in text and "prose" not in text
+    assert "preproj_skip: LAMBADA +20.0%, line PPL -40.0% over the baseline" in text
+
+
 def test_study_restarts_a_run_that_stopped_before_its_first_checkpoint(tiny_gguf, tmp_path):
     """A worker killed before its first checkpoint leaves train_config.json and nothing to resume: the next run
     of the study starts that run over instead of refusing it."""

@@ -219,6 +219,39 @@ def setting_lines(s: Study) -> list[str]:
     ]
 
 
+GPU_RUN = "gpu"  # the folder under the study's `out` where recipes/smollm2/gpu_table2.py's run is kept
+
+
+def gpu_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows of the paper's-protocol GPU run kept under `out/gpu/` (its results.json), or [] if none."""
+    path = out / GPU_RUN / "results.json"
+    return json.loads(path.read_text())["rows"] if path.is_file() else []
+
+
+def gpu_section(out: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """The report's section on the GPU run: its table (the rows of its table.md) and where it is described."""
+    if not rows:
+        return []
+    base = next(r for r in rows if r["method"] == "baseline")
+    lines = [
+        "## The paper's protocol on one GPU (seed 42, one run each)",
+        "",
+        f"`recipes/smollm2/gpu_table2.py` on one H200: LR 1e-5 for every method, 500 steps of 16 x 512, bf16; "
+        f"setting, timings and every difference from the paper in [{GPU_RUN}/README.md]({GPU_RUN}/README.md), "
+        f"the run's own report in [{GPU_RUN}/report.md]({GPU_RUN}/report.md).",
+        "",
+        *[line for line in (out / GPU_RUN / "table.md").read_text().splitlines() if line.startswith("|")],
+        "",
+    ]
+    for r in rows:
+        if r["method"] != "baseline":
+            lines.append(
+                f"- {r['method']}: LAMBADA {r['lambada.acc'] / base['lambada.acc'] - 1:+.1%}, "
+                f"line PPL {r['ppl.ppl'] / base['ppl.ppl'] - 1:+.1%} over the baseline"
+            )
+    return [*lines, ""]
+
+
 def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     """Write study.json, report.md and the figures under `s.out`; returns the report's path. `notes`: lines
     said under the setting (how the run differs from the paper's)."""
@@ -250,20 +283,24 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     if norms:
         init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
         plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
-        growth = {f"{k} (SmolLM2-135M)": [v / init for v in vals] for k, vals in norms.items()}
+        growth = {f"{k} (SmolLM2-135M, CPU study)": [v / init for v in vals] for k, vals in norms.items()}
         growth.update(
             {
                 f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
                 for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
             }
         )
+        for r in gpu_rows(s.out):
+            if r.get("skip_norms") and r["method"] in norms:
+                growth[f"{r['method']} (SmolLM2-135M, paper's protocol, GPU)"] = [v / init for v in r["skip_norms"]]
         plot_skip_growth(growth, s.out / "skip_growth.png")
         figs += [
             ("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
             (
                 "skip_growth.png",
                 f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
-                "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024).",
+                "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024) and, "
+                "where it is kept, the GPU run at the paper's protocol (LR 1e-5, 500 steps of 16 x 512).",
             ),
         ]
     ratios = _per_layer(data, "routing_ratios")
@@ -310,6 +347,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
             format_comparisons(comps),
             "",
         ]
+    lines += gpu_section(s.out, gpu_rows(s.out))
     for name, caption in figs:
         lines += [f"![{name}]({name})", "", caption, ""]
     lines += [
