@@ -32,13 +32,14 @@ from pathlib import Path
 
 import torch
 
+from .file_check import PEFT_PREFIX
+
 logger = logging.getLogger(__name__)
 
 DIGEST_KEY = "weights_digest"  # its key in the `injection` record
 _NAMED = "blake2b-named:"  # names, dtypes, shapes and values (every writer since names were covered)
 _VALUES = "blake2b:"  # dtypes, shapes and values only (folders written before)
 _FORM = re.compile(r"(blake2b|blake2b-named):[0-9a-f]{32}")
-_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (the tuner sits above this package)
 _said_no_digest = False  # a folder without a digest is reported once per process
 
 
@@ -62,7 +63,7 @@ def _combine(parts: list[bytes]) -> str:
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """ "blake2b-named:<hex>" of the tensors' key names (less peft's `base_model.model.`), dtypes, shapes and
     values, independent of their order."""
-    return _NAMED + _combine([_tensor_hash(t, k.removeprefix(_PEFT_PREFIX)) for k, t in tensors.items()])
+    return _NAMED + _combine([_tensor_hash(t, k.removeprefix(PEFT_PREFIX)) for k, t in tensors.items()])
 
 
 def values_digest(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -22,7 +22,7 @@ from ..modules.skip import ContentSkip
 # what transformers' `save_pretrained` writes into a model folder (config and generation config in place)
 BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 
-_PEFT_PREFIX = "base_model.model."  # as tuner/keys.py's PEFT_PREFIX (the tuner sits above this package)
+PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its files (the one definition)
 
 
 def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
@@ -73,7 +73,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     saved = record.get("modules_to_save") or {}
     saved_paths = [p for p in saved.values() if isinstance(p, str)] if isinstance(saved, dict) else []
     for key, value in tensors.items():
-        bare = key.removeprefix(_PEFT_PREFIX)
+        bare = key.removeprefix(PEFT_PREFIX)
         if bare in expected:
             if not value.is_floating_point():
                 raise ValueError(f"{where}: tensor {key} has dtype {value.dtype}; injected weights are floating point")
@@ -87,7 +87,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())
             raise ValueError(f"{where}: tensor {key} holds {bad} non-finite value(s) (nan/inf) of {value.numel()}")
-    missing = sorted(set(expected) - {k.removeprefix(_PEFT_PREFIX) for k in tensors})
+    missing = sorted(set(expected) - {k.removeprefix(PEFT_PREFIX) for k in tensors})
     if missing:
         raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")
 

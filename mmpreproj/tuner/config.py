@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
-from ..adapter_files.file_check import check_file_tensors
+from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors
 from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
@@ -233,7 +233,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
             modules = (config.injection or {}).get("modules")
-            named = renamed_slots(tensors, modules, "base_model.model.") if isinstance(modules, list) else tensors
+            named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
             check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
             check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
         return config

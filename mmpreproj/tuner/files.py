@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
+from ..adapter_files.file_check import PEFT_PREFIX
 from ..adapter_files.model_card import card_fields, model_card
 from ..hosts import HostSpec
 from ..hosts.paths import check_path
@@ -23,7 +24,7 @@ from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 from .config import ADAPTER_FORMAT
-from .keys import PEFT_PREFIX, description_from_peft_config, peft_config_from_description
+from .keys import description_from_peft_config, peft_config_from_description
 from .legacy import OLD_SLOTS, is_legacy_description, model_keys
 from .state import ADAPTER_TYPE, InjectionState, named_adapter
 from .state_dict import (

@@ -19,8 +19,6 @@ from typing import Any, Literal
 
 from .legacy import is_legacy_description
 
-PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its files
-
 
 def is_other_peft_method(cfg: dict[str, Any]) -> bool:
     """Whether an `adapter_config.json` object is another peft method's (LoRA, ...): a `peft_type` not PREPROJ."""

@@ -28,12 +28,13 @@ from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
+from ..adapter_files.file_check import PEFT_PREFIX
 from ..modules.slot import MERGE_REFUSED
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
 from .files import describe_for_save
-from .keys import PEFT_PREFIX, injection_of
+from .keys import injection_of
 from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
 from .named import (
