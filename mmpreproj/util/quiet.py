@@ -6,9 +6,13 @@ import, messages a user cannot act on:
 - torch's `torch.utils._pytree` logger: "<enum ...> is an Enum subclass and is now natively supported by
   torch.compile as an opaque value type. ..." (torchao registers its enums the deprecated way);
 - bitsandbytes' `bitsandbytes.backends.cpu.ops` logger: "Failed to load CPU gemm_4bit_forward from
-  kernels-community: ..." (an optional CPU kernel package that is not installed).
+  kernels-community: ..." (an optional CPU kernel package that is not installed);
+- with `HF_HUB_OFFLINE=1` (as the Makefile and the tests run), the `kernels` package's
+  `kernels._internals.hf_hub` logger, asked by bitsandbytes for that CPU kernel: "Skipping publisher trust check
+  for 'kernels-community/quantization-bitsandbytes' because Hugging Face Hub is in offline mode." (kernels
+  0.19, which transformers 5.25 requires; only that repository's message is dropped).
 
-`install()` (called first thing by `mmpreproj/__init__.py`) adds one `logging.Filter` to each of those two
+`install()` (called first thing by `mmpreproj/__init__.py`) adds one `logging.Filter` to each of those
 named loggers that drops a record only when its format string starts with the known text. Nothing else
 changes: no `warnings` filter, no logger level, no handler, no environment variable; any other message of
 those loggers, and every other logger, is printed as before (`tests/test_quiet_import.py`).
@@ -24,6 +28,10 @@ KNOWN_MESSAGES: dict[str, str] = {
         "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type."
     ),
     "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community: %s.",
+    "kernels._internals.hf_hub": (
+        "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes' because Hugging Face "
+        "Hub is in offline mode."
+    ),
 }
 
 
