@@ -123,18 +123,20 @@ def test_gpu_script_splits_the_papers_batch_of_16_and_refuses_other_splits(capsy
 
 
 def test_study_report_keeps_the_gpu_run_beside_the_cpu_study(tmp_path):
-    from mmpreproj.experiments.study_report import gpu_rows, gpu_section
+    from mmpreproj.experiments.study_report import gpu_run, gpu_section
 
-    assert gpu_rows(tmp_path) == [] and gpu_section(tmp_path, []) == []
+    assert gpu_run(tmp_path) == {} and gpu_section(tmp_path, {}) == []
     rows = [
         {"method": "baseline", "lambada.acc": 0.25, "ppl.ppl": 50.0},
         {"method": "preproj_skip", "lambada.acc": 0.3, "ppl.ppl": 30.0, "skip_norms": [0.1, 0.2]},
     ]
+    run = {"rows": rows, "seeds": [42], "command": "python recipes/smollm2/gpu_table2.py --micro-batch 16"}
     (tmp_path / "gpu").mkdir()
-    (tmp_path / "gpu" / "results.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "gpu" / "results.json").write_text(json.dumps(run))
     (tmp_path / "gpu" / "table.md").write_text("| method | PPL |\n|---|---|\n| preproj_skip | 30.0 |\n\nprose\n")
-    assert gpu_rows(tmp_path) == rows
-    text = "\n".join(gpu_section(tmp_path, rows))
+    assert gpu_run(tmp_path) == run
+    text = "\n".join(gpu_section(tmp_path, run))
+    assert "(seeds: 42)" in text and "`python recipes/smollm2/gpu_table2.py --micro-batch 16`" in text
     assert "| preproj_skip | 30.0 |" in text and "prose" not in text
     assert "preproj_skip: LAMBADA +20.0%, line PPL -40.0% over the baseline" in text
 

@@ -222,23 +222,25 @@ def setting_lines(s: Study) -> list[str]:
 GPU_RUN = "gpu"  # the folder under the study's `out` where recipes/smollm2/gpu_table2.py's run is kept
 
 
-def gpu_rows(out: Path) -> list[dict[str, Any]]:
-    """The rows of the paper's-protocol GPU run kept under `out/gpu/` (its results.json), or [] if none."""
+def gpu_run(out: Path) -> dict[str, Any]:
+    """The paper's-protocol GPU run kept under `out/gpu/` (its results.json, as `reproduce` wrote it), or {}."""
     path = out / GPU_RUN / "results.json"
-    return json.loads(path.read_text())["rows"] if path.is_file() else []
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def gpu_section(out: Path, rows: list[dict[str, Any]]) -> list[str]:
+def gpu_section(out: Path, run: dict[str, Any]) -> list[str]:
     """The report's section on the GPU run: its table (the rows of its table.md) and where it is described."""
+    rows = run.get("rows", [])
     if not rows:
         return []
     base = next(r for r in rows if r["method"] == "baseline")
+    seeds = ", ".join(str(s) for s in run.get("seeds", []))
     lines = [
-        "## The paper's protocol on one GPU (seed 42, one run each)",
+        f"## The paper's protocol on one GPU (seeds: {seeds})",
         "",
-        f"`recipes/smollm2/gpu_table2.py` on one H200: LR 1e-5 for every method, 500 steps of 16 x 512, bf16; "
-        f"setting, timings and every difference from the paper in [{GPU_RUN}/README.md]({GPU_RUN}/README.md), "
-        f"the run's own report in [{GPU_RUN}/report.md]({GPU_RUN}/report.md).",
+        f"`{run.get('command', 'recipes/smollm2/gpu_table2.py')}`; the machine, the setting, the timings and every "
+        f"difference from the paper are in [{GPU_RUN}/README.md]({GPU_RUN}/README.md), and the run's own report, "
+        f"with paired intervals, is [{GPU_RUN}/report.md]({GPU_RUN}/report.md).",
         "",
         *[line for line in (out / GPU_RUN / "table.md").read_text().splitlines() if line.startswith("|")],
         "",
@@ -290,7 +292,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
                 for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
             }
         )
-        for r in gpu_rows(s.out):
+        for r in gpu_run(s.out).get("rows", []):
             if r.get("skip_norms") and r["method"] in norms:
                 growth[f"{r['method']} (SmolLM2-135M, paper's protocol, GPU)"] = [v / init for v in r["skip_norms"]]
         plot_skip_growth(growth, s.out / "skip_growth.png")
@@ -347,7 +349,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
             format_comparisons(comps),
             "",
         ]
-    lines += gpu_section(s.out, gpu_rows(s.out))
+    lines += gpu_section(s.out, gpu_run(s.out))
     for name, caption in figs:
         lines += [f"![{name}]({name})", "", caption, ""]
     lines += [
