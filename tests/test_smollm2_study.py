@@ -139,6 +139,8 @@ def test_study_report_keeps_the_gpu_run_beside_the_cpu_study(tmp_path):
     assert "(seeds: 42)" in text and "`python recipes/smollm2/gpu_table2.py --micro-batch 16`" in text
     assert "| preproj_skip | 30.0 |" in text and "prose" not in text
     assert "preproj_skip: LAMBADA +20.0%, line PPL -40.0% over the baseline" in text
+    (tmp_path / "gpu" / "table.md").unlink()  # a copy without its table.md: the rows still say the changes
+    assert "preproj_skip: LAMBADA +20.0%" in "\n".join(gpu_section(tmp_path, run))
 
 
 def test_study_restarts_a_run_that_stopped_before_its_first_checkpoint(tiny_gguf, tmp_path):

@@ -242,7 +242,7 @@ def gpu_section(out: Path, run: dict[str, Any]) -> list[str]:
         f"difference from the paper are in [{GPU_RUN}/README.md]({GPU_RUN}/README.md), and the run's own report, "
         f"with paired intervals, is [{GPU_RUN}/report.md]({GPU_RUN}/report.md).",
         "",
-        *[line for line in (out / GPU_RUN / "table.md").read_text().splitlines() if line.startswith("|")],
+        *[line for line in _text(out / GPU_RUN / "table.md").splitlines() if line.startswith("|")],
         "",
     ]
     for r in rows:
@@ -252,6 +252,11 @@ def gpu_section(out: Path, run: dict[str, Any]) -> list[str]:
                 f"line PPL {r['ppl.ppl'] / base['ppl.ppl'] - 1:+.1%} over the baseline"
             )
     return [*lines, ""]
+
+
+def _text(path: Path) -> str:
+    """A file's text, or "" when it is not there (a run folder copied without it)."""
+    return path.read_text() if path.is_file() else ""
 
 
 def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
