@@ -165,7 +165,8 @@ def plot_skip_growth(
     ax.set_ylabel("norm / norm at init")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: the curves span the box
+    fig.set_figheight(3.8 + 0.17 * len(series))
     return _save(fig, path)
 
 
