@@ -263,6 +263,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     """Write study.json, report.md and the figures under `s.out`; returns the report's path. `notes`: lines
     said under the setting (how the run differs from the paper's)."""
     data = gather(s)
+    gpu = gpu_run(s.out)
     comps = comparisons(data)
     base_params, hidden = s.base_params, s.hidden
     doc = {
@@ -297,7 +298,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
                 for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
             }
         )
-        for r in gpu_run(s.out).get("rows", []):
+        for r in gpu.get("rows", []):
             if r.get("skip_norms") and r["method"] in norms:
                 growth[f"{r['method']} (SmolLM2-135M, paper's protocol, GPU)"] = [v / init for v in r["skip_norms"]]
         plot_skip_growth(growth, s.out / "skip_growth.png")
@@ -354,7 +355,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
             format_comparisons(comps),
             "",
         ]
-    lines += gpu_section(s.out, gpu_run(s.out))
+    lines += gpu_section(s.out, gpu)
     for name, caption in figs:
         lines += [f"![{name}]({name})", "", caption, ""]
     lines += [

@@ -28,8 +28,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from mmpreproj.train.presets import get_preset  # noqa: E402  (after the repository is on the path)
+
+PRESET = "smollm2-135m"  # the paper's protocol on this model (mmpreproj_cli/tables.py)
 VALID_LINES = "assets/data/wikitext-103-raw/wiki.valid.raw.gz"
-EFFECTIVE_BATCH = 16  # the paper's sequences per optimizer step
+_PAPER = get_preset(PRESET)
+EFFECTIVE_BATCH = _PAPER.batch_size * _PAPER.grad_accum  # the paper's sequences per optimizer step (16)
 MICRO_BATCHES = tuple(b for b in range(1, EFFECTIVE_BATCH + 1) if EFFECTIVE_BATCH % b == 0)
 
 
@@ -66,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--micro-batch",
         type=int,
         choices=MICRO_BATCHES,
-        default=4,
+        default=_PAPER.batch_size,
         help=f"sequences per forward pass; accumulation makes up {EFFECTIVE_BATCH} a step (default: %(default)s)",
     )
     ap.add_argument("--no-checkpointing", action="store_true", help="train without gradient checkpointing")
@@ -87,7 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(ROOT))
     from mmpreproj.experiments.reproduce import DEMO_METHODS, reproduce
 
     overrides = train_overrides(args)
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.time()
     reproduce(
-        "smollm2-135m",
+        PRESET,
         args.out,
         args.methods.split(",") if args.methods else DEMO_METHODS,
         eval_settings=eval_settings,
