@@ -62,7 +62,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         helps = {
             "model": "hub id or local folder",
             "data": "hub dataset id or local text file (one example per line)",
-            "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (needs --save-every 0)",
+            "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (FSDP2: weights sharded over ranks)",
         }
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
     _add_size_args(p)

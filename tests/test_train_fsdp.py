@@ -3,6 +3,8 @@ and rank 0 saves the full (gathered) adapter."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -54,14 +56,36 @@ def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
     assert not any(torch.equal(w0[k], init[k]) for k in w0)  # every injected weight got gradients and moved
 
 
-def test_parallel_is_validated_and_fsdp_refuses_checkpoints():
+@pytest.mark.slow
+def test_two_gloo_ranks_fsdp_checkpoint_and_resume_bit_identically(tmp_path):
+    out, side = tmp_path / "run", tmp_path / "side"
+    side.mkdir()
+    run_two_ranks(WORKER, out, side, "fsdp-resume")
+    ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
+    straight, resumed = ranks[0]["straight"], ranks[0]["resumed"]
+    # the run stopped after step 2 and resumed from its checkpoint ends where the straight run ends, bit for bit
+    assert straight["weights"].keys() == resumed["weights"].keys()
+    assert all(torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"])
+    assert straight["loss"] == resumed["loss"] == ranks[1]["resumed"]["loss"]
+    metrics = json.loads((out / "resumed" / "metrics.json").read_text())
+    assert metrics["resumed_from"] == 2 and metrics["steps"] == 3 and metrics["world_size"] == 2
+    assert len((out / "resumed" / "log.jsonl").read_text().splitlines()) == 3
+    # the checkpoint holds full tensors, not rank 0's shards: the whole adapter and its AdamW moments, by name
+    ckpt = torch.load(out / "straight" / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 3 and ckpt["world_size"] == 2
+    full = {k.replace(".default.", "."): v for k, v in ckpt["trainable"].items()}
+    assert full.keys() == straight["weights"].keys()
+    assert all(torch.equal(full[k], straight["weights"][k]) for k in full)
+    moments = ckpt["optimizer"]["state"]
+    assert moments.keys() == ckpt["trainable"].keys()
+    assert all(moments[k]["exp_avg"].shape == ckpt["trainable"][k].shape for k in moments)
+
+
+def test_parallel_is_validated_and_fsdp_takes_checkpoints():
     with pytest.raises(ValueError, match=r"TrainConfig.parallel='zero3'; allowed values: \['ddp', 'fsdp'\]"):
         TrainConfig(parallel="zero3")
-    with pytest.raises(ValueError, match=r"TrainConfig.save_every=100 with parallel='fsdp'"):
-        TrainConfig(parallel="fsdp")
-    with pytest.raises(ValueError, match=r"TrainConfig.resume=True with parallel='fsdp'"):
-        TrainConfig(parallel="fsdp", save_every=0, resume=True)
-    assert TrainConfig(parallel="fsdp", save_every=0).parallel == "fsdp"
+    assert TrainConfig(parallel="fsdp").save_every == 100  # checkpoints and resume as under ddp
+    assert TrainConfig(parallel="fsdp", resume=True).resume
     assert build_parser().parse_args(["train", "--parallel", "fsdp"]).parallel == "fsdp"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--parallel", "zero3"])

@@ -29,6 +29,11 @@ MERGE_REFUSED = (
     "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
     "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
 )
+ONE_ADAPTER_PER_FORWARD = (
+    "PREPROJ runs one adapter per forward: two pre-projections would feed one into the other and two skips would "
+    "add up, a model no adapter was trained as. Pass one name, or run a mixed batch (forward(..., "
+    "adapter_names=[one name per row]))"
+)
 
 
 class PeftLayerMethods:

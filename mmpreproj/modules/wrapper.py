@@ -33,7 +33,7 @@ from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
 from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
-from .slot import PeftLayerMethods
+from .slot import ONE_ADAPTER_PER_FORWARD, PeftLayerMethods
 
 BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
@@ -180,11 +180,7 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         if not names:
             return
         if len(names) != 1:
-            raise ValueError(
-                f"set_adapter({names}): PREPROJ runs one adapter per forward: two pre-projections would feed one "
-                "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
-                "run a mixed batch (forward(..., adapter_names=[one name per row]))"
-            )
+            raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
         BaseTunerLayer.set_adapter(self, names[0], inference_mode=inference_mode)
         self._active_adapter = names[0]
         self._sync_slots()

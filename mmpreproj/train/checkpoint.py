@@ -61,6 +61,15 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy saved trainable weights into `model`; names, shapes and dtypes must match exactly."""
+    state = checked_trainable_state(model, state)
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            p.copy_(state[n])
+
+
+def checked_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` keyed as `model`'s trainable parameters (an older layout's injected keys renamed), once its names,
+    shapes and dtypes are those of the parameters (the full shapes of sharded ones); ValueError otherwise."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if set(state) != set(params):  # injected weights saved before adapters were keyed by name (0.4)
         wrappers = [(n, m) for n, m in model.named_modules() if isinstance(m, PreProjAttention)]
@@ -77,7 +86,7 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> No
                 f"checkpoint tensor {n} is {tuple(state[n].shape)} {state[n].dtype}, the model has "
                 f"{tuple(p.shape)} {p.dtype}"
             )
-        p.copy_(state[n])
+    return state
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:

@@ -61,8 +61,9 @@ class TrainConfig(JsonConfig):
             `rng.seeded_rng`), the injected-weight init and the data order.
         device: "auto" (cuda:LOCAL_RANK if available, else cpu), "cpu", "cuda", "cuda:1", ...
         parallel: with several processes, "ddp" (every rank holds the whole model) or "fsdp" (FSDP2
-            `fully_shard` per block, then the root: base and trainable weights sharded over the ranks; no
-            checkpoints, so `save_every` must be 0 and `resume` False). Ignored in a single process.
+            `fully_shard` per block, then the root: base and trainable weights sharded over the ranks; a
+            checkpoint gathers the trainable weights and optimizer state to rank 0, a resume puts them back
+            into the shards). Ignored in a single process.
         out: run folder (adapter/, train_config.json, metrics.json, log.jsonl, checkpoint.pt).
         save_every: write `checkpoint.pt` every N optimizer steps and at the end (0 = never).
         resume: continue from `out/checkpoint.pt` (starts from step 0 when there is none).
@@ -142,12 +143,6 @@ class TrainConfig(JsonConfig):
             self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0"
         )
         _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
-        if self.parallel == "fsdp" and (self.save_every or self.resume):
-            name = "save_every" if self.save_every else "resume"
-            raise ValueError(
-                f"TrainConfig.{name}={getattr(self, name)!r} with parallel='fsdp': resumable checkpoints are "
-                "not supported under FSDP; set save_every=0 and resume=False (the adapter is still saved)"
-            )
         _check(
             self.stop_at is None or 1 <= self.stop_at <= self.steps,
             "stop_at",

@@ -11,7 +11,9 @@ per host block, then the root. FSDP2 shards each parameter on its own (a DTensor
 frozen base weights and trainable injected/LoRA weights (FSDP1's "uniform requires_grad" error does not
 arise), and only parameters with `requires_grad` get gradients reduce-scattered. Sharded weights are
 gathered with `DTensor.full_tensor()`, a collective: every rank must take part (`mmpreproj.adapter_state_dict`
-and `adapters.gather_run_adapter` do this).
+and `adapters.gather_run_adapter` do this). A checkpoint holds the trainable weights and the optimizer state as
+full tensors keyed by parameter name (`full_trainable_state`, gathered to rank 0, which writes it); a resume
+puts them back into every rank's shards (`load_full_trainable_state`), so it continues bit-identically.
 """
 
 from __future__ import annotations
@@ -116,6 +118,26 @@ def wrap_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def full_trainable_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(trainable weights, optimizer state) of an FSDP2-sharded `model`, as full CPU tensors keyed by parameter
+    name, on rank 0; the other ranks get two empty dicts. A collective: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_state_dict(model, optimizer, options=options)
+
+
+def load_full_trainable_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], optim_state: dict
+) -> None:
+    """Put what `full_trainable_state` returned back into this rank's shards of `model` and `optimizer`; every
+    rank passes the whole of it. `weights` must name exactly the trainable parameters (the caller checks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: the frozen base is not in it
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state, options=options)
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ into a run folder (`runlock`). Resuming restores weights, optimizer,
 scheduler, RNG states and the data position, so the resumed run ends bit-identical to an uninterrupted one
 (on CPU; same world size). The RNG streams are the run's own: the process-wide generators, seeded with
 `cfg.seed` on entry and put back as the caller left them on exit (`rng.seeded_rng`). With
-`parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`); the adapter is gathered on
-every rank and written by rank 0; there are no checkpoints.
+`parallel="fsdp"` the model is sharded with FSDP2 (`distributed.wrap_fsdp`); the adapter, and a checkpoint's
+trainable weights and optimizer state, are gathered from every rank and written by rank 0, and a resume puts
+them back into the shards.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .adapters import ADAPTER_DIR, gather_run_adapter, save_run_adapter
 from .checkpoint import (
     CHECKPOINT_NAME,
     capture_rng,
+    checked_trainable_state,
     load_checkpoint,
     load_trainable_state,
     restore_rng,
@@ -52,8 +54,10 @@ from .distributed import (
     all_gather_objects,
     all_reduce_sum,
     barrier,
+    full_trainable_state,
     grad_sync,
     init_distributed,
+    load_full_trainable_state,
     shutdown,
     wrap_ddp,
     wrap_fsdp,
@@ -257,8 +261,12 @@ def _setup(
     )
     run = _Run(cfg, ctx, model, model, params, optimizer, scheduler)
     if resume is not None:
-        load_trainable_state(model, resume["trainable"])
-        optimizer.load_state_dict(resume["optimizer"])
+        if _sharded(run):
+            trainable = checked_trainable_state(model, resume["trainable"])
+            load_full_trainable_state(model, optimizer, trainable, resume["optimizer"])
+        else:
+            load_trainable_state(model, resume["trainable"])
+            optimizer.load_state_dict(resume["optimizer"])
         scheduler.load_state_dict(resume["scheduler"])
         run.step, run.tokens, run.elapsed = resume["step"], resume["tokens"], resume["elapsed_s"]
         run.checkpoint = str(run.out / CHECKPOINT_NAME)
@@ -270,9 +278,17 @@ def _setup(
 def _save(run: _Run, rng: list[dict[str, Any]]) -> None:
     """Write `checkpoint.pt` (rank 0) with every rank's RNG state `rng`; all ranks must call it.
 
-    Called only for weights known good: finite, and their own loss (the next step's) was finite.
+    Called only for weights known good: finite, and their own loss (the next step's) was finite. Under FSDP2 the
+    trainable weights and the optimizer state are gathered to rank 0 first (`full_trainable_state`).
     """
-    bad = [n for n, p in run.model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+    if _sharded(run):
+        trainable, optim_state = full_trainable_state(run.model, run.optimizer)  # a collective
+    elif run.ctx.is_main:
+        trainable, optim_state = trainable_state(run.model), run.optimizer.state_dict()
+    else:
+        trainable, optim_state = {}, {}
+    bad = [n for n, t in trainable.items() if not bool(torch.isfinite(t).all())]  # found on rank 0, told to all
+    bad = next((b for b in all_gather_objects(bad, run.ctx) if b), [])
     if bad:
         raise NonFiniteLossError(run.step, f"weight {bad[0]}", math.nan, run.checkpoint)
     if run.ctx.is_main:
@@ -285,14 +301,19 @@ def _save(run: _Run, rng: list[dict[str, Any]]) -> None:
                 "elapsed_s": run.elapsed,
                 "world_size": run.ctx.world_size,
                 "config": run.cfg.to_dict(),
-                "trainable": trainable_state(run.model),
-                "optimizer": run.optimizer.state_dict(),
+                "trainable": trainable,
+                "optimizer": optim_state,
                 "scheduler": run.scheduler.state_dict(),
                 "rng": rng,
             },
         )
     barrier(run.ctx)
     run.checkpoint = str(run.out / CHECKPOINT_NAME)
+
+
+def _sharded(run: _Run) -> bool:
+    """Whether the run's weights are FSDP2 shards (several processes with parallel="fsdp")."""
+    return run.cfg.parallel == "fsdp" and run.ctx.enabled
 
 
 def _forward_backward(
@@ -411,8 +432,7 @@ def _train(
     bar.close()
     status = "completed" if run.step >= cfg.steps else "stopped"
     metrics = _metrics(cfg, ctx, run.model, steplog.records, status, run.step, start, run.tokens, run.elapsed)
-    sharded = cfg.parallel == "fsdp" and ctx.enabled
-    state = gather_run_adapter(run.model, cfg.method) if sharded else None  # a collective: every rank gathers
+    state = gather_run_adapter(run.model, cfg.method) if _sharded(run) else None  # a collective: every rank gathers
     if ctx.is_main:
         save_run_adapter(run.model, cfg.method, run.out / ADAPTER_DIR, state=state)
         write_json(run.out / METRICS_NAME, metrics)

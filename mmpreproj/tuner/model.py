@@ -29,7 +29,7 @@ from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
 from ..adapter_files.file_check import PEFT_PREFIX
-from ..modules.slot import MERGE_REFUSED
+from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
@@ -250,11 +250,7 @@ class PreProjModel(BaseTuner):
             return
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
-            raise ValueError(
-                f"set_adapter({names}): PREPROJ runs one adapter per forward: two pre-projections would feed one "
-                "into the other and two skips would add up, a model no adapter was trained as. Pass one name, or "
-                "run a mixed batch (forward(..., adapter_names=[one name per row]))"
-            )
+            raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
         switch_adapter(self.model, names[0])
         self.active_adapter = names[0]
         if inference_mode:

@@ -5,6 +5,8 @@ argv: OUT SIDE [PARALLEL]. Trains a tiny injected GPT-NeoX for 3 steps with gloo
 the default) or FSDP2 ("fsdp"), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
 test-only side channel) for the test to compare. For "fsdp" the worker opens the process group itself,
 as `accelerate launch` would, so that the sharded weights can still be gathered after `train()` returns.
+"fsdp-resume": under FSDP2 with a checkpoint every step, once straight through (OUT/straight) and once stopped
+after step 2 and resumed (OUT/resumed); SIDE/rank<r>.pt holds both runs' gathered weights and final losses.
 """
 
 import os
@@ -26,6 +28,18 @@ if __name__ == "__main__":
     parallel = sys.argv[3] if len(sys.argv) > 3 else "ddp"
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    if parallel == "fsdp-resume":
+        dist.init_process_group("gloo")
+        cfg = dict(FSDP_CONFIG, save_every=1)
+        runs = {}
+        for name, stops in (("straight", [None]), ("resumed", [2, None])):
+            for i, stop in enumerate(stops):
+                config = TrainConfig(out=f"{out}/{name}", stop_at=stop, resume=i > 0, **cfg)
+                result = train(config, tiny_neox(), examples=DATA)
+            runs[name] = {"weights": mmpreproj.adapter_state_dict(result.model), "loss": result.final_loss}
+        dist.destroy_process_group()
+        torch.save(runs, f"{side}/rank{rank}.pt")
+        sys.exit(0)
     if parallel == "fsdp":
         dist.init_process_group("gloo")
         result = train(TrainConfig(out=out, **FSDP_CONFIG), tiny_neox(), examples=DATA)
