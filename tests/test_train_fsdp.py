@@ -62,23 +62,22 @@ def test_two_gloo_ranks_fsdp_checkpoint_and_resume_bit_identically(tmp_path):
     side.mkdir()
     run_two_ranks(WORKER, out, side, "fsdp-resume")
     ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
-    straight, resumed = ranks[0]["straight"], ranks[0]["resumed"]
-    # the run stopped after step 2 and resumed from its checkpoint ends where the straight run ends, bit for bit
-    assert straight["weights"].keys() == resumed["weights"].keys()
-    assert all(torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"])
-    assert straight["loss"] == resumed["loss"] == ranks[1]["resumed"]["loss"]
-    metrics = json.loads((out / "resumed" / "metrics.json").read_text())
-    assert metrics["resumed_from"] == 2 and metrics["steps"] == 3 and metrics["world_size"] == 2
-    assert len((out / "resumed" / "log.jsonl").read_text().splitlines()) == 3
-    # the checkpoint holds full tensors, not rank 0's shards: the whole adapter and its AdamW moments, by name
-    ckpt = torch.load(out / "straight" / "checkpoint.pt", weights_only=True)
-    assert ckpt["step"] == 3 and ckpt["world_size"] == 2
-    full = {k.replace(".default.", "."): v for k, v in ckpt["trainable"].items()}
-    assert full.keys() == straight["weights"].keys()
-    assert all(torch.equal(full[k], straight["weights"][k]) for k in full)
-    moments = ckpt["optimizer"]["state"]
-    assert moments.keys() == ckpt["trainable"].keys()
-    assert all(moments[k]["exp_avg"].shape == ckpt["trainable"][k].shape for k in moments)
+    for method in ("preproj_skip", "preproj_lora"):
+        straight, resumed = ranks[0][method, "straight"], ranks[0][method, "resumed"]
+        # stopped after step 2 and resumed from its checkpoint, the run ends where the straight run ends, bit for bit
+        w, r = straight["weights"], resumed["weights"]
+        assert w.keys() == r.keys() and all(torch.equal(w[k], r[k]) for k in w)
+        assert straight["loss"] == resumed["loss"] == ranks[1][method, "resumed"]["loss"]
+        metrics = json.loads((out / method / "resumed" / "metrics.json").read_text())
+        assert metrics["resumed_from"] == 2 and metrics["steps"] == 3 and metrics["world_size"] == 2
+        assert len((out / method / "resumed" / "log.jsonl").read_text().splitlines()) == 3
+        # the checkpoint holds full tensors, not rank 0's shards: every trainable weight and its AdamW moments
+        ckpt = torch.load(out / method / "straight" / "checkpoint.pt", weights_only=True)
+        assert ckpt["step"] == 3 and ckpt["world_size"] == 2
+        assert ckpt["trainable"].keys() == w.keys() and all(torch.equal(ckpt["trainable"][k], w[k]) for k in w)
+        moments = ckpt["optimizer"]["state"]
+        assert moments.keys() == w.keys() and all(moments[k]["exp_avg"].shape == w[k].shape for k in w)
+    assert any(".lora_A." in k for k in ranks[0]["preproj_lora", "straight"]["weights"])  # peft's LoRA trained too
 
 
 def test_parallel_is_validated_and_fsdp_takes_checkpoints():

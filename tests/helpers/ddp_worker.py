@@ -5,8 +5,10 @@ argv: OUT SIDE [PARALLEL]. Trains a tiny injected GPT-NeoX for 3 steps with gloo
 the default) or FSDP2 ("fsdp"), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
 test-only side channel) for the test to compare. For "fsdp" the worker opens the process group itself,
 as `accelerate launch` would, so that the sharded weights can still be gathered after `train()` returns.
-"fsdp-resume": under FSDP2 with a checkpoint every step, once straight through (OUT/straight) and once stopped
-after step 2 and resumed (OUT/resumed); SIDE/rank<r>.pt holds both runs' gathered weights and final losses.
+"fsdp-resume": under FSDP2 with a checkpoint every step, for preproj_skip and for preproj_lora (peft's LoRA beside
+ours), once straight through (OUT/<method>/straight) and once stopped after step 2 and resumed
+(OUT/<method>/resumed); SIDE/rank<r>.pt holds, per method and run, the gathered trainable weights by parameter
+name and the final loss.
 """
 
 import os
@@ -30,13 +32,17 @@ if __name__ == "__main__":
     rank = int(os.environ["RANK"])
     if parallel == "fsdp-resume":
         dist.init_process_group("gloo")
-        cfg = dict(FSDP_CONFIG, save_every=1)
         runs = {}
-        for name, stops in (("straight", [None]), ("resumed", [2, None])):
-            for i, stop in enumerate(stops):
-                config = TrainConfig(out=f"{out}/{name}", stop_at=stop, resume=i > 0, **cfg)
-                result = train(config, tiny_neox(), examples=DATA)
-            runs[name] = {"weights": mmpreproj.adapter_state_dict(result.model), "loss": result.final_loss}
+        for method in ("preproj_skip", "preproj_lora"):
+            cfg = dict(FSDP_CONFIG, save_every=1, method=method)
+            for name, stops in (("straight", [None]), ("resumed", [2, None])):
+                for i, stop in enumerate(stops):
+                    config = TrainConfig(out=f"{out}/{method}/{name}", stop_at=stop, resume=i > 0, **cfg)
+                    result = train(config, tiny_neox(), examples=DATA)
+                weights = {  # gathered: every rank takes part
+                    n: p.full_tensor() for n, p in result.model.named_parameters() if p.requires_grad
+                }
+                runs[method, name] = {"weights": weights, "loss": result.final_loss}
         dist.destroy_process_group()
         torch.save(runs, f"{side}/rank{rank}.pt")
         sys.exit(0)
