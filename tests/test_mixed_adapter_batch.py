@@ -10,7 +10,7 @@ from peft import get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from tests.helpers.zoo import BUILDERS, tokens
+from tests.helpers.zoo import BUILDERS, VOCAB, qwen2_vl, tokens, vl_inputs
 
 HOSTS = ("gpt_neox", "llama")
 
@@ -87,6 +87,54 @@ def test_mixed_batch_names_are_checked(two_adapters):
         model(ids, adapter_names=["default", "nope"])
     with pytest.raises(ValueError, match=r"3 names for a batch of 2 rows"):
         model(ids, adapter_names=["default", "b", "b"])
+    with pytest.raises(ValueError, match=r"3 names for a batch of 2 rows"):  # counted even when all are one name
+        model(ids, adapter_names=["b", "b", "b"])
+
+
+@torch.no_grad()
+def test_generate_serves_a_mixed_batch_also_under_beam_search(two_adapters):
+    model = two_adapters
+    (ids,) = tokens(batch=3, length=5)
+    names = ["b", "__base__", "default"]
+    for extra in ({}, {"num_beams": 2}):
+        kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, **extra)
+        got = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), adapter_names=names, **kw)
+        for row, name in enumerate(names):
+            one = dict(input_ids=ids[row : row + 1], attention_mask=torch.ones_like(ids[:1]), **kw)
+            if name == "__base__":
+                with model.disable_adapter():
+                    want = model.generate(**one)
+            else:
+                model.set_adapter(name)
+                want = model.generate(**one)
+            assert torch.equal(got[row], want[0]), (extra, name)
+        model.set_adapter("default")
+
+
+@torch.no_grad()
+def test_a_vision_language_model_serves_one_adapter_per_batch_and_refuses_a_mix_its_tower_cannot_split():
+    """Qwen2-VL's vision tower packs every image's patches into one (patches, d) sequence: with one adapter for
+    every row it runs as set_adapter would; rows with images through different adapters are refused, naming the
+    tower's block and why, where the split would otherwise be read along the patches."""
+    model = get_peft_model(qwen2_vl(), PreProjConfig())
+    model.add_adapter("b", PreProjConfig(expansion=0.5))
+    _perturb(model, seed=3)
+    model.eval()
+    ids, pixels, grid = vl_inputs()
+    batch = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(ids == VOCAB + 2).long())
+    for name in ("b", "default"):
+        got = model(**batch, adapter_names=[name]).logits
+        model.set_adapter(name)
+        torch.testing.assert_close(got, model(**batch).logits, atol=1e-6, rtol=0)
+    assert not torch.allclose(model(**batch, adapter_names=["b"]).logits, got, atol=1e-3)  # the two differ
+    two = {**batch, "input_ids": ids.repeat(2, 1), "mm_token_type_ids": batch["mm_token_type_ids"].repeat(2, 1)}
+    two.update(pixel_values=pixels.repeat(2, 1), image_grid_thw=grid.repeat(2, 1))
+    with pytest.raises(ValueError, match=r"part 'vision'\) takes an input of shape \(32, 64\), with no batch dim"):
+        model(**two, adapter_names=["b", "default"])
+    text = torch.randint(3, VOCAB, (2, 6))  # text rows alone reach only the language blocks: a mix is served
+    mixed = model(input_ids=text, adapter_names=["b", "default"]).logits
+    model.set_adapter("b")
+    torch.testing.assert_close(mixed[:1], model(input_ids=text[:1]).logits, atol=1e-6, rtol=0)
 
 
 def test_what_cannot_be_served_is_refused_with_the_reason(two_adapters, tmp_path):

@@ -348,10 +348,22 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
             groups.setdefault(name, []).append(row)
 
         def rows(slot: nn.ModuleDict, x: torch.Tensor, keep: bool) -> torch.Tensor:
+            if len(groups) == 1:  # one adapter for every row: the whole input through it, whatever its layout
+                (name,) = groups
+                return slot[name](x) if name in slot else (x if keep else torch.zeros_like(x))
+            where = f"the attention of block {self.block_index} (part {self.part!r})"
+            if x.dim() < 3:
+                raise ValueError(
+                    f"forward(adapter_names=...): {where} takes an input of shape {tuple(x.shape)}, with no batch "
+                    "dimension (the patches of every image packed into one sequence, as in Qwen2-VL's vision tower), "
+                    "so its rows cannot be told apart: run each adapter's rows as their own batch after set_adapter, "
+                    "or inject that part's blocks only where mixed batches are not needed (parts=/layers=)"
+                )
             if x.shape[0] != len(adapter_names):
                 raise ValueError(
-                    f"forward(adapter_names=...): {len(adapter_names)} names for a batch of {x.shape[0]} rows "
-                    f"(dim 0 of the attention input {tuple(x.shape)}); pass one adapter name per row"
+                    f"forward(adapter_names=...): {len(adapter_names)} names for {x.shape[0]} rows in {where} "
+                    f"(dim 0 of its input {tuple(x.shape)}); pass one adapter name per row of the batch (a "
+                    "vision tower sees one row per image: a mixed batch needs one image per row there)"
                 )
             out = x.clone() if keep else torch.zeros_like(x)
             for name, index in groups.items():

@@ -281,8 +281,9 @@ class PreProjModel(BaseTuner):
 
     @contextlib.contextmanager
     def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
-        """`forward(adapter_names=[...])` (peft's mixed batches): each row runs through its own adapter
-        ("__base__": none); every wrapper gets the names through a forward pre-hook, as LoRA's layers do."""
+        """`forward(adapter_names=[...])` and `generate(adapter_names=[...])` (peft's mixed batches): each row runs
+        through its own adapter ("__base__": none); every wrapper gets the names through a forward pre-hook, as LoRA's
+        layers do; under beam search or several returned sequences each name covers its row's copies."""
         names = kwargs.pop("adapter_names", None)
         if names is None:
             yield
@@ -292,6 +293,20 @@ class PreProjModel(BaseTuner):
         unknown = sorted({n for n in names if n not in loaded})
         if unknown:
             raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
+        batch = next((kwargs[k] for k in ("input_ids", "inputs_embeds") if kwargs.get(k) is not None), None)
+        if batch is None and args and isinstance(args[0], torch.Tensor):
+            batch = args[0]
+        if batch is not None and batch.dim() >= 2 and batch.shape[0] != len(names):
+            raise ValueError(
+                f"forward(adapter_names=...): {len(names)} names for a batch of {batch.shape[0]} rows; pass one "
+                "adapter name per row"
+            )
+        # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
+        # the names, as peft does for LoRA
+        repeat = max(
+            (v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int)), default=1
+        )
+        names = [n for n in names for _ in range(max(repeat, 1))]
         handles = [
             w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
             for w in injected_modules(self.model)
