@@ -284,6 +284,30 @@ def test_peft_model_from_pretrained_with_is_trainable_resumes_training(trained, 
     assert trainable and all(".preproj." in n or ".preproj_skip." in n for n in trainable)
 
 
+def test_peft_low_cpu_mem_usage_loads_give_the_trained_logits_and_train(trained, base_dir, tmp_path):
+    """peft's low-memory load puts the file's tensors in place of the adapter's weights, then asks each layer to move
+    them to its base layer's device (it recursed forever on the slot modules before)."""
+    adapter_dir, x, want = trained
+    model = peft.PeftModel.from_pretrained(_base(base_dir), str(adapter_dir), low_cpu_mem_usage=True).eval()
+    assert torch.equal(_logits(model, x), want)
+    model.load_adapter(str(adapter_dir), adapter_name="again", low_cpu_mem_usage=True)
+    model.set_adapter("again")
+    assert torch.equal(_logits(model, x), want)
+    model = peft.PeftModel.from_pretrained(
+        _base(base_dir), str(adapter_dir), low_cpu_mem_usage=True, is_trainable=True
+    )
+    model(x, labels=x).loss.backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainable)
+    # with modules_to_save (the host's own modules, trained in place) the low-memory load is refused, not untied
+    with_head = peft.get_peft_model(_base(base_dir), PreProjConfig(modules_to_save=["lm_head"]))
+    with_head.save_pretrained(tmp_path / "head")
+    base = _base(base_dir)
+    with pytest.raises(ValueError, match=r"low_cpu_mem_usage=True with PreProjConfig.modules_to_save: .*nothing"):
+        peft.PeftModel.from_pretrained(base, str(tmp_path / "head"), low_cpu_mem_usage=True)
+    assert not mmpreproj.is_injected(base) and torch.equal(_logits(base, x), _logits(_base(base_dir), x))
+
+
 def test_transformers_load_adapter_on_a_fresh_base_gives_the_trained_logits(trained, base_dir):
     adapter_dir, x, want = trained
     model = _base(base_dir).eval()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 MERGE_REFUSED = (
@@ -59,6 +60,19 @@ class PeftLayerMethods:
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         raise ValueError(f"merge: {MERGE_REFUSED}")
 
+    def _move_adapter_to_device_of_base_layer(self, adapter_name: str, device: torch.device | None = None) -> None:
+        """Move adapter `adapter_name`'s slot modules to `device`, else to the base layer's device; their dtype stays
+        (peft would cast them to the base's: ours keep their own). peft calls it after a `low_cpu_mem_usage=True`
+        load, which puts the file's tensors in place of the weights, on the device it loaded them to."""
+        base = self.get_base_layer()
+        target = device or next((t.device for t in (*base.parameters(), *base.buffers())), None)
+        if target is None or target.type == "meta":
+            return
+        for slot in self.adapter_layer_names:
+            modules = getattr(self, slot)
+            if adapter_name in modules:
+                modules[adapter_name].to(target)
+
     def unmerge(self) -> None:
         raise ValueError(f"unmerge: nothing is ever merged ({MERGE_REFUSED})")
 
@@ -92,6 +106,9 @@ class TunerSlot(BaseTunerLayer):
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         pass  # a LoRA on top merges its own layers; nothing of ours merges (MERGE_REFUSED)
+
+    def _move_adapter_to_device_of_base_layer(self, adapter_name: str, device: torch.device | None = None) -> None:
+        pass  # a slot has no base layer: its wrapper moves it (`PeftLayerMethods`)
 
     def unmerge(self) -> None:
         pass

@@ -67,6 +67,14 @@ FREEZE_BASE_REFUSED = (
 )
 
 
+LOW_CPU_MODULES_TO_SAVE_REFUSED = (
+    "low_cpu_mem_usage=True with PreProjConfig.modules_to_save: peft's low-memory load puts the file's tensors in "
+    "place of the parameters, and ours are the host's own modules (trained in place, not copies), so a weight they "
+    "share (an lm_head tied to the embeddings) would come apart and what unload puts back would be lost. Load "
+    "without low_cpu_mem_usage (the adapter's weights are small); nothing was changed"
+)
+
+
 class PreProjModel(BaseTuner):
     """peft tuner: pre-projection + content skip at every selected attention block (arXiv 2604.10791)."""
 
@@ -115,6 +123,8 @@ class PreProjModel(BaseTuner):
         by_peft = self._request is None
         if by_peft and not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
+        if low_cpu_mem_usage and config.modules_to_save:
+            raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
         addition = None if by_peft else self._request.addition
         if addition is None and by_peft and is_injected(model):  # peft's add_adapter: a fresh one, same sites
             if config.injection is not None:  # a saved adapter beside a loaded one: checked as the first is
@@ -137,6 +147,8 @@ class PreProjModel(BaseTuner):
                 super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 if not self._injection.finished:  # pragma: no cover - peft's loop visits every module
                     raise RuntimeError("PreProjModel: peft's inject_adapter did not reach every planned site")
+                if config.modules_to_save and _built_on_meta(model):  # peft's from_pretrained(low_cpu_mem_usage=True)
+                    raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
                 run_example(model, self._injection.example_input)
             except BaseException:
                 roll_back(model, self._injection)
@@ -414,6 +426,12 @@ class PreProjModel(BaseTuner):
                 stored = state.stored_modules[adapter_name]
                 stored[key] = value.to(device=stored[key].device, dtype=stored[key].dtype).clone()
         return out
+
+
+def _built_on_meta(model: nn.Module) -> bool:
+    """Whether the adapter's weights were made on the meta device: peft builds the tuner under accelerate's
+    `init_empty_weights` for a `low_cpu_mem_usage=True` load, whose file tensors then take the weights' place."""
+    return any(p.is_meta for w in injected_modules(model) for m in w.slots() if m is not None for p in m.parameters())
 
 
 def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
