@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import MethodType
+from functools import partial
 
 import torch
 from torch import nn
@@ -157,7 +157,7 @@ def add_rope(
         state.host_rope = model.rope
         model.rope = EvaPositions(positions)
     else:
-        model.forward_features = MethodType(_rotary_forward_features, model)
+        model.forward_features = partial(_rotary_forward_features, model)  # pickles, unlike a bound method
     model.mmpreproj_rope = state
     return model
 

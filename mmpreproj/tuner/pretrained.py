@@ -39,8 +39,8 @@ import contextlib
 import inspect
 import json
 import secrets
-import types
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,8 @@ def install_save_pretrained(model: nn.Module) -> None:
     instance does not override it, and a `load_state_dict` pre-hook that reads a base checkpoint
     (`load_base_keys`)."""
     if callable(getattr(type(model), "save_pretrained", None)) and "save_pretrained" not in vars(model):
-        model.save_pretrained = types.MethodType(_save_pretrained, model)
+        model.save_pretrained = partial(_save_pretrained, model)  # a partial pickles (torch.save(model)): a bound
+        # method of a module function would be pickled as getattr(model, "_save_pretrained") and fail to load
     if not _base_key_hooks(model):
         model.register_load_state_dict_pre_hook(load_base_keys)
 
@@ -74,7 +75,7 @@ def install_save_pretrained(model: nn.Module) -> None:
 def remove_save_pretrained(model: nn.Module) -> None:
     """Take off what `install_save_pretrained` put on (and nothing else)."""
     patched = vars(model).get("save_pretrained")
-    if isinstance(patched, types.MethodType) and patched.__func__ is _save_pretrained:
+    if isinstance(patched, partial) and patched.func is _save_pretrained:
         del model.save_pretrained
     for key in _base_key_hooks(model):
         del model._load_state_dict_pre_hooks[key]
