@@ -1,6 +1,7 @@
 """What a PREPROJ weights file must hold, checked from the file alone (no model): the tensors its
 `adapter_config.json` says were saved, each of the shape the config's sizes give at the recorded width,
-floating point and finite; nothing else. `PreProjConfig.from_pretrained` runs it before peft injects
+floating point and finite; nothing else but the heads peft keeps for a classification task (`PEFT_HEAD_TASKS`).
+`PreProjConfig.from_pretrained` runs it before peft injects
 anything, so `PeftModel.from_pretrained` and `AutoPeftModel*` refuse a bad folder with the base untouched.
 
     check_file_tensors(config, tensors, weights_file)   # ValueError naming the file and the tensor
@@ -23,6 +24,22 @@ from ..modules.skip import ContentSkip
 BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 
 PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its files (the one definition)
+
+# peft's task classes that wrap the head modules named in `modules_to_save` in their own `ModulesToSaveWrapper`
+# after the tuner is built (`PeftModelForSequenceClassification` adds "classifier" and "score", ...): under them
+# those modules are peft's, saved and loaded by peft beside the tuner's weights, as with LoRA
+PEFT_HEAD_TASKS = ("SEQ_CLS", "TOKEN_CLS", "QUESTION_ANS")
+
+
+def peft_head_keys(config: Any, keys: Any) -> set[str]:
+    """The file keys among `keys` that peft wrote for the head modules it wraps under `config`'s task type
+    (`PEFT_HEAD_TASKS`): a key whose module path has a component named in `config.modules_to_save` that the
+    injection record does not hold as its own."""
+    if getattr(config, "task_type", None) not in PEFT_HEAD_TASKS or not config.modules_to_save:
+        return set()
+    owned = (config.injection or {}).get("modules_to_save") or {}
+    heads = [n for n in config.modules_to_save if isinstance(n, str) and n not in owned]
+    return {k for k in keys if any(f".{n}." in f".{k.removeprefix(PEFT_PREFIX)}" for n in heads)}
 
 
 def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
@@ -72,6 +89,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
             expected[f"{path}.{key}"] = shape
     saved = record.get("modules_to_save") or {}
     saved_paths = [p for p in saved.values() if isinstance(p, str)] if isinstance(saved, dict) else []
+    peft_heads = peft_head_keys(config, tensors)  # peft's own, checked for values only
     for key, value in tensors.items():
         bare = key.removeprefix(PEFT_PREFIX)
         if bare in expected:
@@ -82,7 +100,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
                     f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config "
                     f"(expansion={config.expansion}, skip_rank={config.skip_rank}) gives {expected[bare]}"
                 )
-        elif not any(bare.startswith(f"{p}.") for p in saved_paths):
+        elif key not in peft_heads and not any(bare.startswith(f"{p}.") for p in saved_paths):
             raise ValueError(f"{where}: tensor {key} belongs to no injected block nor saved module its config names")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())

@@ -40,15 +40,18 @@ from .spec import HostError, HostSpec, PartSpec
 
 HF_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=0)  # self_attn(hidden_states=...) -> (out, w)
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+# where a transformers decoder keeps its layers: `*ForCausalLM.model.layers`, the bare `*Model.layers`, and
+# `transformer.layers` in the question-answering heads of Llama, Qwen2 and others (`*ForQuestionAnswering`)
+HF_DECODER_BLOCKS = ("model.layers", "layers", "transformer.layers")
 
 
 def hf_decoder_part(
-    blocks: tuple[str, ...] = ("model.layers", "layers"),
+    blocks: tuple[str, ...] = HF_DECODER_BLOCKS,
     attention: str = "self_attn",
     norm: str = "input_layernorm",
     name: str = "language",
 ) -> PartSpec:
-    """A transformers decoder stack (`*ForCausalLM.model.layers` or the bare `*Model.layers`)."""
+    """A transformers decoder stack (its layers at one of `HF_DECODER_BLOCKS`)."""
     return PartSpec(name, blocks=blocks, attention=attention, norm=norm, call=HF_CALL)
 
 
@@ -129,7 +132,7 @@ DECODER_ROWS = [
         ("lfm2",),
         PartSpec(
             "language",
-            blocks=("model.layers", "layers"),
+            blocks=HF_DECODER_BLOCKS,
             attention="self_attn",
             norm="operator_norm",
             call=HF_CALL,
@@ -152,7 +155,7 @@ DECODER_ROWS = [
         ("bamba",),
         PartSpec(
             "language",
-            blocks=("model.layers", "layers"),
+            blocks=HF_DECODER_BLOCKS,
             attention="self_attn",
             norm="input_layernorm",
             call=HF_CALL,

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
-from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors
+from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors, peft_head_keys
 from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
@@ -235,7 +235,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
             modules = (config.injection or {}).get("modules")
             named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
             check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
-            check_weights_digest((config.injection or {}).get(DIGEST_KEY), tensors, weights)  # the pair is one save
+            ours = {k: v for k, v in tensors.items() if k not in peft_head_keys(config, tensors)}  # peft's heads aside
+            check_weights_digest((config.injection or {}).get(DIGEST_KEY), ours, weights)  # the pair is one save
         return config
 
     def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
-from ..adapter_files.file_check import PEFT_PREFIX
+from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
 from ..adapter_files.model_card import card_fields, model_card
 from ..hosts import HostSpec
 from ..hosts.paths import check_path
@@ -216,8 +216,16 @@ def check_file_keys(tensors: dict[str, torch.Tensor], desc: dict, where: str) ->
         raise ValueError(f"{where}: {e}") from None
     slots = (*SLOTS, *OLD_SLOTS)
     heads = tuple(f"{p}.{slot}." for p in modules for slot in slots) + tuple(f"{p}." for p in saved.values())
+    task = (desc.get("config") or {}).get("task_type")
     for key in tensors:
         if not key.startswith(heads):
+            hint = (
+                f"; it is a head peft's task class (task_type {task!r}) wrapped and saved beside the adapter: load "
+                "this folder with peft (PeftModel.from_pretrained(base, DIR), AutoPeftModelFor...), which restores it"
+                if task in PEFT_HEAD_TASKS
+                else ""
+            )
             raise ValueError(
-                f"{where}: weight {PEFT_PREFIX + key!r} belongs to no injected block nor saved module of this adapter"
+                f"{where}: weight {PEFT_PREFIX + key!r} belongs to no injected block nor saved module of this "
+                f"adapter{hint}"
             )

@@ -24,11 +24,12 @@ from functools import partial
 from typing import Any
 
 import torch
-from peft.tuners.tuners_utils import BaseTuner
+from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter
+from peft.utils.other import AuxiliaryTrainingWrapper, _set_adapter
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
-from ..adapter_files.file_check import PEFT_PREFIX
+from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
 from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
@@ -126,11 +127,12 @@ class PreProjModel(BaseTuner):
         if low_cpu_mem_usage and config.modules_to_save:
             raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
         addition = None if by_peft else self._request.addition
+        own = _without_peft_heads(config) if by_peft else config  # the part of the config this tuner injects
         if addition is None and by_peft and is_injected(model):  # peft's add_adapter: a fresh one, same sites
             if config.injection is not None:  # a saved adapter beside a loaded one: checked as the first is
-                check_added_record(model, config, config.injection, "adapter config", by_path=True)
+                check_added_record(model, own, config.injection, "adapter config", by_path=True)
             owner, _ = injected_owner(model, "add_adapter")
-            addition = plan_addition(owner, config, adapter_name, f"add_adapter({adapter_name!r})")
+            addition = plan_addition(owner, own, adapter_name, f"add_adapter({adapter_name!r})")
         if addition is not None:
             self._addition = addition
             try:  # over the injected model itself: its paths are the sites'
@@ -142,7 +144,7 @@ class PreProjModel(BaseTuner):
             finally:
                 self._addition = None
         else:
-            self._injection = Injection(config, adapter_name)
+            self._injection = Injection(own, adapter_name)
             try:
                 super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 if not self._injection.finished:  # pragma: no cover - peft's loop visits every module
@@ -188,10 +190,11 @@ class PreProjModel(BaseTuner):
     def _prepare_adapter_config(self, peft_config: PreProjConfig, model_config: dict) -> PreProjConfig:
         """The config peft's loop reads from here on: a copy without `modules_to_save` (peft would wrap each
         module whose name ends so in its `ModulesToSaveWrapper`; ours are the host's modules, trained in place:
-        `_mark_only_adapters_as_trainable`) and, for `mmpreproj.inject`, without `inference_mode` (inject
-        trains what it injects). The hooks read the config itself."""
+        `_mark_only_adapters_as_trainable`), except the heads of a classification task that peft's task class
+        wraps itself (`PEFT_HEAD_TASKS`: peft's loop wraps them first, as for LoRA), and, for `mmpreproj.inject`,
+        without `inference_mode` (inject trains what it injects). The hooks read the config itself."""
         view = copy.copy(peft_config)
-        view.modules_to_save = None
+        view.modules_to_save = None if self._request is not None else _peft_heads(peft_config)
         if self._request is not None:
             view.inference_mode = False
         return view
@@ -265,6 +268,7 @@ class PreProjModel(BaseTuner):
             raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
         switch_adapter(self.model, names[0])
         self.active_adapter = names[0]
+        _set_adapter(self.model, names[0], inference_mode=inference_mode)  # peft's head wrappers, as BaseTuner does
         if inference_mode:
             self.set_requires_grad(names[0], requires_grad=False)
 
@@ -280,6 +284,7 @@ class PreProjModel(BaseTuner):
     def delete_adapter(self, adapter_name: str) -> None:
         remove_adapter(self.model, adapter_name)
         self.peft_config.pop(adapter_name, None)
+        _delete_auxiliary_adapter(self.model, adapter_name, new_active_adapters=self.active_adapters)
 
     def disable_adapter_layers(self) -> None:
         self._enable_adapter_layers(False)
@@ -288,7 +293,7 @@ class PreProjModel(BaseTuner):
         self._enable_adapter_layers(True)
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
-        for w in injected_modules(self.model):
+        for w in (*injected_modules(self.model), *_peft_head_wrappers(self.model)):
             w.enable_adapters(enabled)
 
     @contextlib.contextmanager
@@ -321,7 +326,7 @@ class PreProjModel(BaseTuner):
         names = [n for n in names for _ in range(max(repeat, 1))]
         handles = [
             w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
-            for w in injected_modules(self.model)
+            for w in (*injected_modules(self.model), *_peft_head_wrappers(self.model))
         ]
         try:
             yield
@@ -348,8 +353,14 @@ class PreProjModel(BaseTuner):
         raise ValueError(MERGE_REFUSED)
 
     def unload(self) -> nn.Module:
-        """Remove the modules and return the base model as it was before injection."""
-        return unload(self.model)
+        """Remove the modules and return the base model as it was before injection (a head peft wrapped for a
+        classification task gets its original module back, as peft's `unload` gives the base)."""
+        model = unload(self.model)
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, AuxiliaryTrainingWrapper):
+                    setattr(parent, name, child.original_module)
+        return model
 
     # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
     @classmethod
@@ -405,6 +416,9 @@ class PreProjModel(BaseTuner):
         `modules_to_save` values go to the injection state, not the model."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
         where = f"set_peft_model_state_dict({adapter_name!r})"
+        heads = tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, AuxiliaryTrainingWrapper))
+        passed = {k: v for k, v in state_dict.items() if k.startswith(heads)}  # peft's head wrappers: peft loads them
+        state_dict = {k: v for k, v in state_dict.items() if k not in passed}
         tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items()}
         tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)  # older files: legacy.py
         # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
@@ -425,7 +439,26 @@ class PreProjModel(BaseTuner):
             else:
                 stored = state.stored_modules[adapter_name]
                 stored[key] = value.to(device=stored[key].device, dtype=stored[key].dtype).clone()
-        return out
+        return {**out, **passed}
+
+
+def _peft_heads(config: PreProjConfig) -> list[str] | None:
+    """The `modules_to_save` peft wraps itself (a classification task's heads, `PEFT_HEAD_TASKS`), else None."""
+    return list(config.modules_to_save) if config.task_type in PEFT_HEAD_TASKS and config.modules_to_save else None
+
+
+def _without_peft_heads(config: PreProjConfig) -> PreProjConfig:
+    """`config` as this tuner injects it under peft: without the heads peft wraps itself (`_peft_heads`)."""
+    if _peft_heads(config) is None:
+        return config
+    own = copy.copy(config)
+    own.modules_to_save = None
+    return own
+
+
+def _peft_head_wrappers(model: nn.Module) -> list[AuxiliaryTrainingWrapper]:
+    """peft's wrappers of the heads in `model` (`ModulesToSaveWrapper`s of a classification task)."""
+    return [m for m in model.modules() if isinstance(m, AuxiliaryTrainingWrapper)]
 
 
 def _built_on_meta(model: nn.Module) -> bool:
