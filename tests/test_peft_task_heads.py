@@ -114,3 +114,32 @@ def test_two_adapters_with_their_heads_switch_mix_per_row_disable_delete_and_unl
     base = model.unload()
     assert type(getattr(base, head)) is torch.nn.Linear and not mmpreproj.is_injected(base)
     assert torch.equal(_out(base, task, ids), base_out)
+
+
+def test_a_trainer_on_a_sequence_classifier_resumes_bit_exact_with_its_head(tmp_path):
+    """The LoRA user's classification script with PREPROJ: a plain Trainer, adapter-only checkpoints holding the
+    head, killed after a save and resumed from it, ends where the straight run ends."""
+    datasets = pytest.importorskip("datasets")
+    from transformers import Trainer
+
+    from tests.helpers.callbacks import StopAfterSave
+    from tests.helpers.training import trainer_args
+
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(1, 64, (16, 6), generator=g), torch.randint(0, 3, (16,), generator=g)
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist()})
+
+    def fit(out, callbacks=(), resume=None, seed=1):
+        torch.manual_seed(seed)
+        model = get_peft_model(_base("SEQ_CLS"), PreProjConfig(task_type="SEQ_CLS"))
+        trainer = Trainer(model=model, args=trainer_args(out, 4), train_dataset=data, callbacks=list(callbacks))
+        trainer.train(resume_from_checkpoint=resume)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    straight = fit(tmp_path / "straight")
+    fit(tmp_path / "cut", callbacks=[StopAfterSave(2)])
+    ckpt = tmp_path / "cut" / "checkpoint-2" / "adapter_model.safetensors"
+    assert "base_model.model.score.weight" in load_file(ckpt)  # the head is in every checkpoint
+    resumed = fit(tmp_path / "cut", resume=True, seed=7)  # another init: the checkpoint must replace it
+    assert any("score.modules_to_save" in k for k in straight)
+    assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
