@@ -10,20 +10,10 @@ from peft import get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
+from tests.helpers.adapter_weights import perturb_adapters
 from tests.helpers.zoo import BUILDERS, VOCAB, qwen2_vl, tokens, vl_inputs
 
 HOSTS = ("gpt_neox", "llama")
-
-
-def _perturb(model: torch.nn.Module, seed: int) -> None:
-    """Make every adapter's weights non-trivial and different from the others' (as if trained)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for w in mmpreproj.injected_modules(model):
-            for slot in w.adapter_layer_names:
-                for module in getattr(w, slot).values():
-                    for p in module.parameters():
-                        p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
 @pytest.fixture(params=HOSTS)
@@ -32,7 +22,7 @@ def two_adapters(request):
     base = BUILDERS[request.param]()
     model = get_peft_model(base, PreProjConfig())
     model.add_adapter("b", PreProjConfig(expansion=0.5, skip_rank=4))
-    _perturb(model, seed=1)
+    perturb_adapters(model, seed=1)
     return model.eval()
 
 
@@ -118,7 +108,7 @@ def test_a_vision_language_model_serves_one_adapter_per_batch_and_refuses_a_mix_
     tower's block and why, where the split would otherwise be read along the patches."""
     model = get_peft_model(qwen2_vl(), PreProjConfig())
     model.add_adapter("b", PreProjConfig(expansion=0.5))
-    _perturb(model, seed=3)
+    perturb_adapters(model, seed=3)
     model.eval()
     ids, pixels, grid = vl_inputs()
     batch = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(ids == VOCAB + 2).long())

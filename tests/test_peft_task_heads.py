@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
+from tests.helpers.adapter_weights import perturb_adapters
 
 CONFIG = dict(
     vocab_size=64,
@@ -49,13 +50,9 @@ def _out(model: torch.nn.Module, task: str, ids: torch.Tensor, **kw) -> torch.Te
 
 def _train_like(model: torch.nn.Module, head: str, seed: int) -> None:
     """Move every adapter weight and the head's copy of every adapter off their init (as if trained)."""
+    perturb_adapters(model, seed, scale=0.3)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for w in mmpreproj.injected_modules(model):
-            for slot in w.adapter_layer_names:
-                for module in getattr(w, slot).values():
-                    for p in module.parameters():
-                        p.add_(0.3 * torch.randn(p.shape, generator=g))
         for copy in getattr(model.get_base_model(), head).modules_to_save.values():
             for p in copy.parameters():
                 p.add_(torch.randn(p.shape, generator=g))

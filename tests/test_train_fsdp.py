@@ -18,13 +18,18 @@ from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, run_two_ranks
 from tests.helpers.zoo import tiny_neox
 
 
-@pytest.mark.slow
-def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
+def _two_ranks(tmp_path, mode: str) -> tuple:
+    """(run folder, [what each rank's worker wrote]) of the worker run under `mode` on two gloo ranks; three
+    processes import torch on a shared CPU: waited for, the guard is only against a hang."""
     out, side = tmp_path / "run", tmp_path / "side"
     side.mkdir()
-    # three processes import torch on a shared CPU: wait for them; the guard is only against a hang
-    run_two_ranks(WORKER, out, side, "fsdp")
-    ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
+    run_two_ranks(WORKER, out, side, mode)
+    return out, [torch.load(side / f"rank{r}.pt") for r in range(2)]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
+    out, ranks = _two_ranks(tmp_path, "fsdp")
     w0, w1 = ranks[0]["weights"], ranks[1]["weights"]
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
     assert ranks[0]["loss"] == ranks[1]["loss"]
@@ -58,10 +63,7 @@ def test_two_gloo_ranks_fsdp_train_identically_and_save_full_adapter(tmp_path):
 
 @pytest.mark.slow
 def test_two_gloo_ranks_fsdp_checkpoint_and_resume_bit_identically(tmp_path):
-    out, side = tmp_path / "run", tmp_path / "side"
-    side.mkdir()
-    run_two_ranks(WORKER, out, side, "fsdp-resume")
-    ranks = [torch.load(side / f"rank{r}.pt") for r in range(2)]
+    out, ranks = _two_ranks(tmp_path, "fsdp-resume")
     for method in ("preproj_skip", "preproj_lora"):
         straight, resumed = ranks[0][method, "straight"], ranks[0][method, "resumed"]
         # stopped after step 2 and resumed from its checkpoint, the run ends where the straight run ends, bit for bit
