@@ -85,6 +85,15 @@ def test_a_task_head_trains_saves_and_reloads_beside_the_injection(task, tmp_pat
         ValueError, match=rf"{head}\.(weight|bias)' belongs to no injected block .*load this folder with peft"
     ):
         mmpreproj.load_adapter(_base(task), tmp_path)  # our loader has no wrapper for peft's head: refused, named
+    # our writers would leave peft's head out: refused, pointing to peft's save
+    for what, call in (
+        ("save_adapter", lambda: mmpreproj.save_adapter(model, tmp_path / "ours")),
+        ("adapter_state_dict", lambda: mmpreproj.adapter_state_dict(model)),
+        ("save_pretrained", lambda: mmpreproj.save_pretrained(model.get_base_model(), tmp_path / "whole")),
+    ):
+        with pytest.raises(ValueError, match=rf"{what}: '{head}' is a module peft wraps .*peft_model.save_pretrained"):
+            call()
+    assert not (tmp_path / "ours").exists() and not (tmp_path / "whole").exists()
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ from .state_dict import (
     named_adapter_tensors,
     refuse_empty,
     refuse_non_finite,
+    refuse_peft_heads,
 )
 from .unwrap import STATE_ATTR, injected_owner
 
@@ -68,6 +69,7 @@ def save_adapter(
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
     """
     owner, state = injected_owner(model, "save_adapter")
+    refuse_peft_heads(owner, "save_adapter")
     path = Path(path)
     name, _ = named_adapter(state, adapter_name)
     if state_dict is None:  # the active adapter's gathered from FSDP2 shards (a collective: every rank calls)

@@ -53,7 +53,7 @@ from ..modules import PreProjAttention
 from ..util.io import set_new_file_modes
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .legacy import named_slot_key
-from .state_dict import SLOTS, local_adapter_state_dict
+from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
 from .unwrap import STATE_ATTR
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
@@ -266,6 +266,7 @@ def save_pretrained(
             "of its own, or no save_pretrained on its class); save a PeftModel with its own save_pretrained, an "
             "adapter alone with mmpreproj.save_adapter; nothing was written"
         )
+    refuse_peft_heads(model, "save_pretrained")
     if kwargs.get("push_to_hub"):
         raise ValueError(
             "save_pretrained(push_to_hub=True) of an injected model is not supported: save to a folder, then "

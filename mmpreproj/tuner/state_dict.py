@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 import torch
+from peft.utils.other import AuxiliaryTrainingWrapper
 from torch import nn
 
 from ..hosts.spec import get_path
@@ -79,6 +80,19 @@ def saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> d
     }
 
 
+def refuse_peft_heads(owner: nn.Module, what: str) -> None:
+    """ValueError when peft wraps a module of the injected model `owner` itself (a classification task's head in
+    its `ModulesToSaveWrapper`: peft trains one copy per adapter and its `save_pretrained` writes it); our writers
+    would leave it out, so they refuse instead of writing part of the model."""
+    head = next((n for n, m in owner.named_modules() if isinstance(m, AuxiliaryTrainingWrapper)), None)
+    if head is not None:
+        raise ValueError(
+            f"{what}: {head!r} is a module peft wraps and trains itself (the head of a classification task, peft's "
+            f"ModulesToSaveWrapper), which {what} would leave out; save this model with peft, "
+            "peft_model.save_pretrained(DIR), which writes the head beside the adapter (refused before any read)"
+        )
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the active adapter's weights and the config's `modules_to_save`, keyed as the injected model's
     `state_dict()` keys them without the adapter name (`gpt_neox.layers.3.attention.preproj.up.weight`).
@@ -93,6 +107,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def local_adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`adapter_state_dict`'s keys and this process's tensors: shards stay shards (no collective)."""
     owner, state = injected_owner(model, "adapter_state_dict")
+    refuse_peft_heads(owner, "adapter_state_dict")
     out = wrapper_tensors(injected_paths(owner))
     out.update(saved_module_tensors(owner, state.modules_to_save))
     return out
