@@ -81,6 +81,8 @@ def test_a_task_head_trains_saves_and_reloads_beside_the_injection(task, tmp_pat
     assert f"base_model.model.{head}.weight" in keys  # peft's key for its wrapped head, beside ours
     reloaded = PeftModel.from_pretrained(_base(task), tmp_path)
     assert torch.equal(_out(reloaded, task, ids), want)  # the head and the injection, both restored
+    low_memory = PeftModel.from_pretrained(_base(task), tmp_path, low_cpu_mem_usage=True)  # peft's head: a copy
+    assert torch.equal(_out(low_memory, task, ids), want)
     with pytest.raises(
         ValueError, match=rf"{head}\.(weight|bias)' belongs to no injected block .*load this folder with peft"
     ):

@@ -65,7 +65,7 @@ class PeftLayerMethods:
         (peft would cast them to the base's: ours keep their own). peft calls it after a `low_cpu_mem_usage=True`
         load, which puts the file's tensors in place of the weights, on the device it loaded them to."""
         base = self.get_base_layer()
-        target = device or next((t.device for t in (*base.parameters(), *base.buffers())), None)
+        target = torch.device(device) if device is not None else next((t.device for t in base.parameters()), None)
         if target is None or target.type == "meta":
             return
         for slot in self.adapter_layer_names:

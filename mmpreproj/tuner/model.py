@@ -124,10 +124,10 @@ class PreProjModel(BaseTuner):
         by_peft = self._request is None
         if by_peft and not config.freeze_base and not config.inference_mode:
             raise ValueError(FREEZE_BASE_REFUSED)
-        if low_cpu_mem_usage and config.modules_to_save:
+        own = _without_peft_heads(config) if by_peft else config  # the part of the config this tuner injects
+        if low_cpu_mem_usage and own.modules_to_save:
             raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
         addition = None if by_peft else self._request.addition
-        own = _without_peft_heads(config) if by_peft else config  # the part of the config this tuner injects
         if addition is None and by_peft and is_injected(model):  # peft's add_adapter: a fresh one, same sites
             if config.injection is not None:  # a saved adapter beside a loaded one: checked as the first is
                 check_added_record(model, own, config.injection, "adapter config", by_path=True)
@@ -149,7 +149,7 @@ class PreProjModel(BaseTuner):
                 super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 if not self._injection.finished:  # pragma: no cover - peft's loop visits every module
                     raise RuntimeError("PreProjModel: peft's inject_adapter did not reach every planned site")
-                if config.modules_to_save and _built_on_meta(model):  # peft's from_pretrained(low_cpu_mem_usage=True)
+                if own.modules_to_save and _built_on_meta(model):  # peft's from_pretrained(low_cpu_mem_usage=True)
                     raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
                 run_example(model, self._injection.example_input)
             except BaseException:
