@@ -76,6 +76,7 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    print(f"rank {rank}: trained", file=sys.stderr, flush=True)
     partitioned = all(p.numel() == 0 for p in trainable)  # ZeRO-3 really holds them elsewhere
 
     refused = None
@@ -102,7 +103,13 @@ def main() -> None:
         torch.save(result, os.path.join(side, "result.pt"))
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: done", file=sys.stderr, flush=True)  # in the test's stderr tail if teardown fails
 
 
 if __name__ == "__main__":
     main()
+    # Skip the interpreter's teardown: once, under load, a rank aborted after its work with "terminate called
+    # without an active exception" (a C++ thread of DeepSpeed's or gloo's destroyed while joinable). Every check
+    # this run makes is in result.pt, written and barriered above.
+    sys.stdout.flush()
+    os._exit(0)
