@@ -151,3 +151,20 @@ def test_a_trainer_on_a_sequence_classifier_resumes_bit_exact_with_its_head(tmp_
     resumed = fit(tmp_path / "cut", resume=True, seed=7)  # another init: the checkpoint must replace it
     assert any("score.modules_to_save" in k for k in straight)
     assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+def test_auto_peft_and_transformers_load_adapter_restore_a_sequence_classifier_with_its_head(tmp_path):
+    from peft import AutoPeftModelForSequenceClassification
+
+    _base("SEQ_CLS").save_pretrained(tmp_path / "base")
+    ids = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    base = tf.AutoModelForSequenceClassification.from_pretrained(tmp_path / "base")
+    model = get_peft_model(base, PreProjConfig(task_type="SEQ_CLS"))
+    _train_like(model, "score", seed=4)
+    want = _out(model.eval(), "SEQ_CLS", ids)
+    model.save_pretrained(tmp_path / "adapter")  # names the base folder: AutoPeft loads it from there
+    auto = AutoPeftModelForSequenceClassification.from_pretrained(tmp_path / "adapter")
+    assert torch.equal(_out(auto.eval(), "SEQ_CLS", ids), want)
+    plain = tf.AutoModelForSequenceClassification.from_pretrained(tmp_path / "base")
+    plain.load_adapter(str(tmp_path / "adapter"))  # transformers' own loader: peft's inject path
+    assert isinstance(plain.score, ModulesToSaveWrapper) and torch.equal(_out(plain.eval(), "SEQ_CLS", ids), want)
