@@ -79,6 +79,11 @@ def test_mixed_batch_names_are_checked(two_adapters):
         model(ids, adapter_names=["default", "b", "b"])
     with pytest.raises(ValueError, match=r"3 names for a batch of 2 rows"):  # counted even when all are one name
         model(ids, adapter_names=["b", "b", "b"])
+    causal = get_peft_model(BUILDERS["llama"](), PreProjConfig(task_type="CAUSAL_LM"))  # peft's task class
+    causal.add_adapter("b", PreProjConfig(task_type="CAUSAL_LM"))
+    with pytest.raises(ValueError, match=r"3 names for a batch of 2 rows"):  # its forward passes input_ids apart
+        causal(input_ids=ids, adapter_names=["b", "b", "b"])
+    assert causal(input_ids=ids, adapter_names=["b", "b"]).logits.shape[0] == 2
 
 
 @torch.no_grad()

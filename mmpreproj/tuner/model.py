@@ -310,21 +310,15 @@ class PreProjModel(BaseTuner):
         unknown = sorted({n for n in names if n not in loaded})
         if unknown:
             raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
-        batch = next((kwargs[k] for k in ("input_ids", "inputs_embeds") if kwargs.get(k) is not None), None)
-        if batch is None and args and isinstance(args[0], torch.Tensor):
-            batch = args[0]
-        if batch is not None and batch.dim() >= 2 and batch.shape[0] != len(names):
-            raise ValueError(
-                f"forward(adapter_names=...): {len(names)} names for a batch of {batch.shape[0]} rows; pass one "
-                "adapter name per row"
-            )
         # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
         # the names, as peft does for LoRA
         repeat = max(
             (v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int)), default=1
         )
         names = [n for n in names for _ in range(max(repeat, 1))]
-        handles = [
+        # the count is checked where the batch is seen (peft's task classes keep input_ids out of these kwargs)
+        handles = [self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True)]
+        handles += [
             w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
             for w in (*injected_modules(self.model), *_peft_head_wrappers(self.model))
         ]
@@ -465,6 +459,19 @@ def _built_on_meta(model: nn.Module) -> bool:
     """Whether the adapter's weights were made on the meta device: peft builds the tuner under accelerate's
     `init_empty_weights` for a `low_cpu_mem_usage=True` load, whose file tensors then take the weights' place."""
     return any(p.is_meta for w in injected_modules(model) for m in w.slots() if m is not None for p in m.parameters())
+
+
+def _check_batch(names: list[str], repeat: int, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of the tuned model: a mixed batch names one adapter per row of its input."""
+    batch = next((kwargs[k] for k in ("input_ids", "inputs_embeds") if kwargs.get(k) is not None), None)
+    if batch is None and args and isinstance(args[0], torch.Tensor):
+        batch = args[0]
+    if batch is not None and batch.dim() >= 2 and batch.shape[0] != len(names):
+        each = f" (each repeated {repeat}x for generate)" if repeat > 1 else ""
+        raise ValueError(
+            f"forward(adapter_names=...): {len(names) // max(repeat, 1)} names{each} for a batch of "
+            f"{batch.shape[0] // max(repeat, 1)} rows; pass one adapter name per row"
+        )
 
 
 def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
