@@ -235,7 +235,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
             modules = (config.injection or {}).get("modules")
             named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
             check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
-            ours = {k: v for k, v in tensors.items() if k not in peft_head_keys(config, tensors)}  # peft's heads aside
+            heads = peft_head_keys(config, tensors)  # peft's own tensors, set aside from the digest
+            ours = {k: v for k, v in tensors.items() if k not in heads}
             check_weights_digest((config.injection or {}).get(DIGEST_KEY), ours, weights)  # the pair is one save
         return config
 

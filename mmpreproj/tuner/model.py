@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter
-from peft.utils.other import AuxiliaryTrainingWrapper, _set_adapter
+from peft.utils.other import _set_adapter
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
@@ -55,6 +55,7 @@ from .state_dict import (
     injected_paths,
     is_slot_key,
     named_adapter_tensors,
+    peft_heads,
     refuse_non_finite,
     trainable_adapter_params,
 )
@@ -293,7 +294,7 @@ class PreProjModel(BaseTuner):
         self._enable_adapter_layers(True)
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
-        for w in (*injected_modules(self.model), *_peft_head_wrappers(self.model)):
+        for w in (*injected_modules(self.model), *peft_heads(self.model).values()):
             w.enable_adapters(enabled)
 
     @contextlib.contextmanager
@@ -312,15 +313,13 @@ class PreProjModel(BaseTuner):
             raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
         # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
         # the names, as peft does for LoRA
-        repeat = max(
-            (v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int)), default=1
-        )
-        names = [n for n in names for _ in range(max(repeat, 1))]
+        repeat = max([1, *(v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int))])
+        names = [n for n in names for _ in range(repeat)]
         # the count is checked where the batch is seen (peft's task classes keep input_ids out of these kwargs)
         handles = [self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True)]
         handles += [
             w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
-            for w in (*injected_modules(self.model), *_peft_head_wrappers(self.model))
+            for w in (*injected_modules(self.model), *peft_heads(self.model).values())
         ]
         try:
             yield
@@ -350,10 +349,9 @@ class PreProjModel(BaseTuner):
         """Remove the modules and return the base model as it was before injection (a head peft wrapped for a
         classification task gets its original module back, as peft's `unload` gives the base)."""
         model = unload(self.model)
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, AuxiliaryTrainingWrapper):
-                    setattr(parent, name, child.original_module)
+        for path, wrapper in peft_heads(model).items():
+            parent, _, attr = path.rpartition(".")
+            setattr(model.get_submodule(parent), attr, wrapper.original_module)
         return model
 
     # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
@@ -410,7 +408,7 @@ class PreProjModel(BaseTuner):
         `modules_to_save` values go to the injection state, not the model."""
         owner, state = injected_owner(model, "set_peft_model_state_dict")
         where = f"set_peft_model_state_dict({adapter_name!r})"
-        heads = tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, AuxiliaryTrainingWrapper))
+        heads = tuple(f"{path}." for path in peft_heads(model))
         passed = {k: v for k, v in state_dict.items() if k.startswith(heads)}  # peft's head wrappers: peft loads them
         state_dict = {k: v for k, v in state_dict.items() if k not in passed}
         tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items()}
@@ -450,11 +448,6 @@ def _without_peft_heads(config: PreProjConfig) -> PreProjConfig:
     return own
 
 
-def _peft_head_wrappers(model: nn.Module) -> list[AuxiliaryTrainingWrapper]:
-    """peft's wrappers of the heads in `model` (`ModulesToSaveWrapper`s of a classification task)."""
-    return [m for m in model.modules() if isinstance(m, AuxiliaryTrainingWrapper)]
-
-
 def _built_on_meta(model: nn.Module) -> bool:
     """Whether the adapter's weights were made on the meta device: peft builds the tuner under accelerate's
     `init_empty_weights` for a `low_cpu_mem_usage=True` load, whose file tensors then take the weights' place."""
@@ -469,8 +462,8 @@ def _check_batch(names: list[str], repeat: int, module: nn.Module, args: tuple, 
     if batch is not None and batch.dim() >= 2 and batch.shape[0] != len(names):
         each = f" (each repeated {repeat}x for generate)" if repeat > 1 else ""
         raise ValueError(
-            f"forward(adapter_names=...): {len(names) // max(repeat, 1)} names{each} for a batch of "
-            f"{batch.shape[0] // max(repeat, 1)} rows; pass one adapter name per row"
+            f"forward(adapter_names=...): {len(names) // repeat} names{each} for a batch of "
+            f"{batch.shape[0] // repeat} rows; pass one adapter name per row"
         )
 
 

@@ -80,11 +80,16 @@ def saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> d
     }
 
 
+def peft_heads(module: nn.Module) -> dict[str, nn.Module]:
+    """{path: wrapper} of the modules peft wraps itself inside `module` (a classification task's heads in its
+    `ModulesToSaveWrapper`, one copy per adapter, saved and loaded by peft)."""
+    return {n: m for n, m in module.named_modules() if isinstance(m, AuxiliaryTrainingWrapper)}
+
+
 def refuse_peft_heads(owner: nn.Module, what: str) -> None:
-    """ValueError when peft wraps a module of the injected model `owner` itself (a classification task's head in
-    its `ModulesToSaveWrapper`: peft trains one copy per adapter and its `save_pretrained` writes it); our writers
-    would leave it out, so they refuse instead of writing part of the model."""
-    head = next((n for n, m in owner.named_modules() if isinstance(m, AuxiliaryTrainingWrapper)), None)
+    """ValueError when peft wraps a module of the injected model `owner` itself (`peft_heads`): our writers would
+    leave it out, so they refuse instead of writing part of the model."""
+    head = next(iter(peft_heads(owner)), None)
     if head is not None:
         raise ValueError(
             f"{what}: {head!r} is a module peft wraps and trains itself (the head of a classification task, peft's "
