@@ -125,8 +125,12 @@ def test_refused_additions_leave_the_model_unchanged(host, tmp_path):
     other_layers = _save(build, tmp_path / "l0", 4, layers=[0])
     skip_only = _save(build, tmp_path / "s", 5, preproj=False)
     for folder, name, match in (
-        (other_layers, "x", r"has layers=\[0\], the injection in this model has layers=\[0, 1\]"),
-        (skip_only, "x", r"has config.preproj=False, the injection in this model has config.preproj=True"),
+        (
+            other_layers,
+            "x",
+            r"injection.layers=\[0\] but the adapter already injected in this model has \[0, 1\]; an added",
+        ),
+        (skip_only, "x", r"config.preproj=False but the adapter already injected in this model has True"),
         (folders["c"], "b", r"adapter_name='b' is already loaded"),
         (folders["c"], "a.b", r"adapter_name='a.b'; must be a non-empty string without '.'"),
         (tmp_path / "missing", "x", r"adapter file missing"),
@@ -156,7 +160,10 @@ def test_modules_to_save_follow_the_active_adapter(tmp_path):
     assert torch.equal(model.lm_head.weight, tiny_neox().lm_head.weight)
     # an adapter without the injection's modules_to_save does not fit
     model = mmpreproj.load_adapter(tiny_neox(), a)
-    with pytest.raises(ValueError, match=r"has modules_to_save=\[\], the injection in this model has"):
+    with pytest.raises(
+        ValueError,
+        match=r"injection.modules_to_save=\[\] but the adapter already injected in this model has \['lm_head'\]",
+    ):
         mmpreproj.load_adapter(model, _save(tiny_neox, tmp_path / "plain", 3), adapter_name="p")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..hosts.spec import HostSpec
 from .config import PreProjConfig
 from .legacy import model_keys
 from .plan import Plan, config_host, plan_injection
@@ -61,14 +62,16 @@ def check_added_record(
 ) -> None:
     """An adapter added beside the loaded ones (peft's `load_adapter` of a new name, `mmpreproj.load_adapter(...,
     adapter_name=)`) checked as the first one is, against the injection already in `model`: its record (`record`:
-    the config's `injection`, or a description) names the same blocks, count, widths and, `by_path`, paths in the
-    same order (by block index, `named.plan_addition` compares the other sites), and its config's `layers`
-    select the blocks the record names."""
+    the config's `injection`, or a description) names the same host, parts, blocks, count, widths, host paths,
+    `modules_to_save` and, `by_path`, module paths in the same order (by block index, a path the model has sits at
+    the same block); its config injects the same slots, and its `layers` select the blocks the record names. The
+    one check of an added adapter's sites: a failed one leaves the model as it was."""
     _, state = injected_owner(model, "load_adapter")
-    if by_path:
-        _check_sites(state, record, where, by_path=True, against="the adapter already injected in this model has")
-    else:
-        _check_order(state, record, where)
+    _check_sites(state, record, where, by_path=by_path, added=True)
+    for slot in ("preproj", "skip"):  # an added adapter fills the slots the injection has, no more, no fewer
+        saved, have = getattr(config, slot), getattr(state.config, slot)
+        if saved != have:
+            raise ValueError(f"{where}: config.{slot}={saved!r} but {ADDED} {have!r}; {SAME_SITES}")
     layers, count = record.get("layers"), record.get("num_blocks")
     parts = record.get("parts")
     if isinstance(config.layers, list) and isinstance(layers, list) and type(count) is int:
@@ -85,24 +88,45 @@ def check_added_record(
             )
 
 
-def _check_sites(
-    state: Any, record: dict[str, Any], where: str, *, by_path: bool, against: str = "its config resolves to"
-) -> None:
-    """The record's blocks, count, widths (and, `by_path`, module paths and `modules_to_save`) against `state` (a
-    planned or an injected `InjectionState`); a path the model has must sit at the same block either way."""
-    have = {"layers": state.layers, "num_blocks": state.num_blocks, "hidden_size": state.hidden_size}
+ADDED = "the adapter already injected in this model has"
+SAME_SITES = "an added adapter sits on the same sites; nothing was loaded"
+
+
+def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: bool, added: bool = False) -> None:
+    """The record's parts, block count, widths and blocks (and, `by_path`, module paths and `modules_to_save`;
+    `added`, the host, host paths and `modules_to_save` names) against `state` (a planned or an injected
+    `InjectionState`); a path the model has must sit at the same block either way. A field an older record lacks
+    is not compared (the weight keys and shapes still are)."""
+    saved_parts = [p.get("name") for p in record.get("parts") or [] if isinstance(p, dict)]
+    have = {
+        "parts": (saved_parts or None, [p["name"] for p in state.parts]),
+        "num_blocks": (record.get("num_blocks"), state.num_blocks),
+        "hidden_size": (record.get("hidden_size"), state.hidden_size),
+        "layers": (record.get("layers"), state.layers),
+    }
+    saved_mts = record.get("modules_to_save") or {}
     if by_path:
-        have.update(modules=state.modules, modules_to_save=state.modules_to_save)
-    for name, value in have.items():
-        saved = record.get(name)
-        if name not in record or (name == "modules_to_save" and not saved and not value):
-            continue
-        if saved != value:
-            raise ValueError(
-                f"{where}: injection.{name}={saved!r:.120} but {against} {value!r:.120} "
-                f"on this model; nothing was loaded"
-            )
+        have["modules"] = (record.get("modules"), state.modules)
+        have["modules_to_save"] = (saved_mts if "modules_to_save" in record else None, state.modules_to_save)
+    elif added:  # by block index: the names (the paths may be another wrapping's)
+        have["modules_to_save"] = (sorted(saved_mts), sorted(state.modules_to_save))
+    if added:
+        have["host"] = (record.get("host"), state.host)
+        described = record.get("host_description")
+        if isinstance(described, dict) and described.get("parts"):  # the same paths, read in their saved form
+            have["host_description"] = (_paths_of(described), _paths_of(state.host_description))
+    against = ADDED if added else "its config resolves to"
+    tail = SAME_SITES if added else "nothing was loaded"
+    for name, (saved, value) in have.items():
+        if saved is not None and saved != value:
+            raise ValueError(f"{where}: injection.{name}={saved!r:.120} but {against} {value!r:.120}; {tail}")
     _check_order(state, record, where)
+
+
+def _paths_of(description: dict) -> dict:
+    """The paths of a saved description in one normal form (old spellings read as today's)."""
+    spec = HostSpec.from_dict(description)
+    return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
 
 
 def _check_order(state: Any, record: dict[str, Any], where: str) -> None:

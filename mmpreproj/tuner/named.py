@@ -37,7 +37,6 @@ from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..hosts.spec import HostSpec
 from ..modules import ContentSkip, PreProjAttention, PreProjection
 from .config import PreProjConfig
 from .in_flight import refuse_in_flight
@@ -56,37 +55,6 @@ def adapter_names(model: nn.Module) -> list[str]:
 def active_adapter(model: nn.Module) -> str:
     """The name of the adapter that runs (and trains) now."""
     return injected_owner(model, "active_adapter")[1].active_adapter
-
-
-def _check_fits(state, desc: dict, config: PreProjConfig, where: str) -> None:
-    """ValueError naming the first field where the saved adapter does not fit the injection's sites."""
-    saved_parts = [p.get("name") for p in desc.get("parts", []) if isinstance(p, dict)]
-    have_parts = [p["name"] for p in state.parts]
-    checks = [
-        ("host", desc.get("host"), state.host),
-        ("parts", saved_parts or have_parts, have_parts),
-        ("layers", desc.get("layers"), state.layers),
-        ("num_blocks", desc.get("num_blocks"), state.num_blocks),
-        ("hidden_size", desc.get("hidden_size"), state.hidden_size),
-        ("config.preproj", config.preproj, state.config.preproj),
-        ("config.skip", config.skip, state.config.skip),
-        ("modules_to_save", sorted(desc.get("modules_to_save") or {}), sorted(state.modules_to_save)),
-    ]
-    saved_desc = desc.get("host_description")
-    if isinstance(saved_desc, dict) and saved_desc.get("parts"):  # the same paths, read in their saved form
-        checks.append(("host_description", _paths_of(saved_desc), _paths_of(state.host_description)))
-    for field_name, saved, have in checks:
-        if saved is not None and saved != have:  # a field an older file lacks: the weight keys still check it
-            raise ValueError(
-                f"load_adapter: the adapter at {where} has {field_name}={saved}, the injection in this model has "
-                f"{field_name}={have}; an added adapter must sit on the same sites (nothing was changed)"
-            )
-
-
-def _paths_of(description: dict) -> dict:
-    """The paths of a saved description in one normal form (old spellings read as today's)."""
-    spec = HostSpec.from_dict(description)
-    return {"parts": [p.to_dict() for p in spec.parts], "embeddings": spec.embeddings}
 
 
 @dataclass
@@ -110,13 +78,13 @@ def plan_addition(
     name: str,
     where: str,
     *,
-    desc: dict | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
 ) -> Addition:
-    """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`desc` and
-    `tensors` read by `files.read_adapter`, copied into the built modules) or, without them, a freshly initialised
-    one (peft's `add_adapter`; its `modules_to_save` start from their current values). Nothing is changed: the
-    modules go in through peft's loop. ValueError naming the first field that does not fit."""
+    """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`tensors` read by
+    `files.read_adapter`, copied into the built modules; its record checked by the caller,
+    `load_check.check_added_record`) or, without them, a freshly initialised one (peft's `add_adapter`; its
+    `modules_to_save` start from their current values). Nothing is changed: the modules go in through peft's loop.
+    ValueError naming the first field that does not fit."""
     state = vars(owner)[STATE_ATTR]
     check_adapter_name(name)
     if name in state.adapter_configs:
@@ -125,16 +93,14 @@ def plan_addition(
             f"{caller}: adapter_name={name!r} is already loaded ({list(state.adapter_configs)}); "
             "delete_adapter it first or choose another name"
         )
-    if desc is None:  # a fresh adapter: its config must inject the same slots at the same blocks
-        for field_name in ("parts", "layers", "modules_to_save", "host"):
+    if tensors is None:  # a fresh adapter (or peft's load, which copies the file's tensors in later)
+        for field_name in ("parts", "layers", "modules_to_save", "host", "preproj", "skip"):
             have, want = getattr(state.config, field_name), getattr(config, field_name)
             if want != have and not (field_name == "host" and want is None):
                 raise ValueError(
                     f"{where}: config.{field_name}={want!r}, the injection has {have!r}; "
                     "an added adapter sits on the same sites (nothing was changed)"
                 )
-        desc = {**state.describe(), "config": config.to_dict()}
-    _check_fits(state, desc, config, where)
     modules, expected = {}, {}
     pairs = injected_paths(owner)
     # a saved adapter's modules are overwritten: building them must not move the caller's RNG
