@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
+from torch import nn
 
 MERGE_REFUSED = (
     "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
@@ -80,9 +81,16 @@ class PeftLayerMethods:
 class TunerSlot(BaseTunerLayer):
     """Mixin of a slot module: peft's status view of the adapter it belongs to (set by its wrapper)."""
 
-    adapter_layer_names: tuple[str, ...] = ()
+    adapter_layer_names: tuple[str, ...] = ("status_view",)  # what peft's status reads (requires_grad, devices)
     adapter_name: str = "default"  # the key of this module in its wrapper's slot dict
     layer_active: tuple[str, ...] = ("default",)  # the wrapper's active adapter(s), as peft's status reads a layer
+
+    @property
+    def status_view(self) -> nn.ModuleDict:
+        """This slot as peft reads a layer's adapters (`get_layer_status`: each adapter's `requires_grad` and
+        devices): {its adapter's name: itself}. A fresh dict each time, registered nowhere: the slot's own modules
+        and keys are unchanged."""
+        return nn.ModuleDict({self.adapter_name: self})
 
     @property
     def active_adapter(self) -> str | list[str]:

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter
+from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter, set_requires_grad
 from peft.utils.other import _set_adapter
 from torch import nn
 
@@ -260,27 +260,39 @@ class PreProjModel(BaseTuner):
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
-        """Make one loaded adapter the one that runs (`named.switch_adapter`). peft's loop calls it at its end with
-        the adapters already active: after an addition that changes nothing (the added one waits, frozen)."""
+        """Make one loaded adapter the one that runs (`named.switch_adapter`); it trains unless `inference_mode`,
+        and the others are frozen (peft's rule, as for LoRA). peft's loop calls it at its end with the adapters
+        already active: in a first injection the flags are then the plan's (`_mark_only_adapters_as_trainable`),
+        after an addition nothing changes (the added one waits, frozen)."""
         if self._addition is not None:
             return
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
             raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
-        switch_adapter(self.model, names[0])
+        switch_adapter(self.model, names[0], trains=None if self._injection is not None else not inference_mode)
         self.active_adapter = names[0]
         _set_adapter(self.model, names[0], inference_mode=inference_mode)  # peft's head wrappers, as BaseTuner does
         if inference_mode:
             self.set_requires_grad(names[0], requires_grad=False)
 
     def set_requires_grad(self, adapter_names: str | Sequence[str], requires_grad: bool = True) -> None:
-        """Make the active adapter's weights (and `modules_to_save`) trainable or frozen; a stored adapter
-        takes the active one's flag when `set_adapter` makes it active."""
+        """Make the named adapters' weights trainable or frozen, active or not (peft's rule, as for LoRA: a loaded
+        adapter with `is_trainable=True` waits trainable); the active one's `modules_to_save` and peft's head
+        wrappers follow. ValueError for a name not loaded (nothing changed)."""
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
         owner, state = injected_owner(self.model, "set_requires_grad")
+        unknown = sorted(set(names) - set(state.adapter_configs))
+        if unknown:
+            raise ValueError(
+                f"set_requires_grad({names}): {unknown} are not loaded adapters ({list(state.adapter_configs)}); "
+                "nothing was changed"
+            )
+        for w in injected_modules(owner):
+            w.set_requires_grad(names, requires_grad=requires_grad)
         if state.active_adapter in names:
             for p in trainable_adapter_params(owner):
                 p.requires_grad_(requires_grad)
+        set_requires_grad(self.model, names, requires_grad=requires_grad)  # peft's head wrappers (ours: no-ops)
 
     def delete_adapter(self, adapter_name: str) -> None:
         remove_adapter(self.model, adapter_name)

@@ -43,7 +43,7 @@ from .in_flight import refuse_in_flight
 from .legacy import model_keys
 from .plan import new_adapter_modules
 from .state import InjectionState, adapter_params, check_adapter_name, injected_modules, named_adapter
-from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors
+from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors, trainable_adapter_params
 from .unwrap import STATE_ATTR, injected_owner
 
 
@@ -170,7 +170,8 @@ def peft_record(model: nn.Module, owner: nn.Module) -> nn.Module | None:
 
 def set_adapter(model: nn.Module, name: str) -> nn.Module:
     """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did (through the
-    `PeftModel` when `model` is one, so peft's `active_adapter` follows).
+    `PeftModel` when `model` is one, so peft's `active_adapter` follows; peft's own `PeftModel.set_adapter` follows
+    peft's rule instead: trainable unless `inference_mode=True`).
 
     Switch between steps, never inside one: RuntimeError ("set_adapter: a forward/backward is in flight")
     while a forward of the injected model runs (a hook or observer inside it, another thread) or while an
@@ -180,8 +181,9 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     and a forward of a `torch.compile`d model (its compiled code keeps no count).
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
-    if record is not None:
-        record.set_adapter(name)
+    if record is not None:  # peft's rule (trains unless inference_mode), told what ours is
+        trains = any(p.requires_grad for w in injected_modules(owner) for p in adapter_params(w))
+        record.set_adapter(name, inference_mode=not trains)
     else:
         switch_adapter(owner, name)
     return model
@@ -199,27 +201,34 @@ def _through_peft(model: nn.Module, name: str, what: str) -> tuple[nn.Module | N
     return record, owner, name
 
 
-def switch_adapter(owner: nn.Module, name: str) -> None:
-    """`set_adapter` on the injected model `owner` itself (the peft tuner's `set_adapter` calls this)."""
+def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -> None:
+    """`set_adapter` on the injected model `owner` itself (the peft tuner's `set_adapter` calls this): adapter `name`
+    runs; it and the `modules_to_save` train iff `trains` (None: iff the active adapter does now), the others are
+    frozen."""
     _, state = injected_owner(owner, "set_adapter")
     name, config = named_adapter(state, check_adapter_name(name))
-    old = state.active_adapter
-    if name == old:
-        return
-    refuse_in_flight(owner, "set_adapter")
-    live = saved_module_tensors(owner, state.modules_to_save)
-    kept = {k: v.detach().clone() for k, v in live.items()}
     wrappers = injected_modules(owner)
-    trains = any(p.requires_grad for w in wrappers for p in adapter_params(w))
+    now = any(p.requires_grad for w in wrappers for p in adapter_params(w))
+    trains = now if trains is None else trains
+    old = state.active_adapter
+    if name == old and trains == now:
+        return
+    if name != old:
+        refuse_in_flight(owner, "set_adapter")
+        live = saved_module_tensors(owner, state.modules_to_save)
+        kept = {k: v.detach().clone() for k, v in live.items()}
+        with torch.no_grad():
+            for k, dst in live.items():
+                dst.copy_(state.stored_modules[name][k])
+        del state.stored_modules[name]
+        state.stored_modules[old] = kept
     for w in wrappers:
         w.set_adapter(name, inference_mode=not trains)
-    with torch.no_grad():
-        for k, dst in live.items():
-            dst.copy_(state.stored_modules[name][k])
-    del state.stored_modules[name]
-    state.stored_modules[old] = kept
     state.config = config
     state.active_adapter = name
+    if trains != now:
+        for p in trainable_adapter_params(owner):
+            p.requires_grad_(trains)
 
 
 def delete_adapter(model: nn.Module, name: str) -> nn.Module:

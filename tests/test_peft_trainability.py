@@ -1,0 +1,143 @@
+"""Which adapter trains, as peft tells it, under peft's own calls: the same sequence of `from_pretrained`,
+`load_adapter(is_trainable=)`, `add_adapter`, `set_adapter(inference_mode=)` and `set_requires_grad` leaves a
+PREPROJ model and a LoRA model (peft's own method, the peer) with the same adapters trainable, as
+`get_model_status().requires_grad` and `get_layer_status()` report it and as a backward fills gradients.
+
+Before, a PREPROJ adapter loaded with `is_trainable=True` beside a frozen one stayed frozen once made active (peft's
+`set_requires_grad` on an inactive adapter did nothing), and peft's status reported no adapter's `requires_grad`.
+"""
+
+from __future__ import annotations
+
+import peft
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import mmpreproj  # noqa: F401  (registers PREPROJ)
+from mmpreproj import PreProjConfig
+
+CONFIG = LlamaConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2,
+)  # fmt: skip
+X = torch.arange(12).reshape(2, 6) % 64
+
+
+def _base() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(CONFIG)
+
+
+def _adapter_config(kind: str) -> peft.PeftConfig:
+    if kind == "lora":
+        return LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    return PreProjConfig(expansion=0.25, skip_rank=4)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """kind -> adapter name -> a saved folder of that kind."""
+    root = tmp_path_factory.mktemp("trainability")
+    out: dict[str, dict[str, str]] = {}
+    for kind in ("lora", "preproj"):
+        out[kind] = {}
+        for name, seed in (("default", 1), ("b", 2)):
+            torch.manual_seed(seed)
+            folder = root / kind / name
+            get_peft_model(_base(), _adapter_config(kind)).save_pretrained(str(folder))
+            out[kind][name] = str(folder / "default") if (folder / "default").is_dir() else str(folder)
+    return out
+
+
+def _status(model: PeftModel) -> dict:
+    return dict(model.get_model_status().requires_grad)
+
+
+def _trained_names(model: PeftModel) -> set[str]:
+    """The adapters whose weights a backward through the active one fills."""
+    model.zero_grad(set_to_none=True)
+    model(X, labels=X).loss.backward()
+    names = set()
+    for layer in model.get_layer_status():
+        names |= {k for k, v in layer.requires_grad.items() if v is True}
+    filled = {name for name in names for n, p in model.named_parameters() if f".{name}." in n and p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return filled
+
+
+SEQUENCES = {
+    "frozen_first_then_trainable_second": [
+        ("load", "b", True),
+        ("set", "b", False),
+        ("set", "default", False),
+        ("set", "b", True),
+        ("grad", "default", True),
+        ("grad", ("default", "b"), False),
+    ],
+    "trainable_first_then_frozen_second": [
+        ("load", "b", False),
+        ("set", "b", False),
+        ("grad", "b", False),
+        ("set", "default", True),
+    ],
+}
+
+
+def _run(kind: str, folders: dict, first_trainable: bool, steps: list) -> list:
+    model = PeftModel.from_pretrained(_base(), folders[kind]["default"], is_trainable=first_trainable)
+    seen = [_status(model)]
+    for op, name, flag in steps:
+        if op == "load":
+            model.load_adapter(folders[kind][name], adapter_name=name, is_trainable=flag)
+        elif op == "set":
+            model.set_adapter(name, inference_mode=flag)
+        else:
+            model.set_requires_grad(name, requires_grad=flag)
+        seen.append((op, name, _status(model), model.active_adapter))
+    return seen
+
+
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+def test_peft_calls_leave_the_same_adapters_trainable_as_for_lora(folders, sequence):
+    first_trainable = sequence.startswith("trainable_first")
+    ours = _run("preproj", folders, first_trainable, SEQUENCES[sequence])
+    theirs = _run("lora", folders, first_trainable, SEQUENCES[sequence])
+    assert ours == theirs
+    assert any(True in step[2].values() for step in ours[1:])  # the comparison sees a trainable adapter
+
+
+def test_an_adapter_loaded_trainable_beside_a_frozen_one_trains_once_active(folders):
+    for kind in ("lora", "preproj"):
+        model = PeftModel.from_pretrained(_base(), folders[kind]["default"])  # inference, as peft loads
+        model.load_adapter(folders[kind]["b"], adapter_name="b", is_trainable=True)
+        assert _status(model) == {"default": False, "b": True}, kind
+        model.set_adapter("b")
+        assert _trained_names(model) == {"b"}, kind
+        layers = model.get_layer_status()
+        assert layers and all(set(s.devices) <= {"default", "b"} and s.devices for s in layers), kind
+
+
+def test_add_adapter_and_set_requires_grad_as_for_lora(folders):
+    seen = {}
+    for kind in ("lora", "preproj"):
+        torch.manual_seed(3)
+        model = get_peft_model(_base(), _adapter_config(kind))
+        model.add_adapter("b", _adapter_config(kind))
+        steps = [_status(model)]
+        model.set_requires_grad("b")
+        steps.append(_status(model))
+        model.set_adapter("b", inference_mode=True)
+        steps.append(_status(model))
+        seen[kind] = steps
+    assert seen["preproj"] == seen["lora"]
+    assert seen["preproj"][1] == {"default": True, "b": True}
+
+
+def test_set_requires_grad_refuses_a_name_not_loaded():
+    model = get_peft_model(_base(), _adapter_config("preproj"))
+    before = _status(model)
+    with pytest.raises(ValueError, match=r"set_requires_grad\(\['nope'\]\): \['nope'\] are not loaded adapters"):
+        model.set_requires_grad("nope")
+    assert _status(model) == before
