@@ -141,3 +141,22 @@ def test_set_requires_grad_refuses_a_name_not_loaded():
     with pytest.raises(ValueError, match=r"set_requires_grad\(\['nope'\]\): \['nope'\] are not loaded adapters"):
         model.set_requires_grad("nope")
     assert _status(model) == before
+
+
+def test_deleting_the_active_adapter_hands_over_as_for_lora(folders):
+    """peft's `delete_adapter` of the active adapter: the first of the others by name becomes active and trains, with
+    peft's warning. The last adapter is refused for PREPROJ (the wrappers keep one; `unload` removes it), where a
+    LoRA model runs on with no adapter active."""
+    seen = {}
+    for kind in ("lora", "preproj"):
+        model = PeftModel.from_pretrained(_base(), folders[kind]["default"])
+        model.load_adapter(folders[kind]["b"], adapter_name="b")
+        model.load_adapter(folders[kind]["b"], adapter_name="a")
+        with pytest.warns(UserWarning, match="Adapter default was active which is now deleted"):
+            model.delete_adapter("default")
+        seen[kind] = (model.active_adapter, sorted(model.peft_config), _status(model), _trained_names(model))
+    assert seen["preproj"] == seen["lora"] == ("a", ["a", "b"], {"a": True, "b": False}, {"a"})
+    model.delete_adapter("b")
+    with pytest.raises(ValueError, match=r"delete_adapter: 'a' is the active adapter; call mmpreproj.unload"):
+        model.delete_adapter("a")
+    assert model.active_adapter == "a" and _trained_names(model) == {"a"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -295,6 +296,16 @@ class PreProjModel(BaseTuner):
         set_requires_grad(self.model, names, requires_grad=requires_grad)  # peft's head wrappers (ours: no-ops)
 
     def delete_adapter(self, adapter_name: str) -> None:
+        """peft's `delete_adapter`: the active adapter hands over to the first of the others by name, which then
+        trains (peft's rule, with peft's warning); the last one is refused (`unload` removes it)."""
+        _, state = injected_owner(self.model, "delete_adapter")
+        others = sorted(n for n in state.adapter_configs if n != adapter_name)
+        if adapter_name == state.active_adapter and others:
+            warnings.warn(
+                f"Adapter {adapter_name} was active which is now deleted. Setting active adapter to {others[0]}.",
+                stacklevel=2,
+            )
+            self.set_adapter(others[0])
         remove_adapter(self.model, adapter_name)
         self.peft_config.pop(adapter_name, None)
         _delete_auxiliary_adapter(self.model, adapter_name, new_active_adapters=self.active_adapters)

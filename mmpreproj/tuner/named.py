@@ -235,6 +235,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
     removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
     record, owner, name = _through_peft(model, name, "delete_adapter")
+    _refuse_active(vars(owner)[STATE_ATTR], name)
     if record is not None:
         record.delete_adapter(name)
     else:
@@ -243,15 +244,21 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
 
 
 def remove_adapter(owner: nn.Module, name: str) -> None:
-    """`delete_adapter` on the injected model `owner` itself (the peft tuner's `delete_adapter` calls this)."""
+    """`delete_adapter` on the injected model `owner` itself (the peft tuner's `delete_adapter` calls this, after
+    switching away from an active one as peft does)."""
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(state, check_adapter_name(name))
     refuse_in_flight(owner, "delete_adapter")
-    if name == state.active_adapter:
-        others = [n for n in state.adapter_configs if n != name]
-        hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
-        raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
+    _refuse_active(state, name)
     for w in injected_modules(owner):
         w.delete_adapter(name)
     del state.adapter_configs[name]
     state.stored_modules.pop(name, None)
+
+
+def _refuse_active(state: InjectionState, name: str) -> None:
+    """ValueError when `name` is the active adapter (the wrappers must keep one to run)."""
+    if name == state.active_adapter:
+        others = [n for n in state.adapter_configs if n != name]
+        hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
+        raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
