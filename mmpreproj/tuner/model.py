@@ -185,6 +185,18 @@ class PreProjModel(BaseTuner):
                 "adapter_name=...); nothing was changed"
             )
 
+    def _cast_adapter_dtype(self, adapter_name: str, autocast_adapter_dtype: bool = True) -> None:
+        """peft's cast after building an adapter (`get_peft_model`, `add_adapter`, `load_adapter`): the weights stay
+        float32 (`autocast_adapter_dtype=True`, peft's default), or with `False` take the floating dtype of the
+        attention they sit on (a bfloat16 base: bfloat16 weights), as LoRA's do."""
+        if autocast_adapter_dtype:
+            return
+        for w in injected_modules(self.model):
+            dtype = next((p.dtype for p in w.base_layer.parameters() if p.is_floating_point()), None)
+            for m in w.slots(adapter_name):
+                if m is not None and dtype is not None:
+                    m.to(dtype=dtype)
+
     def _check_tied_modules(self, model: nn.Module, peft_config: PreProjConfig) -> None:
         """peft's check of tied embeddings among `modules_to_save` is about the copy its `ModulesToSaveWrapper`
         trains; ours train the module in place, so a tied weight stays one Parameter: nothing to check."""

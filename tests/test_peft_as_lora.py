@@ -1,7 +1,12 @@
-"""Which adapter trains, as peft tells it, under peft's own calls: the same sequence of `from_pretrained`,
+"""peft's calls on a PREPROJ model do what they do on a LoRA model (peft's own method, the peer), side by side.
+
+Which adapter trains, as peft tells it, under peft's own calls: the same sequence of `from_pretrained`,
 `load_adapter(is_trainable=)`, `add_adapter`, `set_adapter(inference_mode=)` and `set_requires_grad` leaves a
 PREPROJ model and a LoRA model (peft's own method, the peer) with the same adapters trainable, as
 `get_model_status().requires_grad` and `get_layer_status()` report it and as a backward fills gradients.
+
+Deleting the active adapter hands over as for LoRA; `autocast_adapter_dtype=False` gives adapter weights in the
+base's dtype, as LoRA's.
 
 Before, a PREPROJ adapter loaded with `is_trainable=True` beside a frozen one stayed frozen once made active (peft's
 `set_requires_grad` on an inactive adapter did nothing), and peft's status reported no adapter's `requires_grad`.
@@ -160,3 +165,26 @@ def test_deleting_the_active_adapter_hands_over_as_for_lora(folders):
     with pytest.raises(ValueError, match=r"delete_adapter: 'a' is the active adapter; call mmpreproj.unload"):
         model.delete_adapter("a")
     assert model.active_adapter == "a" and _trained_names(model) == {"a"}
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_autocast_adapter_dtype_as_for_lora(folders, autocast):
+    """peft's `autocast_adapter_dtype`: on a bfloat16 base the adapter's weights are float32 (True, the default) or
+    bfloat16 (False), through `get_peft_model`, `add_adapter` and `from_pretrained`, as LoRA's; the bfloat16 one
+    runs and trains."""
+    seen = {}
+    for kind in ("lora", "preproj"):
+        made = get_peft_model(_base().to(torch.bfloat16), _adapter_config(kind), autocast_adapter_dtype=autocast)
+        made.add_adapter("b", _adapter_config(kind), autocast_adapter_dtype=autocast)
+        loaded = PeftModel.from_pretrained(
+            _base().to(torch.bfloat16), folders[kind]["default"], autocast_adapter_dtype=autocast, is_trainable=True
+        )
+        dtypes = [
+            sorted({p.dtype for n, p in m.named_parameters() if f".{name}." in n}) for m, name in
+            ((made, "default"), (made, "b"), (loaded, "default"))
+        ]  # fmt: skip
+        loaded(X, labels=X).loss.backward()
+        assert all(p.grad is not None for p in loaded.parameters() if p.requires_grad), kind
+        seen[kind] = dtypes
+    want = torch.float32 if autocast else torch.bfloat16
+    assert seen["preproj"] == seen["lora"] == [[want]] * 3
