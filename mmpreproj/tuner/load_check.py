@@ -62,10 +62,10 @@ def check_added_record(
 ) -> None:
     """An adapter added beside the loaded ones (peft's `load_adapter` of a new name, `mmpreproj.load_adapter(...,
     adapter_name=)`) checked as the first one is, against the injection already in `model`: its record (`record`:
-    the config's `injection`, or a description) names the same host, parts, blocks, count, widths, host paths,
-    `modules_to_save` and, `by_path`, module paths in the same order (by block index, a path the model has sits at
-    the same block); its config injects the same slots, and its `layers` select the blocks the record names. The
-    one check of an added adapter's sites: a failed one leaves the model as it was."""
+    the config's `injection`, or a description) names the same parts, blocks, count, widths, `modules_to_save` and,
+    `by_path`, module paths in the same order (by block index: the same host and host paths, and a path the model
+    has sits at the same block); its config injects the same slots, and its `layers` select the blocks the record
+    names. The one check of an added adapter's sites: a failed one leaves the model as it was."""
     _, state = injected_owner(model, "load_adapter")
     _check_sites(state, record, where, by_path=by_path, added=True)
     for slot in ("preproj", "skip"):  # an added adapter fills the slots the injection has, no more, no fewer
@@ -94,7 +94,7 @@ SAME_SITES = "an added adapter sits on the same sites; nothing was loaded"
 
 def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: bool, added: bool = False) -> None:
     """The record's parts, block count, widths and blocks (and, `by_path`, module paths and `modules_to_save`;
-    `added`, the host, host paths and `modules_to_save` names) against `state` (a planned or an injected
+    `added` by block index, the host, host paths and `modules_to_save` names) against `state` (a planned or an injected
     `InjectionState`); a path the model has must sit at the same block either way. A field an older record lacks
     is not compared (the weight keys and shapes still are)."""
     saved_parts = [p.get("name") for p in record.get("parts") or [] if isinstance(p, dict)]
@@ -110,7 +110,7 @@ def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: boo
         have["modules_to_save"] = (saved_mts if "modules_to_save" in record else None, state.modules_to_save)
     elif added:  # by block index: the names (the paths may be another wrapping's)
         have["modules_to_save"] = (sorted(saved_mts), sorted(state.modules_to_save))
-    if added:
+    if added and not by_path:  # by path, the module paths themselves are compared above
         have["host"] = (record.get("host"), state.host)
         described = record.get("host_description")
         if isinstance(described, dict) and described.get("parts"):  # the same paths, read in their saved form
