@@ -56,6 +56,9 @@ FAMILIES = {  # name -> (config class prefix, model class, overrides); none of t
     "esm": ("Esm", "EsmModel", dict(vocab_size=33, pad_token_id=1, position_embedding_type="rotary")),
     "mpt": ("Mpt", "MptForCausalLM", dict(d_model=32, n_heads=4, n_layers=2, expansion_ratio=2)),
     "aimv2": ("Aimv2", "Aimv2Model", {}),
+    # its norm sits inside the attention module (attention.LayerNorm -> attention.self), and class names carry
+    # "LayerNorm" (RobertaPreLayerNormAttention): refused as "not run" before, the attention taken for a norm
+    "roberta_prelayernorm": ("RobertaPreLayerNorm", "RobertaPreLayerNormModel", {}),
     "pvt_v2": (
         "PvtV2",
         "PvtV2Model",

@@ -53,7 +53,11 @@ class TraceError(ValueError):
 
 
 def _is_norm(name: str, module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+    """A norm: torch's, or a class named for one whose weights are vectors only (a class named for its model,
+    `RobertaPreLayerNormAttention` or `...Embeddings`, holds matrices: no norm)."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return True
+    return "norm" in type(module).__name__.lower() and all(p.dim() <= 1 for p in module.parameters())
 
 
 def _is_attention(name: str, module: nn.Module) -> bool:
@@ -201,6 +205,8 @@ def _trace(
     for attn_name, seam in seams.items():
         if any(attn_name.startswith(outer + ".") and other["norm"] == seam["norm"] for outer, other in seams.items()):
             continue  # inside an attention fed the same norm (GPT-2's attn.c_attn): the outer one is the seam
+        if any(inner.startswith(attn_name + ".") and other["norm"] != seam["norm"] for inner, other in seams.items()):
+            continue  # holds its own norm -> attention seam (RoBERTa-PreLayerNorm's attention.LayerNorm -> .self)
         split = _block_of(model, attn_name, seam["norm"])
         if split is None:
             left[attn_name] = _why_left_out(named[attn_name], {"outside": seam["norm"]}, None)
