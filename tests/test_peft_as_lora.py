@@ -52,7 +52,7 @@ def folders(tmp_path_factory) -> dict[str, dict[str, str]]:
             torch.manual_seed(seed)
             folder = root / kind / name
             get_peft_model(_base(), _adapter_config(kind)).save_pretrained(str(folder))
-            out[kind][name] = str(folder / "default") if (folder / "default").is_dir() else str(folder)
+            out[kind][name] = str(folder)
     return out
 
 
