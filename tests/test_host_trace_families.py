@@ -59,6 +59,9 @@ FAMILIES = {  # name -> (config class prefix, model class, overrides); none of t
     # its norm sits inside the attention module (attention.LayerNorm -> attention.self), and class names carry
     # "LayerNorm" (RobertaPreLayerNormAttention): refused as "not run" before, the attention taken for a norm
     "roberta_prelayernorm": ("RobertaPreLayerNorm", "RobertaPreLayerNormModel", {}),
+    # a VLM decoder: the example input holds one image and as many image tokens as `get_image_features` makes of it,
+    # so the trace reaches the vision tower (text only before: the tower was "not run" and the call refused)
+    "internvl": ("InternVL", "InternVLForConditionalGeneration", dict(image_token_id=90)),
     "pvt_v2": (
         "PvtV2",
         "PvtV2Model",
@@ -191,6 +194,17 @@ def test_errors_name_no_row_the_user_did_not_write():
     with pytest.raises(ValueError, match="post-norm") as e:
         mmpreproj.inject(flex, IDENTITY)
     assert "no host row for" not in str(e.value) and "whisper" not in str(e.value)
+
+
+def test_a_vlm_decoder_is_traced_through_both_towers():
+    """The example input of a VLM decoder holds an image and its placeholder tokens, one per image feature, so the
+    trace describes the vision tower beside the language model instead of naming it as not run."""
+    model = _model("internvl")
+    x = example_input(model)
+    tokens = int((x["input_ids"] == model.config.image_token_id).sum())
+    assert "pixel_values" in x and tokens == model.get_image_features(x["pixel_values"]).pooler_output[0].shape[0]
+    parts = trace_seams(model, **x)["parts"]
+    assert sorted(p["blocks"] for p in parts) == ["model.language_model.layers", "model.vision_tower.encoder.layer"]
 
 
 # --- the one call, through the contract -----------------------------------------------------------------------

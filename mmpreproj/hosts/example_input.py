@@ -4,8 +4,9 @@ itself; None when it cannot tell (the caller then asks for `example_input=`).
 - transformers: the model's `main_input_name` (`input_ids`, `pixel_values`, `input_features`, `input_values`)
   sized from its config (vocabulary, image size and channels, frames, mel bins), plus the other tower's input when
   the forward takes it and the config has that tower (CLIP-style `input_ids` + `pixel_values`; SigLIP2's patches,
-  mask and `spatial_shapes`), and `decoder_input_ids` for an encoder-decoder; a VLM decoder gets text only (its
-  images need image tokens in the text), so its vision tower is named as not run;
+  mask and `spatial_shapes`), and `decoder_input_ids` for an encoder-decoder; a VLM decoder gets one image and as
+  many image tokens as its `get_image_features` makes of it, then the text (text only when it cannot tell or the
+  pair does not run: its vision tower is then named as not run);
 - timm: an image of the model's input size (the first `img_size` of its modules, else `pretrained_cfg["input_size"]`);
 - open_clip: an image of `visual.image_size` and tokens of `context_length`.
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..util.probing import probing
 
 _TOKENS = 8
 
@@ -77,6 +80,45 @@ def _image(config: Any, g: torch.Generator) -> torch.Tensor | None:
     return None
 
 
+def _image_token(config: Any) -> int | None:
+    """A VLM's image placeholder token id (`image_token_id` / `image_token_index`), else None."""
+    return next(
+        (v for k in ("image_token_id", "image_token_index") if isinstance(v := getattr(config, k, None), int)), None
+    )
+
+
+def _feature_rows(features: Any) -> int | None:
+    """How many placeholder tokens `get_image_features` output fills: its rows over every image."""
+    features = getattr(features, "pooler_output", features)
+    tensors = [features] if isinstance(features, torch.Tensor) else list(features or ())
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
+        return None
+    return sum(t.numel() // t.shape[-1] for t in tensors)
+
+
+def _with_image_tokens(model: nn.Module, ids: torch.Tensor, pixels: torch.Tensor, token: int) -> dict | None:
+    """`input_ids` holding one image's placeholder tokens, as many as the model's `get_image_features` makes of
+    `pixels`, then the text, and the pixels; None (the text alone) when the model cannot tell or cannot run it."""
+    get = getattr(model, "get_image_features", None)
+    if not callable(get):
+        return None
+    config, params = model.config, set(inspect.signature(get).parameters)
+    kwargs = {k: getattr(config, k) for k in ("vision_feature_layer", "vision_feature_select_strategy") if k in params}
+    pixels = pixels.to(_device(model), _dtype(model))
+    try:
+        with probing(model), torch.no_grad():
+            rows = _feature_rows(get(pixel_values=pixels, **kwargs))
+            if not rows:
+                return None
+            text = torch.where(ids == token, torch.full_like(ids, max(0, token - 1)), ids)
+            out = {"input_ids": torch.cat([torch.full((1, rows), token, dtype=ids.dtype), text], dim=1)}
+            out["pixel_values"] = pixels
+            model(**out)  # the pair runs (else the text alone, and the tower is named as not run)
+    except Exception:  # noqa: BLE001 - any model that cannot run it keeps the text-only input
+        return None
+    return out
+
+
 def _transformers_input(model: nn.Module, g: torch.Generator) -> dict | None:
     config = model.config
     params = _params(model)
@@ -89,9 +131,11 @@ def _transformers_input(model: nn.Module, g: torch.Generator) -> dict | None:
             return None
         out["input_ids"] = ids
         pixels = _image(config, g) if "pixel_values" in params and _sub(config, "vision_config") is not None else None
-        # a two-tower model (CLIP, SigLIP) takes both; a VLM decoder wants image tokens in its text, not traced here
-        if pixels is not None and not any(hasattr(config, k) for k in ("image_token_id", "image_token_index")):
+        token = _image_token(config)
+        if pixels is not None and token is None:  # a two-tower model (CLIP, SigLIP) takes both
             out["pixel_values"] = pixels
+        elif pixels is not None:  # a VLM decoder: its images need their tokens in the text
+            out.update(_with_image_tokens(model, ids, pixels, token) or {})
         vision = _sub(config, "vision_config")
         patches, patch = getattr(vision, "num_patches", None), getattr(vision, "patch_size", None)
         if "spatial_shapes" in params and isinstance(patches, int) and isinstance(patch, int):  # NaFlex (SigLIP2)
