@@ -1,7 +1,12 @@
-"""The one call (`peft.get_peft_model(model, PreProjConfig())`) over every causal-LM class transformers has, each built
-tiny from its config class in code (`tests/helpers/trace_zoo.small`: 2 layers, width 32; never downloaded).
+"""The one call (`peft.get_peft_model(model, PreProjConfig())`) over every class of a transformers auto mapping
+(default: the causal LMs), each built tiny from its config class in code (`tests/helpers/trace_zoo.small`: 2
+layers, width 32; never downloaded; a VLM's image token id moved into the tiny vocabulary, as a real model has it).
 
-    python bench/one_call_sweep.py [--start 0] [--stop 200] [--timeout 90] > sweep.jsonl
+    python bench/one_call_sweep.py [--mapping MODEL_FOR_CAUSAL_LM_MAPPING_NAMES] [--start 0] [--stop N] > sweep.jsonl
+
+Causal LMs run on random `input_ids`; any other mapping (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`,
+`MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES`, ...) on the library's own `example_input(model)`, every returned
+tensor compared.
 
 A coverage probe, not a timing: one JSON line per model type with its stage, and a summary on stderr.
 - `ok`: injected; `identity_equal` (an identity-init adapter returns the base's logits, fp32 1e-5) and
@@ -27,12 +32,14 @@ from pathlib import Path
 import torch
 import transformers as tf
 from peft import get_peft_model
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto import modeling_auto
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
+from mmpreproj.hosts.example_input import example_input  # noqa: E402
 from tests.helpers.adapter_weights import perturb_adapters  # noqa: E402
+from tests.helpers.host_contract import flat  # noqa: E402
 from tests.helpers.trace_zoo import small  # noqa: E402
 
 
@@ -44,19 +51,31 @@ def _alarm(*_: object) -> None:
     raise _Timeout
 
 
-def probe(model_type: str, cls_name: str) -> dict:
+def _outputs(model: torch.nn.Module, x: dict) -> torch.Tensor:
+    """Every tensor `model(**x)` returns, flattened (logits alone for a causal LM)."""
+    out = model(**x)
+    return out.logits if "input_ids" in x and len(x) == 1 else flat(out)
+
+
+def probe(model_type: str, cls_name: str, causal: bool) -> dict:
     """One model type through the one call: its stage and, injected, the identity and perturbation checks."""
     row: dict = {"type": model_type, "cls": cls_name}
     try:
-        config = small(type(tf.AutoConfig.for_model(model_type)))
+        config_cls = type(tf.AutoConfig.for_model(model_type))
+        config = small(config_cls)
+        tokens = {k: 90 for k in ("image_token_id", "image_token_index") if isinstance(getattr(config, k, None), int)}
+        config = small(config_cls, **tokens) if tokens else config
         torch.manual_seed(0)
         model = getattr(tf, cls_name)(config).eval()
     except Exception as e:  # noqa: BLE001 - transformers' own limits on a tiny config
         return {**row, "stage": "build", "err": f"{type(e).__name__}: {str(e)[:150]}"}
-    ids = torch.randint(1, min(getattr(config, "vocab_size", None) or 97, 97), (2, 7))
     try:
+        if causal:
+            x = {"input_ids": torch.randint(1, min(getattr(config, "vocab_size", None) or 97, 97), (2, 7))}
+        else:
+            x = example_input(model)
         with torch.no_grad():
-            ref = model(input_ids=ids).logits
+            ref = _outputs(model, x)
     except Exception as e:  # noqa: BLE001
         return {**row, "stage": "base-forward", "err": f"{type(e).__name__}: {str(e)[:150]}"}
     try:
@@ -64,15 +83,18 @@ def probe(model_type: str, cls_name: str) -> dict:
     except (ValueError, TypeError) as e:
         return {**row, "stage": "refused", "err": f"{type(e).__name__}: {str(e)[:200]}"}
     with torch.no_grad():
-        same = torch.allclose(tuned(input_ids=ids).logits, ref, atol=1e-5)
+        got = _outputs(tuned, x)
+        same = got.shape == ref.shape and torch.allclose(got, ref, atol=1e-5)
         perturb_adapters(tuned, seed=1)
-        moved = not torch.allclose(tuned(input_ids=ids).logits, ref, atol=1e-4)
+        got = _outputs(tuned, x)
+        moved = not (got.shape == ref.shape and torch.allclose(got, ref, atol=1e-4))
     wrappers = len(mmpreproj.injected_modules(tuned))
-    return {**row, "stage": "ok", "identity_equal": same, "perturbed_differs": moved, "wrappers": wrappers}
+    return {**row, "stage": "ok", "identity_equal": bool(same), "perturbed_differs": moved, "wrappers": wrappers}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mapping", default="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", help="a transformers auto mapping")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--stop", type=int, default=None)
     parser.add_argument("--timeout", type=int, default=90, help="seconds per model type")
@@ -81,10 +103,13 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     stages: collections.Counter = collections.Counter()
     silent = []
-    for model_type, cls_name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items())[args.start : args.stop]:
+    mapping = getattr(modeling_auto, args.mapping)
+    causal = args.mapping == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+    for model_type, cls_name in sorted(mapping.items())[args.start : args.stop]:
+        cls_name = cls_name[0] if isinstance(cls_name, (tuple, list)) else cls_name
         signal.alarm(args.timeout)
         try:
-            row = probe(model_type, cls_name)
+            row = probe(model_type, cls_name, causal)
         except _Timeout:
             row = {"type": model_type, "cls": cls_name, "stage": "timeout"}
         except Exception as e:  # noqa: BLE001 - a crash is a finding, reported in the row
