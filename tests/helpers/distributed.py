@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from mmpreproj.train import LMExamples
@@ -41,23 +42,32 @@ def free_port() -> int:
 
 def run_two_ranks(worker: Path, *args: object) -> subprocess.CompletedProcess:
     """`python -m torch.distributed.run --nproc_per_node 2 worker *args` on 127.0.0.1, one thread per process,
-    offline; AssertionError with the tail of stderr unless it exits 0. Waits for the work (three processes
-    import torch on a shared CPU); `HANG_GUARD_S` only turns a hang (e.g. a collective one rank never joins)
-    into a failure."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(worker),
-        *map(str, args),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    offline; AssertionError unless it exits 0, with each rank's own stderr tail (kept apart by `--tee`, so the rank
+    that failed first is named with its traceback, not buried under the other's "connection closed") and the
+    launcher's. Waits for the work (three processes import torch on a shared CPU); `HANG_GUARD_S` only turns a
+    hang (e.g. a collective one rank never joins) into a failure."""
+    with tempfile.TemporaryDirectory(prefix="two-ranks-") as logs:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "--log-dir",
+            logs,
+            "--tee",
+            "3",
+            str(worker),
+            *map(str, args),
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+        if proc.returncode != 0:
+            ranks = sorted(Path(logs).rglob("stderr.log"))
+            tails = [f"--- rank {f.parent.name} stderr ---\n{f.read_text(errors='replace')[-2000:]}" for f in ranks]
+            raise AssertionError("\n".join([*tails, f"--- launcher stderr ---\n{proc.stderr[-1500:]}"]))
     return proc
