@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,15 +32,8 @@ CONFIG = dict(
 FSDP_CONFIG = {**CONFIG, "parallel": "fsdp", "save_every": 0, "gradient_checkpointing": True}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for `--master_port`)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_ranks(worker: Path, *args: object) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --nproc_per_node 2 worker *args` on 127.0.0.1, one thread per process,
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 worker *args`, one thread per process,
     offline; AssertionError unless it exits 0, with each rank's own stderr tail (kept apart by `--tee`, so the rank
     that failed first is named with its traceback, not buried under the other's "connection closed") and the
     launcher's. Waits for the work (three processes import torch on a shared CPU); `HANG_GUARD_S` only turns a
@@ -51,12 +43,9 @@ def run_two_ranks(worker: Path, *args: object) -> subprocess.CompletedProcess:
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # the rendezvous store binds a port of its own: none picked ahead, none to race for
             "--nproc_per_node",
             "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
             "--log-dir",
             logs,
             "--tee",
