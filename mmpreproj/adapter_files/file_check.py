@@ -31,14 +31,22 @@ PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its 
 PEFT_HEAD_TASKS = ("SEQ_CLS", "TOKEN_CLS", "QUESTION_ANS")
 
 
-def peft_head_keys(config: Any, keys: Any) -> set[str]:
-    """The file keys among `keys` that peft wrote for the head modules it wraps under `config`'s task type
-    (`PEFT_HEAD_TASKS`): a key whose module path has a component named in `config.modules_to_save` that the
-    injection record does not hold as its own."""
+def peft_head_names(config: Any) -> list[str]:
+    """The `modules_to_save` names peft's task class wraps itself under `config`'s task type (`PEFT_HEAD_TASKS`),
+    else none."""
     if getattr(config, "task_type", None) not in PEFT_HEAD_TASKS or not config.modules_to_save:
+        return []
+    return list(config.modules_to_save)
+
+
+def peft_head_keys(config: Any, keys: Any) -> set[str]:
+    """The file keys among `keys` that peft wrote for the head modules it wraps (`peft_head_names`): a key whose
+    module path has a component so named that the injection record does not hold as its own."""
+    names = peft_head_names(config)
+    if not names:
         return set()
     owned = (config.injection or {}).get("modules_to_save") or {}
-    heads = [n for n in config.modules_to_save if isinstance(n, str) and n not in owned]
+    heads = [n for n in names if isinstance(n, str) and n not in owned]
     return {k for k in keys if any(f".{n}." in f".{k.removeprefix(PEFT_PREFIX)}" for n in heads)}
 
 

@@ -24,7 +24,7 @@ from .config import PreProjConfig
 from .named import Addition
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
 from .pretrained import install_save_pretrained, remove_save_pretrained
-from .state import InjectionState, adapter_params, injected_modules
+from .state import InjectionState, adapter_params, adapter_trains, injected_modules
 
 
 @dataclass
@@ -94,7 +94,7 @@ def mark_trainable(model: nn.Module, plan: Plan) -> None:
     each flag changed is recorded in the state, so `unload` and `roll_back` put it back."""
     if plan.state.config.freeze_base:
         _freeze_base(model, plan.state, plan.spec)
-    trains = any(p.requires_grad for _, w in plan.placements for p in adapter_params(w))
+    trains = adapter_trains(w for _, w in plan.placements)
     _keep_trainable(model, plan.state, thaw=trains)
 
 

@@ -30,7 +30,7 @@ from peft.utils.other import _set_adapter
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
-from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
+from ..adapter_files.file_check import PEFT_PREFIX, peft_head_names
 from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
@@ -208,7 +208,7 @@ class PreProjModel(BaseTuner):
         wraps itself (`PEFT_HEAD_TASKS`: peft's loop wraps them first, as for LoRA), and, for `mmpreproj.inject`,
         without `inference_mode` (inject trains what it injects). The hooks read the config itself."""
         view = copy.copy(peft_config)
-        view.modules_to_save = None if self._request is not None else _peft_heads(peft_config)
+        view.modules_to_save = None if self._request is not None else peft_head_names(peft_config) or None
         if self._request is not None:
             view.inference_mode = False
         return view
@@ -469,14 +469,9 @@ class PreProjModel(BaseTuner):
         return {**out, **passed}
 
 
-def _peft_heads(config: PreProjConfig) -> list[str] | None:
-    """The `modules_to_save` peft wraps itself (a classification task's heads, `PEFT_HEAD_TASKS`), else None."""
-    return list(config.modules_to_save) if config.task_type in PEFT_HEAD_TASKS and config.modules_to_save else None
-
-
 def _without_peft_heads(config: PreProjConfig) -> PreProjConfig:
-    """`config` as this tuner injects it under peft: without the heads peft wraps itself (`_peft_heads`)."""
-    if _peft_heads(config) is None:
+    """`config` as this tuner injects it under peft: without the heads peft wraps itself (`peft_head_names`)."""
+    if not peft_head_names(config):
         return config
     own = copy.copy(config)
     own.modules_to_save = None

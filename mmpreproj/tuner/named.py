@@ -42,7 +42,7 @@ from .config import PreProjConfig
 from .in_flight import refuse_in_flight
 from .legacy import model_keys
 from .plan import new_adapter_modules
-from .state import InjectionState, adapter_params, check_adapter_name, injected_modules, named_adapter
+from .state import InjectionState, adapter_params, adapter_trains, check_adapter_name, injected_modules, named_adapter
 from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors, trainable_adapter_params
 from .unwrap import STATE_ATTR, injected_owner
 
@@ -182,8 +182,7 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
     if record is not None:  # peft's rule (trains unless inference_mode), told what ours is
-        trains = any(p.requires_grad for w in injected_modules(owner) for p in adapter_params(w))
-        record.set_adapter(name, inference_mode=not trains)
+        record.set_adapter(name, inference_mode=not adapter_trains(injected_modules(owner)))
     else:
         switch_adapter(owner, name)
     return model
@@ -208,7 +207,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
     _, state = injected_owner(owner, "set_adapter")
     name, config = named_adapter(state, check_adapter_name(name))
     wrappers = injected_modules(owner)
-    now = any(p.requires_grad for w in wrappers for p in adapter_params(w))
+    now = adapter_trains(wrappers)
     trains = now if trains is None else trains
     old = state.active_adapter
     if name == old and trains == now:

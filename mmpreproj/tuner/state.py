@@ -4,6 +4,7 @@ file keys, `state_dict.py`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -78,6 +79,11 @@ def is_injected(model: nn.Module) -> bool:
 def adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
     """The active adapter's weights in one wrapper."""
     return [p for m in wrapper.slots() if m is not None for p in m.parameters()]
+
+
+def adapter_trains(wrappers: Iterable[PreProjAttention]) -> bool:
+    """Whether the active adapter trains: some of its weights in `wrappers` require grad."""
+    return any(p.requires_grad for w in wrappers for p in adapter_params(w))
 
 
 def check_adapter_name(name: object) -> str:
