@@ -17,8 +17,11 @@ from .util import quiet as _quiet
 _quiet.install()  # before peft imports torchao / bitsandbytes, which log them
 
 from . import hosts, rope
+from .folders.files import save_adapter
+from .folders.inject import inject
 from .folders.load import load_adapter
 from .folders.pretrained_load import from_pretrained
+from .folders.pretrained_save import save_pretrained
 from .folders.resume import last_whole_checkpoint
 from .modules import ContentSkip, PreProjAttention, PreProjection
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
@@ -26,12 +29,10 @@ from .sizing.report import TrainableReport, trainable_report
 from .tuner import PreProjModel
 from .tuner.config import PreProjConfig
 from .tuner.estimate import Estimate, estimate
-from .tuner.files import save_adapter
-from .tuner.inject import adapter_disabled, inject, unload
 from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
-from .tuner.pretrained import save_pretrained
 from .tuner.state import injected_modules, is_injected
 from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict
+from .tuner.unload import adapter_disabled, unload
 from .version import __version__
 
 __all__ = [

@@ -50,8 +50,8 @@ def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _adapter_folder(flag: str, value: str) -> None:
     """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
+    from .folders.files import ADAPTER_CONFIG_NAME
     from .train.adapters import run_adapter_dir
-    from .tuner.files import ADAPTER_CONFIG_NAME
 
     check_exists(flag, value)
     if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():

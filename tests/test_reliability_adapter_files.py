@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import mmpreproj
+from mmpreproj.folders.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
-from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
 from tests.helpers.procs import HANG_GUARD_S
 

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 import mmpreproj
+from mmpreproj.folders.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
 from mmpreproj.train import LMExamples, TrainConfig, train
 from mmpreproj.train.checkpoint import save_checkpoint
 from mmpreproj.train.runlock import RUN_LOCK_NAME, RunInUseError, run_lock
 from mmpreproj.train.runlog import StepLog, write_json
-from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.util import file_sets as adapter_files
 from mmpreproj.util.io import atomic_write, new_file_mode, umask
 from tests.helpers.procs import HANG_GUARD_S

@@ -198,7 +198,7 @@ def _saved_pair(folder, seed):
 def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
     import transformers as tf
 
-    import mmpreproj.tuner.pretrained as save_pretrained_module
+    import mmpreproj.folders.pretrained_save as save_pretrained_module
     from mmpreproj.util import file_sets as adapter_files
 
     _saved_pair(tmp_path, seed=1)

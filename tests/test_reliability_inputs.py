@@ -323,7 +323,7 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
     old = mmpreproj.inject(tiny_neox())
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
     files = {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()}
-    monkeypatch.setattr("mmpreproj.tuner.files.save_file", _disk_full)
+    monkeypatch.setattr("mmpreproj.folders.files.save_file", _disk_full)
     with pytest.raises(
         CheckpointWriteError,
         match=r"cannot write the adapter to .*adapter: OSError: No space left "

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.files import PRETRAINED_ADAPTER_DIR
+from mmpreproj.folders.files import PRETRAINED_ADAPTER_DIR
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import BUILDERS, gpt2, qwen2_vl, tiny_neox, vl_forward, vl_inputs
 
@@ -234,7 +234,10 @@ def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loa
     strict=False)`; going on would keep the adapter the run started with, so it is refused, naming the call."""
     import warnings
 
-    from mmpreproj.tuner.pretrained import _base_key_hooks
+    from mmpreproj.folders.pretrained_save import load_base_keys
+
+    def base_key_hooks(model) -> list:
+        return [h for h in model._load_state_dict_pre_hooks.values() if getattr(h, "hook", h) is load_base_keys]
 
     _, model, out = _trained(CASES[1])
     mmpreproj.save_pretrained(model, tmp_path)
@@ -250,6 +253,6 @@ def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loa
         warnings.simplefilter("error")  # a full injected state dict loads silently, as before
         other.load_state_dict(model.state_dict())
     assert torch.equal(lm_forward(other), out)
-    assert len(_base_key_hooks(other)) == 1
+    assert len(base_key_hooks(other)) == 1
     mmpreproj.unload(other)
-    assert not _base_key_hooks(other)
+    assert not base_key_hooks(other)

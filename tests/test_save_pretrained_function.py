@@ -6,6 +6,7 @@ a peft that mmpreproj does not support; the last test fails once that gate is me
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import shutil
 
@@ -18,7 +19,8 @@ from transformers.integrations import peft as hf_peft
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.files import PRETRAINED_ADAPTER_DIR
+from mmpreproj.folders.files import PRETRAINED_ADAPTER_DIR
+from mmpreproj.folders.pretrained_save import load_base_keys
 from tests.helpers.zoo import tiny_neox
 
 X = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -107,6 +109,42 @@ def test_the_installed_instance_method_is_the_same_save(tmp_path, base_dir):
     out = model(X).logits
     for folder in ("fn", "method"):
         assert torch.equal(mmpreproj.from_pretrained(tmp_path / folder).eval()(X).logits, out)
+
+
+def _patched(model) -> tuple[bool, int]:
+    """(whether the instance has its own save_pretrained, how many base-key load hooks it holds)."""
+    hooks = [h for h in model._load_state_dict_pre_hooks.values() if getattr(h, "hook", h) is load_base_keys]
+    return "save_pretrained" in vars(model), len(hooks)
+
+
+@pytest.mark.parametrize("route", ["get_peft_model", "inject_adapter_in_model", "PeftModel.from_pretrained"])
+def test_peft_routes_leave_the_instance_alone(tmp_path, base_dir, route):
+    """peft's routes build the same tuner but patch nothing on the model (as for LoRA: a PeftModel saves itself);
+    only our own API (`inject`, `load_adapter`) installs the whole-model save."""
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    if route == "get_peft_model":
+        inner = peft.get_peft_model(model, PreProjConfig()).get_base_model()
+    elif route == "inject_adapter_in_model":
+        inner = peft.inject_adapter_in_model(PreProjConfig(), model)
+    else:
+        peft.get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), PreProjConfig()).save_pretrained(tmp_path)
+        inner = peft.PeftModel.from_pretrained(model, tmp_path).get_base_model()
+    assert mmpreproj.is_injected(inner) and _patched(inner) == (False, 0)
+    mmpreproj.save_adapter(inner, tmp_path / "ours")
+    loaded = mmpreproj.load_adapter(AutoModelForCausalLM.from_pretrained(base_dir), tmp_path / "ours")
+    assert _patched(loaded) == (True, 1) and _patched(_trained(base_dir)) == (True, 1)
+
+
+def test_unload_takes_off_what_inject_put_on_and_a_copy_has_its_own(base_dir):
+    model = _trained(base_dir)
+    twin = copy.deepcopy(model)
+    assert _patched(twin) == (True, 1) and twin.save_pretrained.args == (twin,)  # bound to the copy
+    mmpreproj.unload(twin)
+    assert _patched(twin) == (False, 0) and _patched(model) == (True, 1)
+    own = lambda *a, **k: None  # noqa: E731  (the user's own override, set after inject, is theirs)
+    model.save_pretrained = own
+    mmpreproj.unload(model)
+    assert vars(model)["save_pretrained"] is own and _patched(model)[1] == 0
 
 
 def test_the_class_method_waits_on_transformers_peft_gate():

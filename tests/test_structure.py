@@ -12,8 +12,8 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjConfig
+from mmpreproj.folders.files import ADAPTER_CONFIG_NAME
 from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
-from mmpreproj.tuner.files import ADAPTER_CONFIG_NAME
 from mmpreproj.tuner.legacy import model_keys, parse_block_key
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import tiny_neox

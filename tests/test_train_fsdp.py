@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import mmpreproj
+from mmpreproj.folders.files import read_adapter
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.rng import seed_everything
-from mmpreproj.tuner.files import read_adapter
 from mmpreproj_cli.parser import build_parser
 from tests.helpers.adamw import assert_adamw_runs_agree
 from tests.helpers.distributed import DATA, FSDP_CONFIG, WORKER, run_two_ranks

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..folders.files import read_adapter
 from ..modules import PreProjAttention
-from ..tuner.files import read_adapter
 from ..tuner.legacy import parse_block_key
 
 PAPER_SKIP_NORMS = {

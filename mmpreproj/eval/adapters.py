@@ -14,8 +14,8 @@ from typing import Any
 from torch import nn
 
 from ..folders.load import load_adapter
-from ..tuner.inject import unload
 from ..tuner.state import is_injected
+from ..tuner.unload import unload
 from .evaluate import evaluate
 
 

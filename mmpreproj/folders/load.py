@@ -14,7 +14,7 @@ What a folder holds is read from its files in one place (`detect`), never from w
 Older layouts (ours at `DIR`, peft's LoRA in `DIR/lora/`: train() before 0.5) are found by `legacy.py`.
 
 `DIR` is the folder given or its `adapter/` subfolder (a train() run folder, a `save_pretrained` folder: its
-base and adapter must come from one save, `pretrained.check_saved_pair`). A run folder's `train_config.json`,
+base and adapter must come from one save, `pretrained_save.check_saved_pair`). A run folder's `train_config.json`,
 when there, must name a method the folder holds. Returns a `PeftModel` when the folder holds LoRA weights.
 A refused load (missing, corrupt or mismatched files) leaves the model as it was.
 """  # noqa: E501 (the markdown table rows of this docstring)
@@ -31,12 +31,12 @@ from peft.mapping import PEFT_TYPE_TO_PREFIX_MAPPING
 from safetensors.torch import load_file
 from torch import nn
 
-from ..tuner.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
-from ..tuner.inject import unload
 from ..tuner.keys import as_description, config_kind
 from ..tuner.legacy import OLD_SLOTS, lora_below_ours
 from ..tuner.state import is_injected
 from ..tuner.state_dict import SLOTS, trainable_adapter_params
+from ..tuner.unload import unload
+from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .load_injection import load_injection as _load_ours
 from .stacked import PREPROJ_SUBDIR, stacked_class
 

@@ -11,13 +11,10 @@ from torch import nn
 
 from ..timm_rope.saved import rope_for_load
 from ..tuner.config import PreProjConfig
-from ..tuner.files import BASE_SAVE_TOKEN, adapter_folder, check_saved_paths, read_adapter
-from ..tuner.inject import add_planned, apply_plan
 from ..tuner.legacy import model_keys
 from ..tuner.load_check import check_added_record, check_record
 from ..tuner.named import plan_addition
-from ..tuner.plan import plan_injection, saved_host
-from ..tuner.pretrained import check_saved_pair, config_save_token
+from ..tuner.plan import check_saved_paths, plan_injection, saved_host
 from ..tuner.state import check_adapter_name, is_injected
 from ..tuner.state_dict import (
     check_tensors_match,
@@ -28,6 +25,9 @@ from ..tuner.state_dict import (
     wrapper_tensors,
 )
 from ..tuner.unwrap import injected_owner, refuse_meta_parameters
+from .files import BASE_SAVE_TOKEN, adapter_folder, read_adapter
+from .inject import add_planned, apply_plan
+from .pretrained_save import check_saved_pair, config_save_token
 
 
 def load_injection(
@@ -44,7 +44,7 @@ def load_injection(
     leaves them (and its `modules_to_save`) trainable, to go on training.
 
     `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
-    when the base beside it comes from another save: `pretrained.check_saved_pair`). The
+    when the base beside it comes from another save: `pretrained_save.check_saved_pair`). The
     adapter file carries the host description (parts, paths, call convention), so a user-described host
     reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
     parts the model does not have, another hidden size or block count, or weights that do not match.

@@ -14,16 +14,16 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..data.model_source import corrupt_weights_error, pretrained_source
-from ..tuner.files import (
+from ..util.file_sets import committed_files
+from .files import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
     BASE_SAVE_TOKEN,
     PRETRAINED_ADAPTER_DIR,
     adapter_folder,
 )
-from ..tuner.pretrained import check_saved_pair, config_save_token
-from ..util.file_sets import committed_files
 from .load import load_adapter  # the one loader of a trained folder
+from .pretrained_save import check_saved_pair, config_save_token
 
 
 def _adapter_token(folder: Path) -> str | None:

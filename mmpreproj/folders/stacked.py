@@ -24,7 +24,6 @@ from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from ..tuner.files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
 from ..tuner.keys import config_kind
 from ..tuner.state_dict import (
     adapter_state_dict,
@@ -35,6 +34,7 @@ from ..tuner.state_dict import (
     trainable_adapter_params,
 )
 from ..tuner.unwrap import injected_owner, owner_prefix
+from .files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
 
 PREPROJ_SUBDIR = "preproj"  # our adapter's folder below peft's LoRA (peft's folder for an adapter of that name)
 

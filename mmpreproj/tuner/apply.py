@@ -23,7 +23,6 @@ from ..util.probing import probing
 from .config import PreProjConfig
 from .named import Addition
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
-from .pretrained import install_save_pretrained, remove_save_pretrained
 from .state import InjectionState, adapter_params, adapter_trains, injected_modules
 
 
@@ -81,12 +80,10 @@ def place(injection: Injection, site: Site, wrapper: PreProjAttention) -> None:
 
 
 def finish(model: nn.Module, plan: Plan) -> None:
-    """Every site holds its wrapper: arm the seam checks, attach the injection state, give the model its
-    round-tripping `save_pretrained`."""
+    """Every site holds its wrapper: arm the seam checks, attach the injection state."""
     for wrapper, block, norm, where, norm_path in plan.seams:
         wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
     model.mmpreproj_state = plan.state
-    install_save_pretrained(model)
 
 
 def mark_trainable(model: nn.Module, plan: Plan) -> None:
@@ -108,7 +105,7 @@ def run_example(model: nn.Module, example_input: Any) -> None:
 
 
 def roll_back(model: nn.Module, injection: Injection) -> None:
-    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hook, the state, `save_pretrained`."""
+    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hook, the state."""
     for site, wrapper in reversed(injection.placed):
         setattr(site.parent, site.attr, wrapper.base_layer)
         if getattr(wrapper, "seam_check", None) is not None:
@@ -125,7 +122,6 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
         state.input_grad_hook.remove()
     if vars(model).get("mmpreproj_state") is state:
         del model.mmpreproj_state
-        remove_save_pretrained(model)
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:

@@ -7,7 +7,8 @@ weight as the model's `state_dict()` does without the adapter name, behind peft'
     base_model.model.gpt_neox.layers.3.attention.preproj.up.weight     (an injected weight)
     base_model.model.multi_modal_projector.linear_1.weight             (a base module of modules_to_save)
 
-In memory the description is `InjectionState.describe()` with the adapter's `config` nested; older layouts
+In memory the description is `InjectionState.describe()` with the adapter's `config` nested
+(`describe_for_save`: what the tuner hands peft and `save_adapter` writes); older layouts
 (`adapter_type: "mmpreproj"`, block-index keys) are read by `legacy.py`.
 """
 
@@ -17,7 +18,16 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+from torch import nn
+
+from ..adapter_files.model_card import card_fields
+from ..timm_rope.saved import describe_rope
+from .config import ADAPTER_FORMAT
 from .legacy import is_legacy_description
+from .state import InjectionState, named_adapter
+from .state_dict import is_slot_key, named_adapter_tensors
+from .unwrap import STATE_ATTR
 
 
 def is_other_peft_method(cfg: dict[str, Any]) -> bool:
@@ -69,4 +79,24 @@ def description_from_peft_config(cfg: dict[str, Any], where: str) -> dict[str, A
         raise ValueError(f"{where}: 'injection' must be the object the tuner wrote, got {type(injection).__name__}")
     desc = dict(injection)
     desc["config"] = {k: v for k, v in cfg.items() if k != "injection"}
+    return desc
+
+
+def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tensor] | None = None) -> dict:
+    """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
+    the adapter's config, the `add_rope` positions and the model card's fields."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    name, config = named_adapter(state, name)
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    desc["config"] = {**config.to_dict(), "format_version": ADAPTER_FORMAT}  # the keys are written as today
+    tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
+    # every tensor's shape, by its key: a loader checks the model's against it before injecting
+    desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
+    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
+    to_save = sum(v.numel() for k, v in tensors.items() if not is_slot_key(k))
+    for k, v in card_fields(owner, name, injected, to_save).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
     return desc

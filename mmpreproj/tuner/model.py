@@ -5,7 +5,7 @@ The first injection is peft's own loop, `BaseTuner.inject_adapter`, driven by th
 names (`mmpreproj.hosts`: parts of a VLM, the norm -> attention seam, described hosts), each step in `apply.py`:
 `_prepare_model` builds the plan (every check, nothing changed), `_check_target_module_exists` answers whether a
 module is a planned site, `_create_and_replace` puts the planned wrapper there (the last one finishes the
-injection: seam checks, state, `save_pretrained`), `_mark_only_adapters_as_trainable` freezes the base and keeps
+injection: seam checks, state), `_mark_only_adapters_as_trainable` freezes the base and keeps
 our `modules_to_save` trainable, recording each flag it changes. `inject_adapter` wraps that loop: any error
 rolls the model back as it was. `mmpreproj.inject`, `peft.inject_adapter_in_model` and `peft.get_peft_model` all
 build this tuner, and a further adapter (peft's `add_adapter`, `mmpreproj.load_adapter(adapter_name=)`) goes
@@ -35,8 +35,7 @@ from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
 from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
-from .files import describe_for_save
-from .keys import injection_of
+from .keys import describe_for_save, injection_of
 from .legacy import model_keys
 from .load_check import check_added_record, check_record_fits
 from .named import (
@@ -247,7 +246,7 @@ class PreProjModel(BaseTuner):
         parameter_name: str | None = None,
     ) -> None:
         """Put the planned wrapper of site `current_key` in place of `target`; once every planned site holds
-        its wrapper, finish the injection (seam checks, the state, `save_pretrained`). An addition puts its
+        its wrapper, finish the injection (seam checks, the state). An addition puts its
         modules into the wrapper already there (`update_layer`)."""
         if self._addition is not None:
             if not isinstance(target, PreProjAttention):  # pragma: no cover - the sites are the wrappers

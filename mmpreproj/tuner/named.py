@@ -81,7 +81,7 @@ def plan_addition(
     tensors: dict[str, torch.Tensor] | None = None,
 ) -> Addition:
     """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`tensors` read by
-    `files.read_adapter`, copied into the built modules; its record checked by the caller,
+    `folders.files.read_adapter`, copied into the built modules; its record checked by the caller,
     `load_check.check_added_record`) or, without them, a freshly initialised one (peft's `add_adapter`; its
     `modules_to_save` start from their current values). Nothing is changed: the modules go in through peft's loop.
     ValueError naming the first field that does not fit."""

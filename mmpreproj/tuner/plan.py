@@ -5,6 +5,7 @@ two parts over one attention, quantized weights to train)."""
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,12 +13,12 @@ import torch
 from torch import nn
 
 from ..hosts import HostSpec
+from ..hosts.paths import check_path
 from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
 from ..hosts.spec import HostError, Site, get_path, resolve_sites
 from ..modules import ContentSkip, PreProjAttention, PreProjection
 from ..modules.wrapper import InFlight
 from .config import PreProjConfig
-from .files import check_saved_paths
 from .state import InjectionState, check_adapter_name, is_injected
 
 
@@ -259,3 +260,23 @@ def saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
         return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
     except HostError as e:
         raise ValueError(f"adapter at {path} was {e}") from None
+
+
+def check_saved_paths(desc: dict, path: Path) -> None:
+    """Refuse a file whose paths are not data (calls, dunders, private names), before any of them meets a
+    model and whichever loader reads it: the description and `modules_to_save` are checked for form."""
+    where = f"adapter at {path}"
+    described = desc.get("host_description")
+    try:
+        if isinstance(described, dict) and described.get("parts"):
+            with warnings.catch_warnings():  # a form check only: the host in use warns where it is resolved
+                warnings.simplefilter("ignore", UserWarning)
+                HostSpec.from_dict(described)
+        saved = desc.get("modules_to_save") or {}
+        if not isinstance(saved, dict):
+            raise HostError(f"'modules_to_save' must be an object of name -> path, got {type(saved).__name__}")
+        for name, module_path in saved.items():
+            check_path(name, "modules_to_save")
+            check_path(module_path, f"modules_to_save[{name!r}]")
+    except HostError as e:
+        raise ValueError(f"{where}: {e}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,10 @@ class InjectionState:
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
     input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
+    # what the API above the tuner put on this model instance (`mmpreproj.inject`'s `save_pretrained`,
+    # `folders/pretrained_save.py`), taken off by unload: attribute name -> the object set, and hooks
+    instance_attrs: dict[str, Any] = field(default_factory=dict, repr=False)
+    hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
     # several adapters on one base (named.py): each wrapper holds them all (one ModuleDict per slot); the
     # active one runs, the others wait, frozen
     active_adapter: str = "default"

@@ -14,7 +14,6 @@ from torch import nn
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
 from .plan import peft_layers
-from .pretrained import remove_save_pretrained
 from .state import InjectionState, injected_modules, is_injected
 from .unwrap import STATE_ATTR, injected_owners
 
@@ -72,10 +71,13 @@ def unload(model: nn.Module) -> nn.Module:
         for p in state.thawed:
             if p.requires_grad:
                 p.requires_grad_(False)
-        if state.input_grad_hook is not None:
-            state.input_grad_hook.remove()
+        for hook in (state.input_grad_hook, *state.hooks):
+            if hook is not None:
+                hook.remove()
+        for attr, value in state.instance_attrs.items():  # only what is still the object put there
+            if vars(owner).get(attr) is value:
+                delattr(owner, attr)
         delattr(owner, STATE_ATTR)
-        remove_save_pretrained(owner)
     return model
 
 

@@ -1,12 +1,12 @@
 """An adapter folder: `save_adapter` writes it, `read_adapter` reads it back (description, tensors), in peft's
-layout (`keys.py`: the config; weights keyed as the model keys them, peft's prefix added) with the two files
-replaced together (`util.file_sets`); `check_saved_paths` form-checks what a file says before any of it meets a
-model."""
+layout (`tuner/keys.py`: the config; weights keyed as the model keys them, peft's prefix added) with the two
+files replaced together (`util.file_sets`); `check_file_keys` checks a file's keys against its own description
+before any of it meets a model. The writer sits beside the loaders, above the tuner, as peft's own
+`save_and_load` sits outside `peft/tuners/`."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
@@ -16,32 +16,28 @@ from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
 from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
-from ..adapter_files.model_card import card_fields, model_card
-from ..hosts import HostSpec
+from ..adapter_files.model_card import model_card
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError
-from ..timm_rope.saved import describe_rope
-from ..util.file_sets import committed_files, write_files
-from ..version import __version__
-from .config import ADAPTER_FORMAT
-from .keys import description_from_peft_config, peft_config_from_description
-from .legacy import OLD_SLOTS, is_legacy_description, model_keys
-from .state import ADAPTER_TYPE, InjectionState, named_adapter
-from .state_dict import (
+from ..tuner.keys import describe_for_save, description_from_peft_config, peft_config_from_description
+from ..tuner.legacy import OLD_SLOTS, is_legacy_description, model_keys
+from ..tuner.state import ADAPTER_TYPE, named_adapter
+from ..tuner.state_dict import (
     SLOTS,
     adapter_state_dict,
     injected_paths,
-    is_slot_key,
     named_adapter_tensors,
     refuse_empty,
     refuse_non_finite,
     refuse_peft_heads,
 )
-from .unwrap import STATE_ATTR, injected_owner
+from ..tuner.unwrap import injected_owner
+from ..util.file_sets import committed_files, write_files
+from ..version import __version__
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
-PRETRAINED_ADAPTER_DIR = "adapter"  # where `save_pretrained` (and a training run) keeps the adapter (`pretrained.py`)
+PRETRAINED_ADAPTER_DIR = "adapter"  # where `save_pretrained` (and a training run) keeps the adapter
 BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
 
 
@@ -66,7 +62,7 @@ def save_adapter(
 
     `adapter_name` saves one of several loaded adapters (default: the active one, `named.py`);
     `readme=True` also writes a short model card, README.md (`adapter_files/model_card.py`), in the same commit.
-    `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained.py`).
+    `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained_save.py`).
     """
     owner, state = injected_owner(model, "save_adapter")
     refuse_peft_heads(owner, "save_adapter")
@@ -97,26 +93,6 @@ def save_adapter(
         writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
     write_files(path, writers)
     return path
-
-
-def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tensor] | None = None) -> dict:
-    """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
-    the adapter's config, the `add_rope` positions and the model card's fields."""
-    state: InjectionState = vars(owner)[STATE_ATTR]
-    name, config = named_adapter(state, name)
-    desc = state.describe()
-    rope = describe_rope(owner)
-    if rope is not None:  # add_rope positions: load_adapter restores or checks them
-        desc["rope"] = rope
-    desc["config"] = {**config.to_dict(), "format_version": ADAPTER_FORMAT}  # the keys are written as today
-    tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
-    # every tensor's shape, by its key: a loader checks the model's against it before injecting
-    desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
-    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
-    to_save = sum(v.numel() for k, v in tensors.items() if not is_slot_key(k))
-    for k, v in card_fields(owner, name, injected, to_save).items():
-        desc.setdefault(k, v)  # keys another writer already put in describe() win
-    return desc
 
 
 def adapter_folder(path: str | Path) -> Path:
@@ -170,26 +146,6 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         # last, so a specific fault above is named first: a save cut short, or tensors renamed or edited
         check_weights_digest(desc.get(DIGEST_KEY), file_tensors, path / ADAPTER_WEIGHTS_NAME)
     return desc, tensors
-
-
-def check_saved_paths(desc: dict, path: Path) -> None:
-    """Refuse a file whose paths are not data (calls, dunders, private names), before any of them meets a
-    model and whichever loader reads it: the description and `modules_to_save` are checked for form."""
-    where = f"adapter at {path}"
-    described = desc.get("host_description")
-    try:
-        if isinstance(described, dict) and described.get("parts"):
-            with warnings.catch_warnings():  # a form check only: the host in use warns where it is resolved
-                warnings.simplefilter("ignore", UserWarning)
-                HostSpec.from_dict(described)
-        saved = desc.get("modules_to_save") or {}
-        if not isinstance(saved, dict):
-            raise HostError(f"'modules_to_save' must be an object of name -> path, got {type(saved).__name__}")
-        for name, module_path in saved.items():
-            check_path(name, "modules_to_save")
-            check_path(module_path, f"modules_to_save[{name!r}]")
-    except HostError as e:
-        raise ValueError(f"{where}: {e}") from None
 
 
 def check_file_keys(tensors: dict[str, torch.Tensor], desc: dict, where: str) -> None:

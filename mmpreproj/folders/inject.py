@@ -1,6 +1,8 @@
-"""inject: put the modules into a host model, in place, through peft's injection loop: `PreProjModel`, whose
-hooks take each step of `apply.py` (plan, place, finish, freeze), the path of `peft.inject_adapter_in_model` and
-`peft.get_peft_model` too. `unload` / `adapter_disabled` (`unload.py`) are re-exported here.
+"""`mmpreproj.inject`: put the modules into a host model, in place, through peft's injection loop: the tuner
+`PreProjModel`, whose hooks take each step of `tuner/apply.py` (plan, place, finish, freeze), the path of
+`peft.inject_adapter_in_model` and `peft.get_peft_model` too. What our API adds to peft's path: the model keeps no
+tuner (as `inject_adapter_in_model` leaves it) and gets the round-tripping `save_pretrained`
+(`pretrained_save.py`), which `unload` takes off.
 
 Every call validates first (`plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
 The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `state.py`), never in globals.
@@ -13,13 +15,12 @@ from typing import Any
 from torch import nn
 
 from ..hosts import HostSpec
-from .apply import Request
-from .config import PreProjConfig
-from .model import PreProjModel
-from .named import Addition, peft_record
-from .plan import Plan, check_plain_model
-from .unload import adapter_disabled as adapter_disabled
-from .unload import unload as unload
+from ..tuner.apply import Request
+from ..tuner.config import PreProjConfig
+from ..tuner.model import PreProjModel
+from ..tuner.named import Addition, peft_record
+from ..tuner.plan import Plan, check_plain_model
+from .pretrained_save import install_save_pretrained
 
 _ABSENT = object()
 
@@ -52,21 +53,26 @@ def inject(
             cannot take `x~`), the model is put back as it was and the error re-raised: a wrong description never
             leaves an injected model behind.
 
-        adapter_name: the name of this first adapter (peft's "default"; `tuner.named` adds more).
+        adapter_name: the name of this first adapter (peft's "default"; `load_adapter(adapter_name=)` adds more).
 
     Returns the same model object. Injected weights are float32 on the device of their block.
     It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
     (`mmpreproj.tuner.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
-    wraps the result in a `PeftModel`.
+    wraps the result in a `PeftModel`. Beyond peft's path, the model's `save_pretrained` writes the base and the
+    adapter (`mmpreproj.save_pretrained`), so a Trainer saving the model itself keeps the base loadable.
     """
     config = config or PreProjConfig()
-    return _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
+    _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
+    install_save_pretrained(model)
+    return model
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     """Place a plan the caller built and filled (`load_injection`: saved weights copied in), through the same
-    loop; on error the model is left as it was."""
-    return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
+    loop, as `inject` does; on error the model is left as it was."""
+    _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
+    install_save_pretrained(model)
+    return model
 
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:

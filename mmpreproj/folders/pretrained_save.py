@@ -19,8 +19,9 @@ machinery (tied weights, shards, quantizer, weight-name conversions); everything
 also when the save fails. The trained `modules_to_save` values go to the adapter. A `state_dict=` the
 caller passes (the Trainer does, under some launchers) is translated the same way (`split_state_dict`).
 
-`inject` still installs the same save as the instance's `model.save_pretrained` (the Trainer calls it) and
-`unload` takes it off; the class and every other model are untouched. It stays until the class's own method can
+`mmpreproj.inject` and `mmpreproj.load_adapter` (our API, not peft's routes: a `PeftModel` saves itself) still
+install the same save as the instance's `model.save_pretrained` (the Trainer calls it) and `unload` takes it off;
+the class and every other model are untouched. It stays until the class's own method can
 save an injected model: transformers 5.24 writes a model's adapters (`_hf_peft_config_loaded`, peft's format)
 only with peft >= 0.22 (`check_peft_version` in `get_adapter_state_dict` / `active_adapters`), and the class's
 method of an unregistered injected model would write the wrapper's keys (`base_layer.`), which a plain
@@ -50,11 +51,11 @@ from torch import nn
 from ..adapter_files.file_check import BASE_FILES, refuse_links
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
+from ..tuner.legacy import named_slot_key
+from ..tuner.state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
+from ..tuner.unwrap import STATE_ATTR
 from ..util.io import set_new_file_modes
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
-from .legacy import named_slot_key
-from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
-from .unwrap import STATE_ATTR
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
@@ -62,27 +63,16 @@ _WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not 
 
 
 def install_save_pretrained(model: nn.Module) -> None:
-    """Give the injected `model` the round-tripping `save_pretrained`, if its class has one and the
-    instance does not override it, and a `load_state_dict` pre-hook that reads a base checkpoint
-    (`load_base_keys`)."""
+    """Give a model our own API injected (`inject`, `load_adapter`) the round-tripping `save_pretrained`, if its
+    class has one and the instance does not override it, and a `load_state_dict` pre-hook that reads a base
+    checkpoint (`load_base_keys`). Both are recorded in the injection state, by which `unload` takes them off;
+    the peft routes (`get_peft_model`, `inject_adapter_in_model`, `PeftModel.from_pretrained`) get neither."""
+    state = vars(model)[STATE_ATTR]
     if callable(getattr(type(model), "save_pretrained", None)) and "save_pretrained" not in vars(model):
-        model.save_pretrained = partial(_save_pretrained, model)  # a partial pickles (torch.save(model)): a bound
-        # method of a module function would be pickled as getattr(model, "_save_pretrained") and fail to load
-    if not _base_key_hooks(model):
-        model.register_load_state_dict_pre_hook(load_base_keys)
-
-
-def remove_save_pretrained(model: nn.Module) -> None:
-    """Take off what `install_save_pretrained` put on (and nothing else)."""
-    patched = vars(model).get("save_pretrained")
-    if isinstance(patched, partial) and patched.func is _save_pretrained:
-        del model.save_pretrained
-    for key in _base_key_hooks(model):
-        del model._load_state_dict_pre_hooks[key]
-
-
-def _base_key_hooks(model: nn.Module) -> list[int]:
-    return [k for k, h in model._load_state_dict_pre_hooks.items() if getattr(h, "hook", h) is load_base_keys]
+        # a partial pickles (torch.save(model)): a bound method of a module function would be pickled as
+        # getattr(model, "_save_pretrained") and fail to load
+        model.save_pretrained = state.instance_attrs["save_pretrained"] = partial(_save_pretrained, model)
+    state.hooks.append(model.register_load_state_dict_pre_hook(load_base_keys))
 
 
 def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
