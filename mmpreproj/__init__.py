@@ -17,6 +17,7 @@ from .util import quiet as _quiet
 _quiet.install()  # before peft imports torchao / bitsandbytes, which log them
 
 from . import hosts, rope
+from .folders.adapters import active_adapter, adapter_names, delete_adapter, set_adapter
 from .folders.files import save_adapter
 from .folders.inject import inject
 from .folders.load import load_adapter
@@ -29,7 +30,6 @@ from .sizing.report import TrainableReport, trainable_report
 from .tuner import PreProjModel
 from .tuner.config import PreProjConfig
 from .tuner.estimate import Estimate, estimate
-from .tuner.named import active_adapter, adapter_names, delete_adapter, set_adapter
 from .tuner.state import injected_modules, is_injected
 from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict
 from .tuner.unload import adapter_disabled, unload

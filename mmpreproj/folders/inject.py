@@ -18,8 +18,9 @@ from ..hosts import HostSpec
 from ..tuner.apply import Request
 from ..tuner.config import PreProjConfig
 from ..tuner.model import PreProjModel
-from ..tuner.named import Addition, peft_record
+from ..tuner.named import Addition
 from ..tuner.plan import Plan, check_plain_model
+from .adapters import peft_record
 from .pretrained_save import install_save_pretrained
 
 _ABSENT = object()

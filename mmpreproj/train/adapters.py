@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import tuner as _adapter
+from ..folders.files import ADAPTER_WEIGHTS_NAME, save_adapter
+from ..tuner.state_dict import adapter_state_dict
 from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS
@@ -34,7 +35,7 @@ def gather_run_adapter(model: nn.Module, method: str) -> dict[str, Any]:
     """
     if METHOD_SPECS[method].lora:
         return {"lora": {n: _full(p) for n, p in model.named_parameters() if p.requires_grad}}
-    return {"adapter": _adapter.adapter_state_dict(model)}
+    return {"adapter": adapter_state_dict(model)}
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
@@ -56,11 +57,11 @@ def save_run_adapter(model: nn.Module, method: str, path: str | Path, *, state: 
                 f"cannot write the LoRA adapter to {path}: {_why(err)}; peft's files there may be incomplete. "
                 "Free space (or choose another output folder) and run again"
             ) from err
-        set_new_file_modes(path, (_adapter.ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
+        set_new_file_modes(path, (ADAPTER_WEIGHTS_NAME,))  # peft's safetensors are 0600 whatever the umask
         return path
     try:
         path.mkdir(parents=True, exist_ok=True)  # both files replaced together or not at all (`util/file_sets.py`)
-        _adapter.save_adapter(model, path, state_dict=state.get("adapter"))
+        save_adapter(model, path, state_dict=state.get("adapter"))
     except OSError as err:
         raise CheckpointWriteError(
             f"cannot write the adapter to {path}: {_why(err)}; nothing there was replaced (the previous adapter "

@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from mmpreproj_cli.tables import METHOD_SPECS, METHODS, MethodSpec
 
-from .. import tuner as _adapter
+from ..folders.inject import inject
 from ..folders.stacked import stacked_peft_model
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules
@@ -132,7 +132,7 @@ def apply_method(
     """
     spec = _spec(method)
     if spec.preproj or spec.skip:
-        _adapter.inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
+        inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
     if not spec.lora:
         return model
     r, alpha = resolve_lora(method, *host_shape(model), lora_r, lora_alpha, per_rank=lora_per_rank(model))
