@@ -42,8 +42,13 @@ def test_an_injected_transformers_model_pickles_whole_and_its_copy_saves_itself(
     want = model.eval()(ids).logits
     copy = _round_trip(model)
     assert torch.equal(copy(ids).logits, want)
-    inner = copy if through == "inject" else copy.get_base_model()
-    inner.save_pretrained(tmp_path / "copy")  # the installed save, bound to the copy, not to the original
+    if through == "inject":
+        inner = copy
+        inner.save_pretrained(tmp_path / "copy")  # the installed save, bound to the copy, not to the original
+    else:  # peft's route installs nothing on the model (a PeftModel saves itself): the function saves it whole
+        inner = copy.get_base_model()
+        assert "save_pretrained" not in vars(inner)
+        mmpreproj.save_pretrained(inner, tmp_path / "copy")
     reloaded = mmpreproj.from_pretrained(tmp_path / "copy")
     assert torch.equal(reloaded.eval()(ids).logits, want)
     mmpreproj.unload(inner)

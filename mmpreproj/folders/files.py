@@ -60,7 +60,7 @@ def save_adapter(
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
 
-    `adapter_name` saves one of several loaded adapters (default: the active one, `named.py`);
+    `adapter_name` saves one of several loaded adapters (default: the active one, `tuner/named.py`);
     `readme=True` also writes a short model card, README.md (`adapter_files/model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained_save.py`).
     """
@@ -107,7 +107,7 @@ def adapter_folder(path: str | Path) -> Path:
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Read and parse an adapter folder: (description, tensors keyed as `adapter_state_dict` keys them, or in the
-    block-index keys of an older folder: `legacy.model_keys` maps those onto the model). Clear errors for
+    block-index keys of an older folder: `tuner/legacy.model_keys` maps those onto the model). Clear errors for
     missing/corrupt files, a config that is not an object and weights that are not finite (the tensor is named).
 
     `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""

@@ -4,8 +4,8 @@
 tuner (as `inject_adapter_in_model` leaves it) and gets the round-tripping `save_pretrained`
 (`pretrained_save.py`), which `unload` takes off.
 
-Every call validates first (`plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
-The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `state.py`), never in globals.
+Every call validates first (`tuner/plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
+The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `tuner/state.py`), never in globals.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
 
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
-    """Add a further adapter the caller planned and filled (`named.plan_addition`: a saved one) to the injected
+    """Add a further adapter the caller planned and filled (`tuner/named.plan_addition`: a saved one) to the injected
     model inside `model`, through the same loop; on error no wrapper keeps it. When `model` is a `PeftModel` over
     the injection, its `peft_config` gets the adapter too. Returns `model`."""
     _through_tuner(addition.owner, addition.config, addition.name, Request(addition=addition))

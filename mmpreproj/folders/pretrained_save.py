@@ -95,7 +95,7 @@ def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *
         if wrapper_prefix is None:
             continue
         rest = key[len(wrapper_prefix) :]
-        named = named_slot_key(rest, wrappers[wrapper_prefix])  # today's layout, or an older one (`legacy.py`)
+        named = named_slot_key(rest, wrappers[wrapper_prefix])  # today's layout, or an older one (`tuner/legacy.py`)
         if named is not None:
             adapter_keys += 1
             if named != rest:

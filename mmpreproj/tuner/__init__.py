@@ -11,7 +11,8 @@ Bottom to top (each file imports only those before it): `state` (what an injecti
 an identity injection), `apply` (plan, place, finish, freeze, roll back), `unload` (unload, `adapter_disabled`),
 `named` (several adapters), `model` (the tuner); beside them `unwrap`, `estimate` and the check `load_check`.
 
-Nothing here writes a folder or patches a model instance. Above the tuner, our own API over it
+Nothing here writes an adapter folder itself (peft does, with `PreProjConfig.save_pretrained` for the config)
+or patches a model instance. Above the tuner, our own API over it
 (`mmpreproj.folders`): `inject` (peft's `inject_adapter_in_model` plus the round-tripping `save_pretrained`), the
 writers and readers of adapter and whole-model folders, the one loader of any trained folder, `preproj_lora`'s
 folder, `from_pretrained`. Below it: the checks of a folder's files alone (`digest`, `file_check`) and its model
