@@ -74,3 +74,47 @@ def test_the_current_cuda_device_set_for_nccl_is_put_back(monkeypatch):
     with pytest.raises(RuntimeError, match="no rendezvous"):
         distributed.init_distributed("cuda:1")
     assert current == [0]
+
+
+class _Stop(Exception):
+    """Raised by the stubbed set-up: the test looks only at what ran before it."""
+
+
+def _stub_start(monkeypatch, gathered: list) -> list[str]:
+    """`trainer._train` on rank 1 of 2 with the folder check, the collective and the set-up stubbed: the order in
+    which they ran. `gathered` is what the collective returns (one entry per rank)."""
+    from mmpreproj.train import trainer
+
+    calls: list[str] = []
+    monkeypatch.setattr(trainer, "_prepare_out", lambda *a: calls.append("check") or (None, False))
+    monkeypatch.setattr(trainer, "all_gather_objects", lambda obj, ctx: calls.append("gather") or gathered)
+
+    def setup(*a):
+        calls.append("setup")
+        raise _Stop
+
+    monkeypatch.setattr(trainer, "_setup", setup)
+    return calls
+
+
+def test_every_rank_checks_the_run_folder_before_any_rank_writes_to_it(monkeypatch, tmp_path):
+    """A rank that started late found the run folder the faster rank had begun writing, and refused it as "already
+    holds a run" (seen under load in test_train_fsdp): a collective now sits between every rank's check and the
+    set-up that writes."""
+    from mmpreproj.train import trainer
+    from mmpreproj.train.distributed import DistContext
+
+    calls = _stub_start(monkeypatch, [None, None])
+    with pytest.raises(_Stop):
+        trainer._train(TrainConfig(out=str(tmp_path)), DistContext(rank=1, world_size=2), None, None, None)
+    assert calls == ["check", "gather", "setup"]
+
+
+def test_a_folder_refused_on_one_rank_is_refused_on_every_rank(monkeypatch, tmp_path):
+    from mmpreproj.train import trainer
+    from mmpreproj.train.distributed import DistContext
+
+    calls = _stub_start(monkeypatch, [(FileExistsError, "run already holds a run"), None])
+    with pytest.raises(FileExistsError, match="^run already holds a run$"):
+        trainer._train(TrainConfig(out=str(tmp_path)), DistContext(rank=1, world_size=2), None, None, None)
+    assert calls == ["check", "gather"]  # nothing set up, nothing written

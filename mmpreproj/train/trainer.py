@@ -25,10 +25,10 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,7 @@ from .schedule import make_scheduler
 
 log = logging.getLogger("mmpreproj.train")
 _RUN_FILES = (CHECKPOINT_NAME, LOG_NAME, METRICS_NAME, CONFIG_NAME, ADAPTER_DIR)
+T = TypeVar("T")
 
 
 @dataclass
@@ -128,17 +129,27 @@ def train(
 def _locked(out: Path, ctx: DistContext) -> Iterator[None]:
     """Rank 0 holds the run folder's lock; every rank fails alike when another process holds it."""
     with contextlib.ExitStack() as stack:
-        error = None
-        if ctx.is_main:
-            try:
-                stack.enter_context(run_lock(out))
-            except (RunInUseError, NotADirectoryError) as e:
-                error = (type(e), str(e))
-        errors = all_gather_objects(error, ctx)
-        if errors[0] is not None:
-            kind, message = errors[0]
-            raise kind(message)
+        lock = (lambda: stack.enter_context(run_lock(out))) if ctx.is_main else (lambda: None)
+        _alike_on_every_rank(lock, ctx, (RunInUseError, NotADirectoryError))
         yield
+
+
+def _alike_on_every_rank(call: Callable[[], T], ctx: DistContext, errors: tuple[type[Exception], ...]) -> T:
+    """`call()` on this rank, then a collective: when it raised one of `errors` on some rank, every rank raises
+    (its own exception, else the first failing rank's type and message), so no rank goes on alone into a
+    collective the others never reach."""
+    own, result = None, None
+    try:
+        result = call()
+    except errors as e:
+        own = e
+    failed = [f for f in all_gather_objects(None if own is None else (type(own), str(own)), ctx) if f is not None]
+    if own is not None:
+        raise own
+    if failed:
+        kind, message = failed[0]
+        raise kind(message)
+    return result
 
 
 def _prepare_out(cfg: TrainConfig, out: Path, ctx: DistContext) -> tuple[dict[str, Any] | None, bool]:
@@ -370,7 +381,9 @@ def _check_finite(run: _Run, what: str, value: float) -> None:
 def _train(
     cfg: TrainConfig, ctx: DistContext, model: nn.Module | None, tokenizer: Any, examples: LMExamples | None
 ) -> RunResult:
-    resume, clear = _prepare_out(cfg, Path(cfg.out), ctx)  # checks only: nothing on disk changes before setup
+    # checks only, nothing on disk changes before setup; the collective after the checks keeps a fast rank from
+    # writing the new run's files before a slow one has looked at the folder (it would find a run there)
+    resume, clear = _alike_on_every_rank(lambda: _prepare_out(cfg, Path(cfg.out), ctx), ctx, (ValueError, OSError))
     run, examples = _setup(cfg, ctx, model, tokenizer, examples, resume)
     if clear:
         _clear_old_run(run.out, ctx)  # overwrite: the new run has started

@@ -2,7 +2,8 @@
 under `torch.distributed.run --nproc_per_node 2` (not a test itself, never imported).
 
 argv: OUT SIDE [PARALLEL]. Trains a tiny injected GPT-NeoX for 3 steps with gloo data parallelism ("ddp",
-the default) or FSDP2 ("fsdp"), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
+the default) or FSDP2 ("fsdp": rank 1 checks the run folder 2 s late, so a rank that wrote before every rank had
+checked would make it refuse the folder), then writes this rank's trained adapter weights to SIDE/rank<r>.pt (a
 test-only side channel) for the test to compare. For "fsdp" the worker opens the process group itself,
 as `accelerate launch` would, so that the sharded weights can still be gathered after `train()` returns.
 "fsdp-resume": under FSDP2 with a checkpoint every step, for preproj_skip and for preproj_lora (peft's LoRA beside
@@ -13,6 +14,7 @@ name and the final loss.
 
 import os
 import sys
+import time
 
 # the repository root in place of this script's folder (whose module names, e.g. `distributed`, would shadow)
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import mmpreproj  # noqa: E402
-from mmpreproj.train import TrainConfig, train  # noqa: E402
+from mmpreproj.train import TrainConfig, train, trainer  # noqa: E402
 from tests.helpers.distributed import CONFIG, DATA, FSDP_CONFIG  # noqa: E402
 from tests.helpers.zoo import tiny_neox  # noqa: E402
 
@@ -48,6 +50,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if parallel == "fsdp":
         dist.init_process_group("gloo")
+        # rank 1 checks the run folder 2 s after rank 0, as a rank descheduled under load would (FSDP2 sets up
+        # with no collective, so rank 0 goes on to write the run's first files meanwhile)
+        checked = trainer._prepare_out
+        trainer._prepare_out = lambda *a: (time.sleep(2 * rank), checked(*a))[1]
         result = train(TrainConfig(out=out, **FSDP_CONFIG), tiny_neox(), examples=DATA)
         local = {  # this rank's shard of each injected weight, before gathering (keyed as adapter_state_dict)
             f"{path}.{slot}.{k}": tuple(v.to_local().shape)
