@@ -117,7 +117,9 @@ def _patched(model) -> tuple[bool, int]:
     return "save_pretrained" in vars(model), len(hooks)
 
 
-@pytest.mark.parametrize("route", ["get_peft_model", "inject_adapter_in_model", "PeftModel.from_pretrained"])
+@pytest.mark.parametrize(
+    "route", ["get_peft_model", "inject_adapter_in_model", "PeftModel.from_pretrained", "transformers.load_adapter"]
+)
 def test_peft_routes_leave_the_instance_alone(tmp_path, base_dir, route):
     """peft's routes build the same tuner but patch nothing on the model (as for LoRA: a PeftModel saves itself);
     only our own API (`inject`, `load_adapter`) installs the whole-model save."""
@@ -128,7 +130,11 @@ def test_peft_routes_leave_the_instance_alone(tmp_path, base_dir, route):
         inner = peft.inject_adapter_in_model(PreProjConfig(), model)
     else:
         peft.get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), PreProjConfig()).save_pretrained(tmp_path)
-        inner = peft.PeftModel.from_pretrained(model, tmp_path).get_base_model()
+        if route == "PeftModel.from_pretrained":
+            inner = peft.PeftModel.from_pretrained(model, tmp_path).get_base_model()
+        else:  # transformers' own loader (peft's inject_adapter_in_model underneath)
+            model.load_adapter(str(tmp_path))
+            inner = model
     assert mmpreproj.is_injected(inner) and _patched(inner) == (False, 0)
     mmpreproj.save_adapter(inner, tmp_path / "ours")
     loaded = mmpreproj.load_adapter(AutoModelForCausalLM.from_pretrained(base_dir), tmp_path / "ours")
