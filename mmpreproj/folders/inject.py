@@ -63,17 +63,13 @@ def inject(
     adapter (`mmpreproj.save_pretrained`), so a Trainer saving the model itself keeps the base loadable.
     """
     config = config or PreProjConfig()
-    _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
-    install_save_pretrained(model)
-    return model
+    return _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     """Place a plan the caller built and filled (`load_injection`: saved weights copied in), through the same
     loop, as `inject` does; on error the model is left as it was."""
-    _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
-    install_save_pretrained(model)
-    return model
+    return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
 
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
@@ -92,7 +88,8 @@ def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, r
     `model` and dropped. peft's tuner also gives the model its `peft_config` dict; `inject` leaves only the
     injection, so that attribute is put back as it was (absent, or a dict already there). A model that cannot take
     a first injection is refused before (an addition goes onto the injected model itself): peft's constructor adds
-    the config to a `peft_config` it finds on the model (a `PeftModel`'s own)."""
+    the config to a `peft_config` it finds on the model (a `PeftModel`'s own). A first injection then gets our
+    round-tripping `save_pretrained` (`pretrained_save.install_save_pretrained`), which peft's routes do not."""
     if request.addition is None:
         check_plain_model(model)
     kept = vars(model).pop("peft_config", _ABSENT)
@@ -102,4 +99,6 @@ def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, r
         vars(model).pop("peft_config", None)
         if kept is not _ABSENT:
             vars(model)["peft_config"] = kept
+    if request.addition is None:
+        install_save_pretrained(model)
     return model

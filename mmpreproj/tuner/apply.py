@@ -105,7 +105,7 @@ def run_example(model: nn.Module, example_input: Any) -> None:
 
 
 def roll_back(model: nn.Module, injection: Injection) -> None:
-    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hook, the state."""
+    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hooks, the state."""
     for site, wrapper in reversed(injection.placed):
         setattr(site.parent, site.attr, wrapper.base_layer)
         if getattr(wrapper, "seam_check", None) is not None:
@@ -118,8 +118,8 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
         p.requires_grad_(True)
     for p in state.thawed:
         p.requires_grad_(False)
-    if state.input_grad_hook is not None:
-        state.input_grad_hook.remove()
+    for hook in state.hooks:
+        hook.remove()
     if vars(model).get("mmpreproj_state") is state:
         del model.mmpreproj_state
 
@@ -137,9 +137,8 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
     emb = spec.input_embeddings(model)
     if emb is not None:
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
-        state.input_grad_hook = emb.register_forward_hook(
-            partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
-        )
+        hook = partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
+        state.hooks.append(emb.register_forward_hook(hook))
 
 
 def _make_output_require_grad(

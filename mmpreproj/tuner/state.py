@@ -36,11 +36,11 @@ class InjectionState:
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
-    input_grad_hook: RemovableHandle | None = field(default=None, repr=False)
-    # what the API above the tuner put on this model instance (`mmpreproj.inject`'s `save_pretrained`,
-    # `folders/pretrained_save.py`), taken off by unload: attribute name -> the object set, and hooks
-    instance_attrs: dict[str, Any] = field(default_factory=dict, repr=False)
+    # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`, the base-key load hook of
+    # `folders/pretrained_save.py`) and attributes set on the instance by the API above the tuner (`mmpreproj.inject`'s
+    # `save_pretrained`: name -> the object set): unload and roll_back take exactly these off
     hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
+    instance_attrs: dict[str, Any] = field(default_factory=dict, repr=False)
     # several adapters on one base (named.py): each wrapper holds them all (one ModuleDict per slot); the
     # active one runs, the others wait, frozen
     active_adapter: str = "default"

@@ -71,9 +71,8 @@ def unload(model: nn.Module) -> nn.Module:
         for p in state.thawed:
             if p.requires_grad:
                 p.requires_grad_(False)
-        for hook in (state.input_grad_hook, *state.hooks):
-            if hook is not None:
-                hook.remove()
+        for hook in state.hooks:
+            hook.remove()
         for attr, value in state.instance_attrs.items():  # only what is still the object put there
             if vars(owner).get(attr) is value:
                 delattr(owner, attr)
