@@ -293,10 +293,14 @@ def write_folders(src: Path, out: Path, name: str, prefix: str) -> None:
     if kwargs["layer_norm_eps"] != 1e-6:
         raise ValueError(f"{src.name}: layer_norm_eps {kwargs['layer_norm_eps']} (timm's ViT fixes 1e-6)")
     model = Dinov2Model(Dinov2Config(**kwargs))
-    missing = model.load_state_dict(state, strict=False)
-    if missing.missing_keys or missing.unexpected_keys:
-        raise ValueError(f"{src.name}: weights do not fit Dinov2Model: missing {missing.missing_keys[:6]}, "
-                         f"unexpected {missing.unexpected_keys[:6]}")  # fmt: skip
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    misfit = sorted(set(expected) ^ set(state)) + [
+        f"{k}: {tuple(v.shape)} in the file, {expected[k]} in Dinov2Model" for k, v in state.items()
+        if k in expected and tuple(v.shape) != expected[k]
+    ]  # fmt: skip
+    if misfit:
+        raise ValueError(f"{src.name}: weights that do not fit Dinov2Model({kwargs}): {misfit[:6]}")
+    model.load_state_dict(state, strict=True)
     model.save_pretrained(str(out))
     timm_cfg = _timm_config(kwargs)
     vit = timm.create_model(TIMM_ARCH, pretrained=False, **timm_cfg["model_args"])
