@@ -155,3 +155,21 @@ def test_study_restarts_a_run_that_stopped_before_its_first_checkpoint(tiny_gguf
     study("smollm2-135m-cpu", tmp_path / "out", tmp_path / "runs", **kwargs)
     arm = tmp_path / "out" / "arms" / "skip" / "lr-0.001-seed-42"
     assert json.loads((arm / "select.json").read_text())["row"]["select.ppl"] > 0
+
+
+def test_gpu_script_picks_each_methods_lr_on_heldout_rows(tiny_gguf, tmp_path):
+    """`--lrs`: each method trains at each LR (held-out PPL), only the pick gets the test tasks."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out = tmp_path / "lrs"
+    argv = ["--dry-run", "--model", str(tiny_gguf), "--out", str(out), "--lrs", "1e-4,3e-4", "--device", "cpu"]
+    report = gpu_table2.main([*argv, "--methods", "preproj_skip,lora"])
+    for method in ("preproj_skip", "lora"):
+        arms = sorted(p.name for p in (out / "arms" / method).iterdir())
+        assert arms == ["lr-0.0001-seed-42", "lr-0.0003-seed-42"]
+        selects = {a: json.loads((out / "arms" / method / a / "select.json").read_text()) for a in arms}
+        heldout = {a: d["row"]["select.ppl"] for a, d in selects.items()}
+        fulls = [a for a in arms if (out / "arms" / method / a / "full.json").is_file()]
+        assert fulls == [min(heldout, key=heldout.get)]  # the held-out pick, and only it, is tested
+    assert "(picked)" in report.read_text()
+    with pytest.raises(SystemExit, match="--lrs: 'x' is not a positive learning rate"):
+        gpu_table2.main([*argv, "--lrs", "1e-4,x"])
