@@ -40,7 +40,7 @@ def test_random_hosts_compute_the_same_function():
     with torch.no_grad():
         torch.testing.assert_close(a.model(x), b.model(x), rtol=0, atol=1e-5)
     for bb in (a, b):
-        mmpreproj.inject(probe.host_module(bb.model), mmpreproj.PreProjConfig(freeze_base=True))
+        mmpreproj.inject(bb.host, mmpreproj.PreProjConfig(freeze_base=True))
     pa = [p for p in a.model.parameters() if p.requires_grad]
     pb = [p for p in b.model.parameters() if p.requires_grad]
     assert [p.shape for p in pa] == [p.shape for p in pb] and len(pa) == 2 * 3  # 2 blocks: W_up, W_down, W_skip

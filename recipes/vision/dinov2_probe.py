@@ -62,7 +62,6 @@ import mmpreproj  # noqa: E402
 from mmpreproj.analysis import routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data import asset_path  # noqa: E402
 from mmpreproj.experiments.study import LR_LADDER, _claim, _next_lr  # noqa: E402
-from mmpreproj.hosts import find_host  # noqa: E402
 from recipes.kit import environment, fit_classifier, load_image_zip, parse_config  # noqa: E402
 from recipes.kit.backbones import Backbone, BackboneUnavailable, load_backbone  # noqa: E402
 from recipes.smollm2.table2 import commit  # noqa: E402
@@ -116,8 +115,8 @@ class Config:
     heldout_per_class: int = 50  # of train_per_class: the LR choice
     test_per_class: int = 100
     split_seed: int = 0
-    img_size: int = 0  # 0 = the backbone's (112 for dinov2-small)
-    steps: int = 200
+    img_size: int = 0  # 0 = the backbone's default (112 for dinov2-small; the random ones: their own)
+    steps: int = 180  # the measured s/step puts the study at <= 5 CPU-hours (see the report's Cost)
     batch_size: int = 32
     warmup_steps: int = 20
     weight_decay: float = 0.0
@@ -168,27 +167,17 @@ HELP = {
 
 
 # 1. Backbone and arms ----------------------------------------------------------------------------------------
-def get_backbone(spec: str, checkpoint: str | None) -> Backbone:
-    return random_dinov2(spec) if is_random_dinov2(spec) else load_backbone(spec, checkpoint)
-
-
-def host_module(model: nn.Module) -> nn.Module:
-    """`model` or its first descendant (breadth first) a host row claims: the features wrapper holds the host."""
-    todo = [model]
-    while todo:
-        m = todo.pop(0)
-        try:
-            find_host(m)
-            return m
-        except ValueError:
-            todo += list(m.children())
-    raise ValueError(f"no host row claims {type(model).__name__} or any module inside it")
+def get_backbone(spec: str, checkpoint: str | None, img_size: int = 0) -> Backbone:
+    """`load_backbone(spec)` at `img_size` (0: its default), or a random DINOv2 of its own fixed size."""
+    if is_random_dinov2(spec):
+        return random_dinov2(spec, img_size=img_size or None)
+    return load_backbone(spec, checkpoint, img_size=img_size or None)
 
 
 def backbone_for(cfg: Config, arm: Arm) -> Backbone:
     if arm.host == "timm":
-        return get_backbone(cfg.timm_backbone, cfg.timm_checkpoint)
-    return get_backbone(cfg.backbone, cfg.checkpoint)
+        return get_backbone(cfg.timm_backbone, cfg.timm_checkpoint, cfg.img_size)
+    return get_backbone(cfg.backbone, cfg.checkpoint, cfg.img_size)
 
 
 def preproj_config(arm: Arm, host: nn.Module) -> mmpreproj.PreProjConfig:
@@ -198,20 +187,19 @@ def preproj_config(arm: Arm, host: nn.Module) -> mmpreproj.PreProjConfig:
 
 
 @cache
-def matched_rank(cfg_backbone: str, checkpoint: str | None, match: str) -> int:
-    """The LoRA rank whose count is nearest the `match` arm's injected count (measured on copies)."""
-    backbone = get_backbone(cfg_backbone, checkpoint)
-    copy_ = copy.deepcopy(backbone.model)
-    host = host_module(copy_)
+def matched_rank(spec: str, checkpoint: str | None, img_size: int, match: str) -> int:
+    """The LoRA rank whose count is nearest the `match` arm's injected count (measured on a copy)."""
+    backbone = get_backbone(spec, checkpoint, img_size)
+    host = copy.deepcopy(backbone.host)
     mmpreproj.inject(host, preproj_config(ARMS[match], host))
-    target = sum(p.numel() for p in copy_.parameters() if p.requires_grad)
+    target = sum(p.numel() for p in host.parameters() if p.requires_grad)
     return lora_rank(backbone, target)
 
 
 def build(cfg: Config, arm: Arm, seed: int) -> tuple[Probe, Backbone, dict]:
     """The frozen backbone with the arm's trainable modules (init at `seed`) and a new 10-class head."""
     backbone = backbone_for(cfg, arm)
-    host = host_module(backbone.model)
+    host = backbone.host  # the ViT inside the pooling wrapper
     backbone.model.requires_grad_(False)
     torch.manual_seed(seed)  # W_skip's and LoRA A's init
     info: dict = {}
@@ -222,7 +210,7 @@ def build(cfg: Config, arm: Arm, seed: int) -> tuple[Probe, Backbone, dict]:
     elif arm.kind == "lora":
         from peft import LoraConfig, inject_adapter_in_model
 
-        r = matched_rank(cfg.backbone, cfg.checkpoint, arm.match)
+        r = matched_rank(cfg.backbone, cfg.checkpoint, cfg.img_size, arm.match)
         lora = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=backbone.lora_targets)
         inject_adapter_in_model(lora, backbone.model)
         for n, p in backbone.model.named_parameters():
@@ -413,21 +401,17 @@ def features_path(cfg: Config) -> Path:
     return Path(cfg.runs) / f"features-{key_hash(cell_key(cfg, FEATURES))}.pt"
 
 
-def img_size(cfg: Config, backbone: Backbone) -> int:
-    return cfg.img_size or backbone.img_size
-
-
 def run_features(cfg: Config, data: dict, log: StepLog) -> dict:
     """The frozen backbone's features of every split, once (the linear arm trains on them)."""
     backbone = backbone_for(cfg, ARMS["linear"])
     backbone.model.requires_grad_(False)
-    prepare = preparer(backbone, img_size(cfg, backbone), train=False)
+    prepare = preparer(backbone, backbone.img_size, train=False)
     feats = {}
     for split, (x, _) in data.items():
         chunks = [prepare(x[i : i + cfg.eval_batch], None) for i in range(0, len(x), cfg.eval_batch)]
         feats[split] = torch.cat([_timed(log, "features", backbone.model, c) for c in chunks])
     _save(feats, features_path(cfg))
-    return {"dim": backbone.dim, "n": {k: len(v) for k, v in feats.items()}, "img_size": img_size(cfg, backbone)}
+    return {"dim": backbone.dim, "n": {k: len(v) for k, v in feats.items()}, "img_size": backbone.img_size}
 
 
 @torch.no_grad()
@@ -466,8 +450,7 @@ def _model_for(cfg: Config, cell: Cell, data: dict) -> tuple[nn.Module, Callable
         splits = {k: (feats[k], data[k][1]) for k in data}
         return head, same, same, splits, {"adapter_params": 0}
     model, backbone, info = build(cfg, arm, cell.seed)
-    size = img_size(cfg, backbone)
-    info["img_size"] = size
+    size = info["img_size"] = backbone.img_size
     return model, preparer(backbone, size, train=True), preparer(backbone, size, train=False), data, info
 
 
@@ -604,7 +587,15 @@ def collect(cfg: Config) -> dict:
                 items = json.loads((folder(cfg, cell) / "items.json").read_text())
                 entry["seeds"][seed] = {**metrics, **items}
         arms[name] = entry
-    return {"arms": arms, "steps": read_steps(cfg), "features": read_cell(cfg, FEATURES), "measure": _measured(cfg)}
+    measured = _measured(cfg)
+    if measured:  # projected for this study's settings, from the measured times
+        measured["projection"] = projection(cfg, measured["times"], split_sizes(cfg))
+    return {"arms": arms, "steps": read_steps(cfg), "features": read_cell(cfg, FEATURES), "measure": measured}
+
+
+def split_sizes(cfg: Config) -> dict[str, int]:
+    held = 10 * cfg.heldout_per_class
+    return {"train": 10 * cfg.train_per_class - held, "heldout": held, "test": 10 * cfg.test_per_class}
 
 
 def read_steps(cfg: Config) -> list[dict]:
@@ -653,6 +644,8 @@ def command(cfg: Config) -> str:
     args = []
     for f in dataclasses.fields(Config):
         v = getattr(cfg, f.name)
+        if f.name in ("out", "runs") and Path(v).is_relative_to(ROOT):
+            v = str(Path(v).relative_to(ROOT))
         if f.name in skip or v == getattr(default, f.name):
             continue
         args.append(f"--{f.name.replace('_', '-')} " + (" ".join(map(str, v)) if isinstance(v, tuple) else str(v)))
@@ -694,6 +687,7 @@ def measure(cfg: Config, data: dict) -> dict:
         "backbone": cfg.backbone,
         "timm_backbone": cfg.timm_backbone,
         "batch_size": cfg.batch_size,
+        "steps": cfg.steps,
         "img_size": info.get("img_size"),
         "threads": torch.get_num_threads(),
         "times": times,

@@ -162,10 +162,8 @@ def skip_table(arms: dict) -> tuple[str, dict[str, list[float]]]:
     return "\n".join(lines), norms
 
 
-def cost_lines(results: dict) -> list[str]:
-    steps = results["steps"]
-    if not steps:
-        return ["No cell has run yet."]
+def _spent(steps: list[dict]) -> list[str]:
+    """What the logged steps cost: in all, by arm, by phase; the median training step per arm."""
     by_arm: dict[str, float] = defaultdict(float)
     by_phase: dict[str, float] = defaultdict(float)
     train: dict[str, list[float]] = defaultdict(list)
@@ -176,7 +174,7 @@ def cost_lines(results: dict) -> list[str]:
         if s["phase"] == "train":
             train[arm].append(s["cpu"])
     invocations = len({s["inv"] for s in steps})
-    lines = [
+    return [
         f"CPU-hours: **{cpu_hours(steps):.3f}** in all, the sum of the CPU time of every training step and "
         f"evaluation batch that {invocations} invocation(s) logged in the cells' steps.jsonl (killed attempts "
         f"included; process start and model building not counted); wall-hours of the same steps "
@@ -188,6 +186,19 @@ def cost_lines(results: dict) -> list[str]:
         + ", ".join(f"{a} {statistics.median(v):.2f}" for a, v in train.items())
         + ".",
     ]
+
+
+def _at_224(m: dict) -> str:
+    at = m.get("at_224px", {}).get("preproj_skip")
+    here = m["times"].get("preproj_skip", {}).get("s_per_step")
+    if at and here:
+        return f"measured {at:.1f} CPU s per preproj_skip step against {here:.2f} at 112 px ({at / here:.1f}x), "
+    return "about 4x the cost of every step, "
+
+
+def cost_lines(results: dict) -> list[str]:
+    steps = results["steps"]
+    lines = _spent(steps) if steps else ["No cell has run yet."]
     m = results.get("measure")
     if m:
         per = ", ".join(f"{a} {t['s_per_step']:.2f}" for a, t in m["times"].items() if "s_per_step" in t)
@@ -195,9 +206,18 @@ def cost_lines(results: dict) -> list[str]:
         lines += [
             "",
             f"Measured before the study (`--measure`, {m['backbone']}, batch {m['batch_size']}, {m['img_size']} px, "
-            f"{m['threads']} thread): CPU s/step {per}; per evaluation batch "
-            f"{m['times']['eval_batch']['s_per_batch']:.2f}. Projected: {p['cpu_hours']:.2f} CPU-hours "
-            f"({p['cpu_hours_with_extensions']:.2f} if every grid extends once).",
+            f"{m['threads']} thread, CPU seconds): per training step {per}; per evaluation batch of "
+            f"{m['times']['eval_batch']['batch']} {m['times']['eval_batch']['s_per_batch']:.2f}. Projected for "
+            f"these settings: {p['cpu_hours']:.2f} CPU-hours ({p['train_hours']:.2f} training, "
+            f"{p['eval_hours']:.2f} evaluation and features), {p['cpu_hours_with_extensions']:.2f} if every grid "
+            "extends once.",
+            "",
+            "Why this size: at 112 px the ViT sees 8 x 8 patches + the class token (65 tokens); at 224 px it sees "
+            f"257, {_at_224(m)}which would leave a fifth of the steps in the same CPU budget. CIFAR's 32 px "
+            "images gain nothing from 224 px (112 px is already 3.5x upsampled), and "
+            "the backbone interpolates its 37 x 37 positions to either side. The steps are the most that keep "
+            "the whole study (every grid point, 3 seeds of 4 adapter arms, the timm arm) at about 5 CPU-hours "
+            "of single-thread processes, even if every grid extends once.",
         ]
     return lines
 

