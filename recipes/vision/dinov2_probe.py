@@ -486,7 +486,10 @@ def _run_training_cell(cfg: Config, cell: Cell, data: dict, log: StepLog) -> tup
     norms_init = skip_norms(model)
     metrics: dict = {"host": arm.host, **info}
     if saved is not None:  # seed 0 at the pick is the grid's run: its weights, scored on test
-        model.load_state_dict(torch.load(weights_path(cfg, grid)), strict=False)
+        state = torch.load(weights_path(cfg, grid))
+        if set(state) != {n for n, p in model.named_parameters() if p.requires_grad}:
+            raise RuntimeError(f"{weights_path(cfg, grid)} does not hold this arm's trainable weights")
+        model.load_state_dict(state, strict=False)  # the frozen rest is the backbone as loaded
         metrics.update({k: saved[k] for k in ("final_train_loss", "loss_curve", "train_seconds")})
         metrics["from_grid"] = grid.id
     else:
