@@ -58,7 +58,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, prepare: Batch,
 def fit_classifier(
     model: nn.Module,
     train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     steps: int,
     batch_size: int,
@@ -71,12 +71,18 @@ def fit_classifier(
     log_every: int = 20,  # shortened for short runs (`log_interval`)
     desc: str = "train",
     progress: bool = True,
+    score_train: bool = True,
+    on_step: Callable[[int, float, float, float], None] | None = None,
 ) -> FitResult:
     """Train the parameters of `model` that require grad with cross-entropy, then measure accuracy.
 
     Batches are drawn by a seeded generator (epochs of a random permutation), so two runs with the same
     seed see the same images in the same order whatever the model. The LR warms up linearly for
     `warmup_steps` and then follows a cosine to 0.
+
+    `test=None` or `score_train=False` skip that accuracy (NaN in the result: a caller scoring per item itself
+    need not pay for a second pass). `on_step(step, loss, wall_seconds, cpu_seconds)` is called after every
+    optimizer step with that step's own times (`time.perf_counter`, `time.process_time`).
     """
     x, y = train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -100,6 +106,7 @@ def fit_classifier(
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0)
     for step in bar:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         if cursor + batch_size > len(x):
             order, cursor = torch.randperm(len(x), generator=g), 0
         idx = order[cursor : cursor + batch_size]
@@ -111,14 +118,16 @@ def fit_classifier(
         loss.backward()
         opt.step()
         window.append(loss.item())
+        if on_step is not None:
+            on_step(step, window[-1], time.perf_counter() - wall0, time.process_time() - cpu0)
         if len(window) == log_every or step == steps - 1:
             curve.append(sum(window) / len(window))
             bar.set_postfix(loss=f"{curve[-1]:.3f}")
             window = []
     seconds = time.perf_counter() - start
     return FitResult(
-        test_accuracy=accuracy(model, *test, prepare_test),
-        train_accuracy=accuracy(model, *train, prepare_test),
+        test_accuracy=accuracy(model, *test, prepare_test) if test is not None else float("nan"),
+        train_accuracy=accuracy(model, *train, prepare_test) if score_train else float("nan"),
         final_train_loss=curve[-1] if curve else float("nan"),
         seconds=seconds,
         trainable_params=sum(p.numel() for p in params),
