@@ -27,7 +27,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from .assets import resolve_path
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
 
-__all__ = ["GGUF_MODELS", "SOURCE_FILE", "GgufModel", "gguf_cache_root", "gguf_file", "is_gguf_name", "plain_folder"]
 
 
 @dataclass(frozen=True)

@@ -32,16 +32,6 @@ import torch
 
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
 
-__all__ = [
-    "ONNX_MODELS",
-    "OnnxBackbone",
-    "is_onnx_name",
-    "onnx_file",
-    "plain_folder",
-    "read_dinov2",
-    "timm_checkpoint",
-    "timm_state_dict",
-]
 
 TIMM_FOLDER = "timm"
 TIMM_ARCH = "vit_small_patch14_dinov2"  # with model_args giving width, depth and heads, any DINOv2 size loads
