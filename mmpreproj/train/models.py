@@ -11,6 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..data.model_source import check_local_model, corrupt_weights_error, pretrained_source
+from ..data.onnx_source import is_onnx_name
 from .errors import ModelUnavailableError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -42,6 +43,12 @@ def load_model(name: str, dtype: str = "float32") -> nn.Module:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed values: {sorted(_DTYPES)}")
     check_local_model(name)
+    if is_onnx_name(name):
+        raise ModelUnavailableError(
+            f"{name!r} is an image backbone (transformers Dinov2Model), not a causal LM: train it with "
+            f"recipes/vision/dinov2_probe.py, or load it with mmpreproj.from_pretrained({name!r}, adapter=False, "
+            "model_cls=transformers.Dinov2Model)"
+        )
     source, kwargs = None, {}
     try:
         source, kwargs = pretrained_source(name)

