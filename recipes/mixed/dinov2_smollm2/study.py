@@ -7,7 +7,7 @@ What differs is what a step does:
 
 - "select": train the arm at (LR, seed), save its projector and adapter under `runs`, score held-out items of
   the train split (answer perplexity picks the LR; greedy exact match is reported beside it);
-- "full": greedy exact match on the test items (test images only).
+- "full": greedy exact match on the test items (test images only; no teacher-forced loss there).
 
 Files (`out` = docs/evidence/vlm-dinov2-smollm2): `arms/<group>/lr-<lr>-seed-<s>/{select.json, full.json,
 times.jsonl}` and `features.json` + `features-times.jsonl`. `times.jsonl` gets one line per training step and
@@ -227,7 +227,7 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
         run_step(s, Step("select", g, step.lr, step.seed), data, base, tok, trained, times)
         arm = trained[step.arm]
     test = data.test[g.task]
-    res = score(arm, enc, data.feats["test"], test, batch=cfg.eval_batch, times=times, kind="test")
+    res = score(arm, enc, data.feats["test"], test, batch=cfg.eval_batch, times=times, kind="test", with_loss=False)
     items = {**res["items"], "answer": [it.answer for it in test]}
     write_json(
         arm_dir / FULL_FILE, {"key": s.full_key(step), "row": {"test.acc": res["acc"]}, "items": {"test": items}}
