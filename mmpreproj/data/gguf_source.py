@@ -28,7 +28,6 @@ from .assets import resolve_path
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
 
 
-
 @dataclass(frozen=True)
 class GgufModel:
     """A GGUF model shipped inside a package on the package index."""

@@ -32,7 +32,6 @@ import torch
 
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
 
-
 TIMM_FOLDER = "timm"
 TIMM_ARCH = "vit_small_patch14_dinov2"  # with model_args giving width, depth and heads, any DINOv2 size loads
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
