@@ -19,6 +19,12 @@ The method, top to bottom:
     .venv/bin/python recipes/mixed/dinov2_smollm2.py --workers 2 --commit   # the study, restartable
     .venv/bin/python recipes/mixed/dinov2_smollm2.py --report               # the report from what is finished
     .venv/bin/python recipes/mixed/dinov2_smollm2.py --quick --out /tmp/q --runs /tmp/q-runs   # smoke, tiny models
+    .venv/bin/python recipes/mixed/dinov2_smollm2.py --device auto --size 224 --out ... --runs ...  # GPU, 224 px
+
+`--device` (cpu by default; auto = cuda when available) is where the tower and the LM run: recorded in each
+step's row, never in its key. `--size` / `--pool` (112 / 2 by default) are the tower's input side and the
+pooling of its patch grid: at 224 px (16 x 16 patches) pool 2 gives each image an 8 x 8 grid of tokens (and a
+mosaic still 4 x 4); both are part of every key, so the defaults keep today's steps.
 
 Every finished step is written under --out (docs/evidence/vlm-dinov2-smollm2) and, with --commit, committed
 at once, so a study cut short goes on from its last finished step in the next session. Projectors, adapters
@@ -109,6 +115,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="training steps per arm (default: 250)")
     ap.add_argument("--batch", type=int, default=None, help="questions per step (default: 8)")
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out / test items at most (a dry run)")
+    ap.add_argument("--size", type=int, default=None, help="tower input side in px (default: 112; 224 = full)")
+    ap.add_argument("--pool", type=int, default=None, help="patch tokens pooled pool x pool (default: 2)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="tiny models, a few images, 3 steps: a smoke run")
     ap.add_argument("--commit", action="store_true", help="git-commit each finished step's files")
     ap.add_argument("--report", action="store_true", help="train nothing: write the report from what is finished")
@@ -159,6 +168,8 @@ def main() -> None:
         "steps": args.steps,
         "batch": args.batch,
         "eval_limit": args.eval_limit,
+        "size": args.size,
+        "pool": args.pool,
     }
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if args.groups:
@@ -167,6 +178,7 @@ def main() -> None:
         if unknown:
             ap.error(f"--groups: unknown {unknown}; allowed values: {[g.label for g in groups]}")
         groups = [g for g in groups if g.label in wanted]
+    notes = tuple(n.replace("112 px", f"{cfg.size} px") for n in NOTES)
     default = ("docs/evidence/vlm-dinov2-smollm2", "runs/vlm-dinov2-smollm2")
     if args.quick:  # a smoke run never writes into the evidence folder
         default = ("runs/vlm-dinov2-smollm2-quick/evidence", "runs/vlm-dinov2-smollm2-quick/runs")
@@ -176,7 +188,7 @@ def main() -> None:
         key = features_key(out)
         if key is None:
             ap.error(f"--report: no finished feature pass in {out} (features.json)")
-        print(write_report(open_study(cfg, out, runs, groups, key), NOTES))
+        print(write_report(open_study(cfg, out, runs, groups, key), notes))
         return
 
     def on_finish(step) -> None:
@@ -187,9 +199,12 @@ def main() -> None:
         else:
             commit([out / "arms" / step.arm], f"vlm-dinov2-smollm2: {step.kind} {step.arm}")
 
+    from mmpreproj.train.models import resolve_device
+
     base, tok = load_lm(cfg.lm)
+    base.to(resolve_device(args.device))  # the tower follows it (`run`)
     s = run(cfg, out, runs, groups, base, tok, on_finish=on_finish)
-    print(write_report(s, NOTES))
+    print(write_report(s, notes))
     if args.commit:
         commit([out / "report.md"], "vlm-dinov2-smollm2: report")
 

@@ -58,6 +58,8 @@ def train_overrides(args: argparse.Namespace) -> dict:
     }
     if args.no_checkpointing:
         overrides["gradient_checkpointing"] = False
+    if getattr(args, "steps", None):
+        overrides["steps"] = args.steps
     if args.dry_run:
         overrides.update(steps=2, warmup_steps=1, batch_size=2, grad_accum=1, max_len=32)
         if resolve_device(args.device).type == "cpu":  # bf16 autocast is slow on a CPU; the dtype path is the GPU's
@@ -80,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"sequences per forward pass; accumulation makes up {EFFECTIVE_BATCH} a step (default: %(default)s)",
     )
     ap.add_argument("--no-checkpointing", action="store_true", help="train without gradient checkpointing")
+    ap.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default: the paper's {_PAPER.steps})")
     ap.add_argument(
         "--methods",
         default=None,
@@ -129,10 +132,6 @@ def main(argv: list[str] | None = None) -> Path:
     return report
 
 
-if __name__ == "__main__":
-    main()
-
-
 def parse_lrs(text: str) -> tuple[float, ...]:
     """`--lrs 1e-4,3e-4` -> (1e-4, 3e-4); a value that is not a positive number is refused naming it."""
     lrs = []
@@ -163,3 +162,7 @@ def _lr_round(args: argparse.Namespace, overrides: dict) -> Path:
                               "on held-out validation rows.",))  # fmt: skip
     print(f"{time.time() - t0:.0f} s -> {report}")
     return report
+
+
+if __name__ == "__main__":
+    main()

@@ -33,6 +33,9 @@ Method, top to bottom:
     python recipes/vision/dinov2_probe.py --measure 4 --backbone random-dinov2-s --timm-backbone timm:random-dinov2-s
     python recipes/vision/dinov2_probe.py --quick --backbone random-dinov2-tiny \\
         --timm-backbone timm:random-dinov2-tiny --out /tmp/probe     # seconds, a smoke run
+
+`--device auto` (or cuda) runs the cells on a GPU: the same batches and inits (drawn on the CPU), the device
+recorded in each metrics.json and kept out of the cell's key (recipes/gpu_real_models.py runs it at 224 px).
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ class Config:
     poll_seconds: float = 20.0
     quick: bool = False
     progress: bool = False
+    device: str = "cpu"  # "auto": cuda when available; where cells run, never part of a cell's key
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
@@ -163,6 +167,7 @@ HELP = {
     "report": "train nothing: write report.md from the finished files",
     "final_report": "write report.md when this process runs out of cells",
     "measure": "time N training steps per adapter arm (+ evaluation batches), project the study's CPU-hours, exit",
+    "device": "cpu, cuda, cuda:N or auto (cuda when available); recorded in each cell's metrics, not in its key",
 }
 
 
@@ -219,6 +224,29 @@ def build(cfg: Config, arm: Arm, seed: int) -> tuple[Probe, Backbone, dict]:
     info["adapter_params"] = sum(p.numel() for p in backbone.model.parameters() if p.requires_grad)
     torch.manual_seed(HEAD_SEED + seed)  # the same head init in every arm at one seed
     return Probe(backbone.model, backbone.dim), backbone, info
+
+
+def device_of(cfg: Config) -> torch.device:
+    """Where models and batches go (`Config.device`; "auto": cuda when available). Never in a cell's key: a
+    cell finished on one device is finished on any."""
+    from mmpreproj.train.models import resolve_device
+
+    return resolve_device(cfg.device)
+
+
+def device_name(device: torch.device) -> str:
+    """ "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)": what a cell's metrics record."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def on_device(prepare: Callable, device: torch.device) -> Callable:
+    """`prepare` as it is (crop, flip and resize on the CPU, the same random draws on every device), its output
+    moved to `device`."""
+    if device.type == "cpu":
+        return prepare
+    return lambda x, g: prepare(x, g).to(device, non_blocking=True)
 
 
 # 2. Data -----------------------------------------------------------------------------------------------------
@@ -405,11 +433,13 @@ def run_features(cfg: Config, data: dict, log: StepLog) -> dict:
     """The frozen backbone's features of every split, once (the linear arm trains on them)."""
     backbone = backbone_for(cfg, ARMS["linear"])
     backbone.model.requires_grad_(False)
-    prepare = preparer(backbone, backbone.img_size, train=False)
+    device = device_of(cfg)
+    backbone.model.to(device)
+    prepare = on_device(preparer(backbone, backbone.img_size, train=False), device)
     feats = {}
     for split, (x, _) in data.items():
         chunks = [prepare(x[i : i + cfg.eval_batch], None) for i in range(0, len(x), cfg.eval_batch)]
-        feats[split] = torch.cat([_timed(log, "features", backbone.model, c) for c in chunks])
+        feats[split] = torch.cat([_timed(log, "features", backbone.model, c) for c in chunks]).cpu()
     _save(feats, features_path(cfg))
     return {"dim": backbone.dim, "n": {k: len(v) for k, v in feats.items()}, "img_size": backbone.img_size}
 
@@ -436,22 +466,25 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _trainable(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _model_for(cfg: Config, cell: Cell, data: dict) -> tuple[nn.Module, Callable, Callable, dict, dict]:
     """(model, train prepare, eval prepare, splits to train and score on, info) of a grid or seed cell."""
-    arm = ARMS[cell.arm]
+    arm, device = ARMS[cell.arm], device_of(cfg)
     if arm.kind == "linear":
-        feats = torch.load(features_path(cfg))
+        feats = torch.load(features_path(cfg), map_location=device)
         torch.manual_seed(HEAD_SEED + cell.seed)  # the head every arm starts from at this seed
-        head = nn.Linear(feats["train"].shape[1], 10)
+        head = nn.Linear(feats["train"].shape[1], 10).to(device)
         same = lambda x, g: x  # noqa: E731  (features are the input)
-        splits = {k: (feats[k], data[k][1]) for k in data}
+        splits = {k: (feats[k], data[k][1].to(device)) for k in data}
         return head, same, same, splits, {"adapter_params": 0}
-    model, backbone, info = build(cfg, arm, cell.seed)
+    model, backbone, info = build(cfg, arm, cell.seed)  # built on the CPU: the same init on every device
+    model.to(device)
     size = info["img_size"] = backbone.img_size
-    return model, preparer(backbone, size, train=True), preparer(backbone, size, train=False), data, info
+    prep_train, prep_eval = (on_device(preparer(backbone, size, train=t), device) for t in (True, False))
+    splits = {k: (x, y.to(device)) for k, (x, y) in data.items()}  # images stay on the CPU until prepared
+    return model, prep_train, prep_eval, splits, info
 
 
 def run_cell(cfg: Config, cell: Cell, data: dict) -> dict:
@@ -470,6 +503,7 @@ def run_cell(cfg: Config, cell: Cell, data: dict) -> dict:
         log.close()
     metrics = {"key": key, "arm": cell.arm, "kind": cell.kind, "lr": cell.lr, "seed": cell.seed, **metrics}
     metrics["cell_seconds"] = time.perf_counter() - t0
+    metrics["device"] = device_name(device_of(cfg))
     metrics["environment"] = environment()
     if items:
         _write_json(where / "items.json", items)
@@ -486,7 +520,7 @@ def _run_training_cell(cfg: Config, cell: Cell, data: dict, log: StepLog) -> tup
     norms_init = skip_norms(model)
     metrics: dict = {"host": arm.host, **info}
     if saved is not None:  # seed 0 at the pick is the grid's run: its weights, scored on test
-        state = torch.load(weights_path(cfg, grid))
+        state = torch.load(weights_path(cfg, grid), map_location="cpu")
         if set(state) != {n for n, p in model.named_parameters() if p.requires_grad}:
             raise RuntimeError(f"{weights_path(cfg, grid)} does not hold this arm's trainable weights")
         model.load_state_dict(state, strict=False)  # the frozen rest is the backbone as loaded
@@ -664,11 +698,11 @@ def measure(cfg: Config, data: dict) -> dict:
         arm = ARMS[name]
         if arm.kind == "linear":
             continue
-        model, prep_train, prep_eval, _, info = _model_for(cfg, Cell(name, "seed"), data)
+        model, prep_train, prep_eval, splits, info = _model_for(cfg, Cell(name, "seed"), data)
         steps: list[float] = []
         fit_classifier(
             model,
-            data["train"],
+            splits["train"],
             None,
             steps=cfg.measure + 1,
             batch_size=cfg.batch_size,

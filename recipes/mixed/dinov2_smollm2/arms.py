@@ -158,10 +158,11 @@ def train_arm(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, steps, warmup))
     arm.vlm.train()
+    device = params[0].device  # batches are built on the CPU and go where the arm is
     losses = []
     for step in range(steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        b = encoder.batch([next(stream) for _ in range(batch)], feats, with_answer=True)
+        b = encoder.batch([next(stream) for _ in range(batch)], feats, with_answer=True).to(device)
         loss = arm.vlm.loss(b)
         if not torch.isfinite(loss):
             raise NonFiniteLoss(f"loss {loss.item()} at step {step} (LR {lr:g})")
@@ -193,6 +194,7 @@ def score(
     """Per item: exact match of the greedy answer (KV cache) and, `with_loss`, the answer cross-entropy
     (teacher forced), in the order of `items`; `acc` and `answer_ppl` (exp of the mean item loss) over them."""
     vlm = arm.vlm.eval()
+    device = next(vlm.parameters()).device
     eos = encoder.end[0]
     loss = [0.0] * len(items)
     text = [""] * len(items)
@@ -200,14 +202,14 @@ def score(
         t0, c0 = time.perf_counter(), time.process_time()
         chunk = list(range(i, min(i + batch, len(items))))
         if with_loss:
-            b = encoder.batch([items[j] for j in chunk], feats, with_answer=True)
+            b = encoder.batch([items[j] for j in chunk], feats, with_answer=True).to(device)
             for j, v in zip(chunk, vlm.loss(b, per_item=True).tolist()):
                 loss[j] = v
         by_len: dict[int, list[int]] = {}  # generation takes unpadded prompts: one batch per prompt length
         for j in chunk:
             by_len.setdefault(encoder.prompt_length(items[j]), []).append(j)
         for group in by_len.values():
-            p = encoder.batch([items[j] for j in group], feats, with_answer=False)
+            p = encoder.batch([items[j] for j in group], feats, with_answer=False).to(device)
             for j, t in zip(group, answer_text(encoder.tok, vlm.generate(p, MAX_NEW_TOKENS, eos), eos)):
                 text[j] = t
         times.write(kind, time.process_time() - c0, time.perf_counter() - t0, n=len(chunk))

@@ -70,12 +70,14 @@ def patch_grid(tower: nn.Module, images: torch.Tensor, size: int = 112, pool: in
     if size % patch or (size // patch) % pool:
         raise ValueError(f"size {size} must be a multiple of patch {patch} * pool {pool}")
     side = size // patch  # patches per side (8)
-    x = F.interpolate(images.float() / 255, size=(size, size), mode="bicubic", align_corners=False).clamp(0, 1)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    device = next(tower.parameters()).device  # the tower's device; the tokens come back to the CPU (the cache)
+    x = images.to(device).float() / 255
+    x = F.interpolate(x, size=(size, size), mode="bicubic", align_corners=False).clamp(0, 1)
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
     h = tower(pixel_values=(x - mean) / std).last_hidden_state[:, 1:]  # (N, side*side, D): class token dropped
     grid = h.reshape(-1, side, side, h.shape[-1]).permute(0, 3, 1, 2)  # (N, D, side, side)
-    return F.avg_pool2d(grid, pool).permute(0, 2, 3, 1).contiguous()  # (N, G, G, D)
+    return F.avg_pool2d(grid, pool).permute(0, 2, 3, 1).contiguous().cpu()  # (N, G, G, D)
 
 
 def cached_features(

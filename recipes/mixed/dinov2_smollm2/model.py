@@ -39,7 +39,7 @@ class VLM(nn.Module):
 
     def __init__(self, lm: nn.Module, vision_dim: int, layout: str = "chunked") -> None:
         super().__init__()
-        self.projector = Projector(vision_dim, lm.config.hidden_size)
+        self.projector = Projector(vision_dim, lm.config.hidden_size).to(next(lm.parameters()).device)
         if not isinstance(lm.model.rotary_emb, MultimodalRotaryEmbedding):
             use_multimodal_rope(lm, layout=layout)
         self.lm = lm
@@ -65,7 +65,7 @@ class VLM(nn.Module):
         if not per_item:
             return ce.mean()
         rows = sel.nonzero()[:, 0]  # (T,) item of each answer token
-        return torch.zeros(sel.shape[0]).index_add_(0, rows, ce) / sel.sum(1)
+        return torch.zeros(sel.shape[0], device=ce.device).index_add_(0, rows, ce) / sel.sum(1)
 
     @torch.no_grad()
     def generate(self, batch: Batch, max_new_tokens: int, eos: int) -> torch.Tensor:
@@ -87,7 +87,7 @@ class VLM(nn.Module):
 
     def _greedy(self, step, batch, max_new_tokens, eos, *, cache=None, emb=None) -> torch.Tensor:
         tokens = []
-        done = torch.zeros(step.shape[0], dtype=torch.bool)
+        done = torch.zeros(step.shape[0], dtype=torch.bool, device=step.device)
         pos = batch.position_ids
         for k in range(max_new_tokens):
             nxt = torch.where(done, torch.full_like(step[:, 0], eos, dtype=torch.long), step.argmax(-1))  # (B,)

@@ -150,6 +150,7 @@ def load_data(cfg: Config, tower: nn.Module, runs: Path, out: Path) -> tuple[Dat
                     info = {
                         "images": {s: int(x.shape[0]) for s, x in images.items()},
                         "cpu_s": time.process_time() - t0,
+                        "device": device_name(next(tower.parameters()).device),
                     }
                     write_json(out / "features.json", {"key": {"features": key}, "row": info})
                 break
@@ -192,6 +193,7 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
         arm = build_arm(copy.deepcopy(base), vision_dim, g.method, budget=cfg.budget, layout=g.layout, seed=step.seed)
         stream = item_stream(g.task, data.labels["train"], data.train_idx, data.classes, seed=step.seed)
         row: dict[str, Any] = {"group": g.label, "lr": step.lr, "seed": step.seed, "params": arm.params}
+        row["device"] = device_name(next(base.parameters()).device)  # recorded, never in the key
         try:
             losses = train_arm(
                 arm,
@@ -230,8 +232,20 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
     res = score(arm, enc, data.feats["test"], test, batch=cfg.eval_batch, times=times, kind="test", with_loss=False)
     items = {**res["items"], "answer": [it.answer for it in test]}
     write_json(
-        arm_dir / FULL_FILE, {"key": s.full_key(step), "row": {"test.acc": res["acc"]}, "items": {"test": items}}
+        arm_dir / FULL_FILE,
+        {
+            "key": s.full_key(step),
+            "row": {"test.acc": res["acc"], "device": device_name(next(base.parameters()).device)},
+            "items": {"test": items},
+        },
     )
+
+
+def device_name(device: torch.device) -> str:
+    """ "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)": where a step ran (recorded in its row, not its key)."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
 
 
 def _tail_mean(losses: list[float], n: int = 20) -> float:
@@ -253,11 +267,14 @@ def run(
     *,
     on_finish: Callable[[Step | None], None] | None = None,
     poll_seconds: float = 30.0,
+    stop: Callable[[], bool] | None = None,
 ) -> VlmStudy:
     """Work through the plan until nothing is left, waiting while other workers hold the last steps;
-    `on_finish(step)` after each finished step (None after the features)."""
+    `on_finish(step)` after each finished step (None after the features). Everything runs on `base`'s device
+    (the tower too; batches are built on the CPU). `stop()` true before a step: return with the rest unrun
+    (a time guard; `plan(s)` then lists what is left)."""
     out.mkdir(parents=True, exist_ok=True)
-    tower = load_tower(cfg.tower)
+    tower = load_tower(cfg.tower).to(next(base.parameters()).device)
     data, key = load_data(cfg, tower, runs, out)
     del tower
     if on_finish:
@@ -266,7 +283,7 @@ def run(
     trained: dict[str, Arm] = {}
     while True:
         steps = list(plan(s))
-        if not steps:
+        if not steps or (stop is not None and stop()):
             return s
         for step in steps:
             with _claim(runs / ".claims" / step.arm / step.kind) as mine:

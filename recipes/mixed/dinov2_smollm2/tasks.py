@@ -20,6 +20,7 @@ Positions ("2d"): `multimodal_positions` of [text, image (H, W), text] (Qwen2-VL
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -119,6 +120,13 @@ class Batch:
     targets: torch.Tensor
     next_position: torch.Tensor
     answers: list[str]
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on `device` (itself when they are there already)."""
+        if self.ids.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 class Encoder:
