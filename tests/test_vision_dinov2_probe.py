@@ -173,3 +173,23 @@ def test_two_workers_split_the_cells(tmp_path):
     assert all(len(v) == 1 for v in invs.values())  # no cell run twice
     assert len(set().union(*invs.values())) == 2  # both workers ran cells
     assert re.search(r"CPU-hours: \*\*[0-9.]+\*\*", (out / "report.md").read_text())
+
+
+def test_the_head_trains_at_its_own_lr_beside_the_adapter():
+    """`fit_classifier(head=, head_lr=)`: the head's parameters follow head_lr, the rest lr (here 0: unchanged)."""
+    from torch import nn
+
+    from recipes.kit import fit_classifier
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3))
+    body, head = (
+        [p.detach().clone() for p in model[0].parameters()],
+        [p.detach().clone() for p in model[1].parameters()],
+    )
+    data = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
+    same = lambda x, g: x  # noqa: E731
+    fit_classifier(model, data, None, steps=2, batch_size=8, lr=0.0, prepare_train=same, prepare_test=same,
+                   warmup_steps=1, head=model[1], head_lr=0.1, score_train=False, progress=False)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(body, model[0].parameters(), strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(head, model[1].parameters(), strict=True))

@@ -73,6 +73,8 @@ def fit_classifier(
     progress: bool = True,
     score_train: bool = True,
     on_step: Callable[[int, float, float, float], None] | None = None,
+    head: nn.Module | None = None,
+    head_lr: float | None = None,
 ) -> FitResult:
     """Train the parameters of `model` that require grad with cross-entropy, then measure accuracy.
 
@@ -82,21 +84,32 @@ def fit_classifier(
 
     `test=None` or `score_train=False` skip that accuracy (NaN in the result: a caller scoring per item itself
     need not pay for a second pass). `on_step(step, loss, wall_seconds, cpu_seconds)` is called after every
-    optimizer step with that step's own times (`time.perf_counter`, `time.process_time`).
+    optimizer step with that step's own times (`time.perf_counter`, `time.process_time`). `head` and
+    `head_lr`: the parameters of `head` (a submodule of `model`) train at `head_lr` instead of `lr`, on the same
+    schedule (a probe's head at the linear probe's LR, the adapter at its own).
     """
     x, y = train
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0}], lr=lr
-    )
+    own = {id(p) for p in head.parameters()} if head is not None and head_lr is not None else set()
+    groups = []
+    for group_lr, members in (
+        (lr, [p for p in params if id(p) not in own]),
+        (head_lr, [p for p in params if id(p) in own]),
+    ):
+        for decays in (True, False):
+            chosen = [p for p in members if (p.ndim >= 2) == decays]
+            if chosen:
+                groups.append({"params": chosen, "weight_decay": weight_decay if decays else 0, "lr": group_lr})
+    for group in groups:
+        group["base_lr"] = group["lr"]
+    opt = torch.optim.AdamW(groups, lr=lr)
 
-    def lr_at(step: int) -> float:
+    def lr_at(step: int, base: float) -> float:
+        """A group's LR at `step`: linear warm-up from base / warmup_steps, then a cosine to 0."""
         if step < warmup_steps:
-            return lr * (step + 1) / warmup_steps
+            return base * (step + 1) / warmup_steps
         t = (step - warmup_steps) / max(steps - warmup_steps, 1)
-        return lr * 0.5 * (1 + math.cos(math.pi * t))
+        return base * 0.5 * (1 + math.cos(math.pi * t))
 
     g = torch.Generator().manual_seed(seed)
     order, cursor = torch.randperm(len(x), generator=g), 0
@@ -112,7 +125,7 @@ def fit_classifier(
         idx = order[cursor : cursor + batch_size]
         cursor += batch_size
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, group["base_lr"])
         loss = F.cross_entropy(model(prepare_train(x[idx], g)), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -20,6 +20,8 @@ Method, top to bottom:
   4. LR: each arm's grid (half-decade rungs) trains seed 0 on the 2,500 and scores the held-out 500; the best
      wins (ties: the smaller LR); a best at an edge tries one rung further (`--max-extend`). The grid never
      sees the test images. Seeds 1, 2 train at the pick; seed 0 is the grid's run at the pick, scored on test.
+     In the adapter arms the head trains at the linear arm's pick (`--head-lr` to set it) and the grid is the
+     adapter's LR: with one LR for both, the head is undertrained wherever the adapter trains well.
   5. Cells: every grid point and every (arm, seed) is a folder under --out (`<arm>/grid/lr-<lr>/`,
      `<arm>/seed<k>/`): metrics.json (written last: a cell is finished when it exists with this study's key),
      items.json (per-image correctness) and steps.jsonl (one line per training step and evaluation batch of
@@ -93,7 +95,7 @@ ARMS = {
     a.name: a
     for a in (
         Arm("linear", "linear", (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)),
-        Arm("preproj_skip", "preproj", (3e-4, 1e-3, 3e-3)),
+        Arm("preproj_skip", "preproj", (1e-4, 3e-4, 1e-3)),
         Arm("lora", "lora", (1e-4, 3e-4, 1e-3), match="preproj_skip"),
         Arm("preproj_skip_timm", "preproj", host="timm", lr_from="preproj_skip"),
         Arm("preproj_skip_1pct", "preproj", (1e-3, 3e-3, 1e-2), budget=0.01),
@@ -139,6 +141,7 @@ class Config:
     quick: bool = False
     progress: bool = False
     device: str = "cpu"  # "auto": cuda when available; where cells run, never part of a cell's key
+    head_lr: float = 0.0  # the head's LR in the adapter arms; 0 = the linear arm's held-out pick
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
@@ -168,6 +171,7 @@ HELP = {
     "final_report": "write report.md when this process runs out of cells",
     "measure": "time N training steps per adapter arm (+ evaluation batches), project the study's CPU-hours, exit",
     "device": "cpu, cuda, cuda:N or auto (cuda when available); recorded in each cell's metrics, not in its key",
+    "head_lr": "the head's LR in the adapter arms (0: the linear arm's held-out pick)",
 }
 
 
@@ -320,7 +324,16 @@ def cell_key(cfg: Config, cell: Cell) -> dict:
     if arm.kind == "lora":  # its rank comes from the transformers host's count
         arm_key["match_backbone"] = [cfg.backbone, cfg.checkpoint]
     train = [cfg.steps, cfg.batch_size, cfg.warmup_steps, cfg.weight_decay]
+    if arm.kind != "linear":
+        train.append({"head_lr": head_lr(cfg)})
     return {**key, "arm": arm_key, "train": train, "kind": cell.kind, "lr": cell.lr, "seed": cell.seed}
+
+
+def head_lr(cfg: Config) -> float | None:
+    """The head's LR in the adapter arms: `cfg.head_lr`, or the linear arm's held-out pick (None until known).
+    One LR for a fresh head and a near-identity adapter would tune neither: the head alone learns best near
+    3e-2, where a full-width adapter already degrades the features."""
+    return cfg.head_lr or grid_state(cfg, ARMS["linear"])[1]
 
 
 def key_hash(key: dict) -> str:
@@ -379,10 +392,18 @@ def plan(cfg: Config) -> Iterator[Cell]:
     features = read_cell(cfg, FEATURES) is not None and features_path(cfg).is_file()
     if "linear" in cfg.arms and not features:
         yield FEATURES
+    adapters = [a for a in cfg.arms if ARMS[a].kind != "linear"]
+    if adapters and not cfg.head_lr and "linear" not in cfg.arms:  # the head LR is the linear arm's pick
+        if not features:
+            yield FEATURES
+            return
+        yield from (Cell("linear", "grid", lr, cfg.seeds[0]) for lr in grid_state(cfg, ARMS["linear"])[0])
     for name in cfg.arms:
         arm = ARMS[name]
         if arm.kind == "linear" and not features:
             continue
+        if arm.kind != "linear" and head_lr(cfg) is None:
+            continue  # the head's LR is not picked yet
         if not arm.lr_from:
             missing, _, _ = grid_state(cfg, arm)
             yield from (Cell(name, "grid", lr, cfg.seeds[0]) for lr in missing)
@@ -519,6 +540,8 @@ def _run_training_cell(cfg: Config, cell: Cell, data: dict, log: StepLog) -> tup
     saved = read_cell(cfg, grid) if reuse and weights_path(cfg, grid).is_file() else None
     norms_init = skip_norms(model)
     metrics: dict = {"host": arm.host, **info}
+    if arm.kind != "linear":
+        metrics["head_lr"] = head_lr(cfg)
     if saved is not None:  # seed 0 at the pick is the grid's run: its weights, scored on test
         state = torch.load(weights_path(cfg, grid), map_location="cpu")
         if set(state) != {n for n, p in model.named_parameters() if p.requires_grad}:
@@ -542,6 +565,8 @@ def _run_training_cell(cfg: Config, cell: Cell, data: dict, log: StepLog) -> tup
             desc=cell.id,
             progress=cfg.progress,
             score_train=False,
+            head=model.head if arm.kind != "linear" else None,
+            head_lr=head_lr(cfg) if arm.kind != "linear" else None,
             on_step=lambda step, loss, wall, cpu: log("train", wall, cpu),
         )
         metrics.update(final_train_loss=fit.final_train_loss, loss_curve=fit.loss_curve, train_seconds=fit.seconds)

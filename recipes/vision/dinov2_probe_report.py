@@ -243,8 +243,10 @@ def write_report(out: Path, results: dict, meta: dict) -> str:
         f"{n_test:,} test images at {size} px; {cfg['steps']} steps x {cfg['batch_size']}, AdamW, "
         f"{cfg['warmup_steps']} warmup steps then cosine, weight decay {cfg['weight_decay']:g}; seeds "
         f"{list(cfg['seeds'])}. The linear arm trains on features computed once (no augmentation); the others "
-        "see a random crop and flip. Test accuracy in %; differences in points with the 95% interval over seeds "
-        "(Student-t) and over test images (paired bootstrap).",
+        "see a random crop and flip. In the adapter arms the head trains at "
+        + (f"LR {cfg['head_lr']:g} (`--head-lr`)" if cfg.get("head_lr") else "the linear arm's held-out pick")
+        + " and the LR grid is the adapter's. Test accuracy in %; differences in points with the 95% interval "
+        "over seeds (Student-t) and over test images (paired bootstrap).",
         "",
         accuracy_table(arms, seeds),
         "",
