@@ -47,6 +47,7 @@ ITEM_METRICS: dict[str, tuple[str, str, Callable[[np.ndarray], np.ndarray]]] = {
     "hellaswag.acc": ("hellaswag", "item_correct", _mean),
     "arc_easy.acc": ("arc_easy", "item_correct", _mean),
     "image.acc": ("image", "item_correct", _mean),  # image classification (the vision frozen probe)
+    "video.acc": ("video", "item_correct", _mean),  # clip classification (recipes/video)
 }
 LOWER_IS_BETTER = frozenset({"ppl.ppl", "lambada.ppl"})
 

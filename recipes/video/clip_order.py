@@ -107,6 +107,21 @@ def segments(first: int, last: int, span: int) -> torch.Tensor:
     )
 
 
+def time_split(num_frames: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, test) segments: starts in the first `train_fraction` of the frames, and after a `gap_frames` gap."""
+    span = (cfg.frames - 1) * cfg.frame_stride + 1
+    n_train = int(num_frames * cfg.train_fraction)
+    train_segs = segments(0, n_train, span)
+    test_segs = segments(n_train + cfg.gap_frames, num_frames, span)
+    if len(test_segs) == 0:
+        raise ValueError("no test segments: the video is too short for this split")
+    print(
+        f"{Path(cfg.video).name}: {num_frames} frames; train frames [0, {n_train}) -> {len(train_segs)} clips, "
+        f"test frames [{n_train + cfg.gap_frames}, {num_frames}) -> {len(test_segs)} clips"
+    )
+    return train_segs, test_segs
+
+
 def reorder(clip: torch.Tensor, cfg: Config, g: torch.Generator) -> torch.Tensor:
     """Label-1 frames: reversed, or the tubelets (groups of `tubelet` frames) in a random non-identity order."""
     if cfg.task == "reversed":
@@ -168,16 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     video = read_video(cfg.video, size=tuple(cfg.decode_size), max_frames=cfg.max_frames or None)  # (T, 3, H, W) uint8
-    span = (cfg.frames - 1) * cfg.frame_stride + 1
-    n_train = int(len(video) * cfg.train_fraction)
-    train_segs = segments(0, n_train, span)
-    test_segs = segments(n_train + cfg.gap_frames, len(video), span)
-    if len(test_segs) == 0:
-        raise ValueError("no test segments: the video is too short for this split")
-    print(
-        f"{Path(cfg.video).name}: {len(video)} frames; train frames [0, {n_train}) -> {len(train_segs)} clips, "
-        f"test frames [{n_train + cfg.gap_frames}, {len(video)}) -> {len(test_segs)} clips"
-    )
+    train_segs, test_segs = time_split(len(video), cfg)
 
     results, curves = {}, {}
     for variant in cfg.variants:
