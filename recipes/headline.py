@@ -28,7 +28,7 @@ VLM_GROUPS = ("class/proj", "class/proj+preproj_skip", "class/proj+lora", "mosai
 
 
 def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    """"m ± s (n)" over seeds, "m (1)" for one, "not run yet" for none."""
+    """ "m ± s (n)" over seeds, "m (1)" for one, "not run yet" for none."""
     if not values:
         return "not run yet"
     m, sd, n = mean_std(values)
@@ -78,7 +78,7 @@ def headline_block() -> str:
     mixed_class = ", ".join(f"`{g.split('/')[1]}` {_pm(vlm.get(g, []))}" for g in VLM_GROUPS[:2])
     mixed_where = ", ".join(f"`{g.split('/')[1]}` {_pm(vlm.get(g, []))}" for g in VLM_GROUPS[3:5])
     return "\n".join([
-        "| | real pretrained parts (offline) | task | pre-projection + skip against the baselines, mean ± std (seeds) |",
+        "| | real pretrained parts (offline) | task | pre-projection + skip and baselines, mean ± std (seeds) |",
         "|---|---|---|---|",
         f"| text | SmolLM2-135M-Instruct | WikiText-103 frozen probe | `preproj_skip` {text['preproj_skip']}; "
         f"`lora` {text['lora']} ([report](docs/evidence/smollm2-135m/report.md)) |",
