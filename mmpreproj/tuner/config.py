@@ -31,6 +31,7 @@ from ..version import __version__
 from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
+SKIP_INIT_STD = {"paper": 1e-4, "identity": 0.0}  # `W_skip`'s init std under each `init` (skip_init_std=None)
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
@@ -72,8 +73,10 @@ class PreProjConfig(JsonConfig, PeftConfig):
         expansion: pre-projection inner width as a multiple of d (paper: 1.25); below 1 it is a bottleneck
             (1/16: inner width d/16), 2*d*int(expansion*d) weights per block either way.
         activation: pre-projection activation, one of "silu", "gelu", "relu".
-        init: pre-projection init, "paper" (N(0, 0.01) both) or "identity" (`W_down` = 0).
-        skip_init_std: std of the `W_skip` init (paper: 1e-4; 0 = exact zero).
+        init: "paper" (the pre-projection's weights N(0, 0.01), `W_skip` N(0, 1e-4)) or "identity" (`W_down` = 0
+            and `W_skip` = 0: the whole adapter starts as the identity, outputs equal the base's bit for bit).
+        skip_init_std: std of the `W_skip` init; None = the init's (1e-4 for "paper", 0 for "identity");
+            0 = exact zero.
         skip_rank: None (the paper's full d x d `W_skip`, d*d weights per block) or r >= 1 for a low-rank
             `W_skip = B A` (B: d x r, A: r x d; 2*r*d weights per block). Init: B ~ N(0, skip_init_std),
             A ~ N(0, 1/sqrt(r)), so `skip_init_std=0` is an exact zero skip (`modules.ContentSkip`).
@@ -99,7 +102,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     expansion: float = 1.25
     activation: str = "silu"
     init: str = "paper"
-    skip_init_std: float = 1e-4
+    skip_init_std: float | None = None  # resolved in __post_init__: the init's own
     skip_rank: int | None = None
     parts: list[str] | None = None
     layers: list[int] | dict[str, list[int]] | None = None
@@ -149,6 +152,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
             raise ValueError("PreProjConfig: at least one of preproj=True or skip=True is required")
         check_choice("PreProjConfig", "activation", self.activation, sorted(ACTIVATIONS))
         check_choice("PreProjConfig", "init", self.init, list(PREPROJ_INITS))
+        if self.skip_init_std is None:
+            self.skip_init_std = SKIP_INIT_STD[self.init]
         check_choice("PreProjConfig", "compute_dtype", self.compute_dtype, list(COMPUTE_DTYPES))
         check_rule(
             0 < self.expansion <= MAX_EXPANSION,

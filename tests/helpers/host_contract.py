@@ -20,7 +20,7 @@ from mmpreproj.hosts import find_host
 from mmpreproj.hosts.spec import resolve_sites
 from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
-IDENTITY = PreProjConfig(init="identity", skip_init_std=0)
+IDENTITY = PreProjConfig(init="identity")  # the whole adapter: pre-projection and skip (the docs' claim)
 
 
 @dataclass
