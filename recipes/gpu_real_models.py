@@ -288,7 +288,7 @@ def _vlm_script():
 
 def vlm_setup(cfg: Config):
     """(the study Config, its groups) for this run."""
-    from recipes.mixed.dinov2_smollm2.study import GROUPS
+    from recipes.mixed.dinov2_smollm2.study import GROUPS, QUICK
     from recipes.mixed.dinov2_smollm2.study import Config as VlmConfig
 
     known = [g.label for g in GROUPS]
@@ -297,20 +297,7 @@ def vlm_setup(cfg: Config):
         raise ValueError(f"vlm_groups: unknown {bad}; allowed values: {known}")
     common = {"steps": cfg.vlm_steps, "size": cfg.vlm_size, "pool": cfg.vlm_pool, "max_extend": cfg.vlm_max_extend}
     if cfg.dry_run:  # the recipe's --quick sizes
-        vc = VlmConfig(
-            tower="random-tiny",
-            lm="tiny",
-            batch=2,
-            warmup=1,
-            budget=0.002,
-            train_per_class=6,
-            heldout_per_class=2,
-            test_per_class=2,
-            mosaic_heldout=4,
-            mosaic_test=8,
-            eval_batch=4,
-            **{**common, "steps": min(cfg.vlm_steps, 3), "max_extend": 0},
-        )
+        vc = VlmConfig(**{**QUICK, **common, "steps": min(cfg.vlm_steps, 3), "max_extend": 0})
     else:
         vc = VlmConfig(tower=cfg.backbone, lm=cfg.model, **common)
     lrs = tuple(cfg.vlm_lrs) or ((1e-3,) if cfg.dry_run else ())

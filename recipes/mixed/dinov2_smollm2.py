@@ -141,26 +141,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT))
     from recipes.mixed.dinov2_smollm2.report import write_report
-    from recipes.mixed.dinov2_smollm2.study import GROUPS, Config, features_key, open_study, run
+    from recipes.mixed.dinov2_smollm2.study import GROUPS, QUICK, Config, features_key, open_study, run
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{os.getpid()}] %(message)s")
     cfg, groups = Config(), list(GROUPS)
     if args.quick:
-        cfg = Config(
-            tower="random-tiny",
-            lm="tiny",
-            steps=3,
-            batch=2,
-            warmup=1,
-            budget=0.002,
-            train_per_class=6,
-            heldout_per_class=2,
-            test_per_class=2,
-            mosaic_heldout=4,
-            mosaic_test=8,
-            eval_batch=4,
-            max_extend=0,
-        )
+        cfg = Config(**QUICK)
         groups = [dataclasses.replace(g, start_lrs=(1e-3,), seeds=min(g.seeds, 2)) for g in groups]
     overrides = {
         "tower": args.tower,

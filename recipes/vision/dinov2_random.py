@@ -11,7 +11,8 @@ hosts: cat(CLS token, mean of the patch tokens) after the final layernorm, (B, 2
 pools them (`ClassAndMeanPatch`).
 
 The timm copy is built from the transformers model's state dict (q, k, v concatenated into qkv; layer scales
-lambda1 -> gamma), so the two hosts compute the same function (`to_timm_state`).
+lambda1 -> gamma), so the two hosts compute the same function (`mmpreproj.data.onnx_source.timm_state_dict`,
+the converter's own mapping).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mmpreproj.data.onnx_source import timm_state_dict
 from recipes.kit.backbones import IMAGENET, Backbone, ClassAndMeanPatch
 
-__all__ = ["RANDOM_DINOV2", "is_random_dinov2", "random_dinov2", "to_timm_state"]
+__all__ = ["RANDOM_DINOV2", "is_random_dinov2", "random_dinov2"]
 
 # name -> (hidden, layers, heads, mlp width, input side); patches of 14 px, layer scale 1.0
 RANDOM_DINOV2 = {"random-dinov2-s": (384, 12, 6, 1536, 112), "random-dinov2-tiny": (32, 2, 2, 64, 28)}
@@ -49,31 +51,6 @@ def _transformers(name: str, seed: int) -> nn.Module:
     return Dinov2Model(config).eval()
 
 
-def to_timm_state(state: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
-    """A transformers `Dinov2Model` state dict as timm `VisionTransformer` keys (mask_token dropped)."""
-    out = {
-        "cls_token": state["embeddings.cls_token"],
-        "pos_embed": state["embeddings.position_embeddings"],
-        "patch_embed.proj.weight": state["embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": state["embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": state["layernorm.weight"],
-        "norm.bias": state["layernorm.bias"],
-    }
-    for i in range(layers):
-        hf, tm = f"encoder.layer.{i}.", f"blocks.{i}."
-        attn = hf + "attention."
-        for p in ("weight", "bias"):
-            out[tm + f"attn.qkv.{p}"] = torch.cat([state[attn + f"{n}_proj.{p}"] for n in "qkv"])
-            out[tm + f"attn.proj.{p}"] = state[attn + f"o_proj.{p}"]
-            for norm in ("norm1", "norm2"):
-                out[tm + f"{norm}.{p}"] = state[hf + f"{norm}.{p}"]
-            for fc in ("fc1", "fc2"):
-                out[tm + f"mlp.{fc}.{p}"] = state[hf + f"mlp.{fc}.{p}"]
-        out[tm + "ls1.gamma"] = state[hf + "layer_scale1.lambda1"]
-        out[tm + "ls2.gamma"] = state[hf + "layer_scale2.lambda1"]
-    return out
-
-
 def _timm(name: str, seed: int) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
@@ -89,7 +66,7 @@ def _timm(name: str, seed: int) -> nn.Module:
         num_classes=0,
         qkv_bias=True,
     )
-    vit.load_state_dict(to_timm_state(_transformers(name, seed).state_dict(), layers), strict=True)
+    vit.load_state_dict(timm_state_dict(_transformers(name, seed).state_dict(), layers), strict=True)
     return vit.eval()
 
 

@@ -90,6 +90,23 @@ class Config:
     seed: int = 0  # the first seed; the data splits and the held-out / test mosaics are fixed by it
 
 
+QUICK = dict(  # a smoke run's sizes (`--quick`, the GPU script's dry run): tiny random models, a few items
+    tower="random-tiny",
+    lm="tiny",
+    steps=3,
+    batch=2,
+    warmup=1,
+    budget=0.002,
+    train_per_class=6,
+    heldout_per_class=2,
+    test_per_class=2,
+    mosaic_heldout=4,
+    mosaic_test=8,
+    eval_batch=4,
+    max_extend=0,
+)
+
+
 class VlmStudy(Study):
     """The text study's bookkeeping (`read`, `selected`) over this recipe's steps and keys."""
 
