@@ -28,6 +28,7 @@ from recipes.mixed.dinov2_smollm2.tasks import (
     item_stream,
     mosaic_items,
 )
+from tests.helpers.procs import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = [f"c{i}" for i in range(10)]
@@ -167,7 +168,7 @@ def test_quick_run_finishes_and_a_restart_trains_nothing(tmp_path):
     cmd = [sys.executable, str(REPO / "recipes/mixed/dinov2_smollm2.py"), "--quick", "--out", str(tmp_path / "ev")]
     cmd += ["--runs", str(tmp_path / "runs"), "--groups", "class/proj,class/proj+preproj_skip,mosaic/2d,mosaic/1d"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=600)
+    subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=HANG_GUARD_S)
     report = (tmp_path / "ev" / "report.md").read_text()
     assert "| class/proj+preproj_skip | proj+preproj_skip |" in report and "CPU-hours" in report
     select = json.loads((tmp_path / "ev/arms/class/proj/lr-0.001-seed-1/select.json").read_text())
@@ -175,5 +176,5 @@ def test_quick_run_finishes_and_a_restart_trains_nothing(tmp_path):
     times = sorted((tmp_path / "ev").rglob("times.jsonl"))
     lines = {p: len(p.read_text().splitlines()) for p in times}
     assert len(times) == 2 * 4 and all(lines.values())
-    out = subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert "select " not in out.stderr and {p: len(p.read_text().splitlines()) for p in times} == lines

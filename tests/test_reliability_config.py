@@ -22,7 +22,7 @@ from mmpreproj.util.validate import ConfigTypeError
         ("expansion", True, "PreProjConfig.expansion=True (bool); must be a finite number"),
         ("expansion", 10**400, "must be a finite number"),
         ("expansion", 0.0, "PreProjConfig.expansion=0.0; must be a finite number in (0, 16]"),
-        ("skip_init_std", math.nan, "PreProjConfig.skip_init_std=nan (float); must be a finite number"),
+        ("skip_init_std", math.nan, "PreProjConfig.skip_init_std=nan (float); must be None or a finite number"),
         ("skip_init_std", -0.1, "PreProjConfig.skip_init_std=-0.1; must be a finite number >= 0"),
         ("preproj", "yes", "PreProjConfig.preproj='yes' (str); must be a bool (true/false)"),
         ("skip", 1, "PreProjConfig.skip=1 (int); must be a bool"),
