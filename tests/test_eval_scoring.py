@@ -9,6 +9,7 @@ from torch import nn
 from mmpreproj.data import pythia_tokenizer
 from mmpreproj.eval import ContinuationScore, score_continuations
 from tests.helpers.eval_models import ForcedNext, tiny_pythia
+from tests.helpers.procs import HANG_GUARD_S
 
 
 def hand_score(model: nn.Module, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
@@ -115,3 +116,27 @@ def test_rejects_empty_parts():
         score_continuations(model, [([1, 2], [])])
     with pytest.raises(ValueError, match="non-empty"):
         score_continuations(model, [([], [3])])
+
+
+def test_encoding_a_text_longer_than_the_tokenizer_limit_prints_no_indexing_warning():
+    """The evaluators window long documents themselves: transformers' length warning must not reach users.
+
+    In a subprocess: transformers' log handler holds the stderr of the moment it was made, which pytest swaps.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "from mmpreproj.train.models import load_tokenizer\n"
+        "from mmpreproj.eval.runtime import encode\n"
+        "tok = load_tokenizer('assets/mini-pythia')\n"  # model_max_length 512
+        "text = 'the river flooded the lower town ' * 200\n"
+        "assert len(encode(tok, text)) > tok.model_max_length\n"
+        "import sys; print('ENCODED', file=sys.stderr, flush=True)\n"
+        "tok(text)\n"  # the same call without verbose=False warns: the check can fail
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    before, marker, after = done.stderr.partition("ENCODED")
+    assert marker and "indexing errors" not in before
+    assert "indexing errors" in after  # from the plain call

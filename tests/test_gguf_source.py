@@ -190,3 +190,21 @@ def test_bench_smollm2_runs_on_a_tiny_gguf(tiny_gguf, tmp_path):
         assert set(result["train_step"][dtype]) == variants
         assert set(result["decode_per_token"][dtype]) == {"base", "preproj_skip", "lora r=64"}
         assert set(result["peak_mb"][dtype]) == variants
+
+
+def test_the_first_run_converts_before_seeding_and_equals_every_later_run(tiny_gguf, tmp_path):
+    """The conversion (on the first run of a machine) draws from no run's stream: same seed, same init and loss."""
+    from mmpreproj.train import train
+
+    def run(out):
+        cfg = get_preset("mini", model=str(tiny_gguf), steps=1, warmup_steps=0, batch_size=2, max_len=16)
+        cfg = cfg.replace(num_lines=8, out=str(out), progress=False, save_every=0)
+        result = train(cfg)
+        weights = {n: p.detach().clone() for n, p in result.model.named_parameters() if p.requires_grad}
+        return result.final_loss, weights
+
+    first = run(tmp_path / "first")  # converts the GGUF into the (empty) cache
+    assert (packaged.cache_root("gguf")).exists()
+    later = run(tmp_path / "later")  # reads the cached folder
+    assert first[0] == later[0]
+    assert first[1].keys() == later[1].keys() and all(torch.equal(first[1][n], later[1][n]) for n in first[1])

@@ -88,14 +88,17 @@ def test_mini_preset_is_an_offline_cpu_run():
     assert set(PRESETS) == {"pythia-160m", "pythia-410m", "mini", "smollm2-135m", "smollm2-135m-cpu"}
 
 
-def test_lr_schedule_matches_transformers_cosine_with_warmup():
+def test_lr_schedule_matches_transformers_cosine_after_a_warmup_whose_first_step_trains():
     import torch
     from transformers import get_cosine_schedule_with_warmup
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = get_cosine_schedule_with_warmup(opt, num_warmup_steps=50, num_training_steps=500)
-    for s in range(500):
+    for s in range(50, 500):  # after the warmup: transformers' factor exactly
         assert math.isclose(lr_factor(s, warmup=50, total=500), ref.lr_lambdas[0](s), abs_tol=1e-12)
-    assert lr_factor(0, warmup=50, total=500) == 0.0 and lr_factor(50, warmup=50, total=500) == 1.0
+    warm = [lr_factor(s, warmup=50, total=500) for s in range(51)]
+    assert ref.lr_lambdas[0](0) == 0.0 and warm[0] == 1 / 51  # transformers' first step is lr 0; ours trains
+    assert all(a < b for a, b in zip(warm, warm[1:], strict=False)) and warm[50] == 1.0
+    assert lr_factor(0, warmup=1, total=2) == 0.5  # `--steps 2`: both steps train
     assert lr_factor(499, warmup=0, total=500, min_ratio=0.1) > 0.1
     assert lr_factor(100, warmup=10, total=500, kind="constant") == 1.0

@@ -112,7 +112,7 @@ def test_run_folder_logs_and_metrics(tmp_path):
     records = _read_log(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= records[0].keys()
-    assert [r["lr"] for r in records] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])  # warmup 2, cosine over 4
+    assert [r["lr"] for r in records] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 5e-4])  # warmup 2, cosine over 4
     seen = [i for k in range(8) for i in ShardedOrder(len(DATA), seed=42).batch(k, 2)]  # 4 steps x 2 x 2 lines
     assert records[-1]["tokens"] == int(DATA.attention_mask[seen].sum())
     metrics = json.loads((out / "metrics.json").read_text())
@@ -120,6 +120,15 @@ def test_run_folder_logs_and_metrics(tmp_path):
     assert metrics["trainable_params"] == 2 * (2 * 32 * 40 + 32 * 32)
     assert TrainConfig.from_json(out / "train_config.json") == run_config(out, steps=4, warmup_steps=2, save_every=2)
     assert result.final_loss == records[-1]["loss"] and load_checkpoint(out / "checkpoint.pt")["step"] == 4
+
+
+def test_the_first_optimizer_step_trains(tmp_path):
+    """A one-step run with warmup moves every trainable weight (transformers' warmup would take it at lr 0)."""
+    start = _initial("preproj_skip")
+    result = train(run_config(tmp_path / "run", steps=1, warmup_steps=1), tiny_neox(), examples=DATA)
+    assert _read_log(tmp_path / "run")[0]["lr"] == pytest.approx(5e-4)
+    after = trainable(result.model)
+    assert [n for n, p in trainable(start).items() if torch.equal(p, after[n])] == []
 
 
 def test_refuses_to_overwrite_and_to_resume_a_different_config(tmp_path):

@@ -50,6 +50,16 @@ def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
     return name, {"local_files_only": True}
 
 
+def convert_packaged(name: str) -> None:
+    """Convert a packaged model file (a GGUF, an ONNX backbone) into its cached plain folder now, if `name` is
+    one and the cache is missing or stale; any other name: nothing. A run calls it before it seeds, so the
+    conversion's own draws never shift the run's stream (the first run on a machine equals every later one)."""
+    if gguf_source.is_gguf_name(name):
+        gguf_source.plain_folder(name)
+    elif onnx_source.is_onnx_name(name):
+        onnx_source.plain_folder(name)
+
+
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 

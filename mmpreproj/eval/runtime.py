@@ -35,5 +35,7 @@ def encode(tokenizer, text: str, *, special_tokens: bool = True) -> list[int]:
     """Token ids of `text`. `special_tokens=True` lets the tokenizer add what it adds to a whole input (a BOS
     for Llama-style tokenizers, nothing for Pythia's); continuations are encoded with `special_tokens=False`.
     """
-    ids: Sequence[int] = tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+    # verbose=False: the evaluators window or cut long texts themselves, so transformers' "sequence length is
+    # longer than the specified maximum ... indexing errors" warning would be noise
+    ids: Sequence[int] = tokenizer(text, add_special_tokens=special_tokens, verbose=False)["input_ids"]
     return list(ids)

@@ -44,7 +44,7 @@ class TrainConfig(JsonConfig):
         packing: join the kept lines with eos into full `max_len` blocks instead of one padded line each.
         trim_padding: cut each batch to its longest line (same loss as full padding, less compute).
         steps, warmup_steps, lr, min_lr_ratio, schedule: optimizer steps and the LR schedule
-            (linear warmup from 0, then cosine to `lr * min_lr_ratio`, or constant).
+            (linear warmup from `lr / (warmup_steps + 1)`, then cosine to `lr * min_lr_ratio`, or constant).
         batch_size, grad_accum: micro-batch per process and micro-batches per optimizer step.
         weight_decay, adam_betas, adam_eps, max_grad_norm: AdamW and clipping (None/0 = no clipping).
         precision: "bf16" (autocast) or "fp32".

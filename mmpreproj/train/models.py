@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..data.model_source import check_local_model, corrupt_weights_error, pretrained_source
+from ..data.model_source import check_local_model, convert_packaged, corrupt_weights_error, pretrained_source
 from ..data.onnx_source import is_onnx_name
 from .errors import ModelUnavailableError
 
@@ -36,6 +36,15 @@ def load_tokenizer(name: str) -> Any:
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def convert_model_files(name: str) -> None:
+    """`convert_packaged(name)` (a packaged GGUF / ONNX model into its cached folder), failing as `load_model`
+    would: `train` calls it before seeding."""
+    try:
+        convert_packaged(name)
+    except (OSError, ValueError) as err:
+        raise unavailable_error("model", name, err) from None
 
 
 def load_model(name: str, dtype: str = "float32") -> nn.Module:

@@ -36,15 +36,10 @@ def _uses_cuda(device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def seeded_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
-    """Run the block on the RNG stream `seed_everything(seed)` starts, then restore the caller's states.
-
-    On entry: save torch's CPU generator, every CUDA device's (when the block runs on CUDA or CUDA is
-    initialised), MPS's (when `device` is MPS), python `random`'s and numpy's global state; then seed them all
-    with `seed`. On exit, normal or by an exception, put every saved state back, so the caller's streams
-    continue as if the block never ran. Not thread-safe: the generators are process-wide (as in any seeded
-    code, another thread drawing meanwhile would see the block's stream, and the block its draws).
-    """
+def kept_rng(device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run the block, then put every generator `seeded_rng` would seed back as it was (no seeding): whatever
+    the block draws (a model conversion that builds a module, say) touches neither the caller's streams nor
+    a run's. Same generators, same caveats as `seeded_rng`."""
     device = torch.device(device)
     cuda, mps = _uses_cuda(device), device.type == "mps"
     saved_cpu = torch.get_rng_state()
@@ -52,13 +47,6 @@ def seeded_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
     saved_mps = torch.mps.get_rng_state() if mps else None
     saved_python, saved_numpy = random.getstate(), np.random.get_state()
     try:
-        torch.default_generator.manual_seed(seed)  # what torch.manual_seed does, device by device
-        if cuda:
-            torch.cuda.manual_seed_all(seed)
-        if mps:
-            torch.mps.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed)
         yield
     finally:
         torch.set_rng_state(saved_cpu)
@@ -68,3 +56,25 @@ def seeded_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
             torch.mps.set_rng_state(saved_mps)
         random.setstate(saved_python)
         np.random.set_state(saved_numpy)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run the block on the RNG stream `seed_everything(seed)` starts, then restore the caller's states.
+
+    On entry: save torch's CPU generator, every CUDA device's (when the block runs on CUDA or CUDA is
+    initialised), MPS's (when `device` is MPS), python `random`'s and numpy's global state (`kept_rng`); then
+    seed them all with `seed`. On exit, normal or by an exception, put every saved state back, so the caller's
+    streams continue as if the block never ran. Not thread-safe: the generators are process-wide (as in any
+    seeded code, another thread drawing meanwhile would see the block's stream, and the block its draws).
+    """
+    device = torch.device(device)
+    with kept_rng(device):
+        torch.default_generator.manual_seed(seed)  # what torch.manual_seed does, device by device
+        if _uses_cuda(device):
+            torch.cuda.manual_seed_all(seed)
+        if device.type == "mps":
+            torch.mps.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        yield

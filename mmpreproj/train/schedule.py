@@ -1,10 +1,13 @@
-"""The learning-rate schedule: linear warmup from 0, then cosine decay (or constant).
+"""The learning-rate schedule: linear warmup, then cosine decay (or constant).
 
-Same factor as `transformers.get_cosine_schedule_with_warmup` (the paper's Trainer), which the first step
-takes at lr 0, with an optional floor `min_ratio`:
+The warmup starts at `lr / (W + 1)`, not 0 (as nanoGPT's): every optimizer step trains, so `--steps 2` is
+not half a run at lr 0. From step W on the factor is `transformers.get_cosine_schedule_with_warmup`'s (the
+paper's Trainer, whose first step takes lr 0), with an optional floor `min_ratio`:
 
-    f(s) = s / W                                                 s < W
+    f(s) = (s + 1) / (W + 1)                                     s < W
     f(s) = m + (1 - m) * 0.5 * (1 + cos(pi * (s - W) / (T - W)))  s >= W   (cosine; 1 for constant)
+
+Runs made before 0.6.0 (the mini tables and the SmolLM2 CPU study of 0.5.0) used `f(s) = s / W` in warmup.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 def lr_factor(step: int, *, warmup: int, total: int, kind: str = "cosine", min_ratio: float = 0.0) -> float:
     """Multiplier of the base LR for the optimizer step with 0-based index `step`."""
     if step < warmup:
-        return step / max(1, warmup)
+        return (step + 1) / (warmup + 1)
     if kind == "constant":
         return 1.0
     if kind != "cosine":

@@ -64,10 +64,10 @@ from .distributed import (
 )
 from .errors import NonFiniteLossError
 from .methods import METHOD_SPECS, apply_method, count_trainable
-from .models import enable_checkpointing, load_model, load_tokenizer, resolve_device
+from .models import convert_model_files, enable_checkpointing, load_model, load_tokenizer, resolve_device
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
-from .rng import seeded_rng
+from .rng import kept_rng, seeded_rng
 from .runlock import RunInUseError, run_lock
 from .runlog import CONFIG_NAME, LOG_NAME, METRICS_NAME, StepLog, write_json
 from .schedule import make_scheduler
@@ -116,6 +116,9 @@ def train(
     `config.seed`, as `seed_everything(config.seed)` would, but inside `rng.seeded_rng`: when `train` returns
     or raises, the caller's generator states are exactly as they were before the call.
     """
+    if model is None:
+        with kept_rng():  # a packaged model is converted before the seed and draws from no stream
+            convert_model_files(config.model)
     with seeded_rng(config.seed, resolve_device(config.device)):  # the device's type decides which generators
         ctx = init_distributed(config.device)
         try:
