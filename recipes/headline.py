@@ -17,6 +17,8 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,10 +114,264 @@ def results_block() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {  # file -> {block name: generator}
-    ROOT / "README.md": {"headline": headline_block},
-    ROOT / "docs" / "results.md": {"real-models": results_block},
+# The SmolLM2 text study (docs/evidence/smollm2-135m/study.json, the per-arm files aggregated by its report)
+SMOLLM2 = EVIDENCE / "smollm2-135m"
+TEXT_LABELS = {  # group label -> how the README names it (the trainable count and sizes are added from the files)
+    "preproj_skip": "`preproj_skip`",
+    "lora": "`lora` r=360, the paper's rule",
+    "lora_matched": "`lora_matched`",
+    "preproj": "`preproj`",
+    "skip": "`skip`",
+    "preproj_lora": "`preproj_lora`",
+    "b0.01/preproj_skip": "1%: `preproj_skip`",
+    "b0.01/lora": "1%: `lora`",
 }
+TEXT_COLUMNS = (  # metric, digits, higher is better, relative change to the untrained model shown
+    ("ppl.ppl", 1, False, True),
+    ("lambada.acc", 3, True, True),
+    ("lambada.ppl", 1, False, False),
+    ("hellaswag.acc", 3, True, False),
+)
+
+
+def _study() -> dict:
+    return json.loads((SMOLLM2 / "study.json").read_text())
+
+
+def _lr(lr: float) -> str:
+    """3e-4, 1e-3: the way the docs write a learning rate."""
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n < 1e7 else f"{n / 1e6:.1f}M"
+
+
+def _cell(values: list[float], base: float, digits: int, rel: bool) -> str:
+    m, sd, n = mean_std(values)
+    text = f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+    return text + (f" ({100 * (m / base - 1):+.0f}%)" if rel else "")
+
+
+def smollm2_table_block() -> str:
+    """README's SmolLM2 CPU table: every trained group of study.json at its picked LR, mean ± std over seeds."""
+    data = _study()
+    base = data["baseline"]
+    groups = [g for g in data["groups"] if g["label"] in TEXT_LABELS]
+    means = {
+        g["label"]: {k: mean_std([s[k] for s in g["seeds"].values()])[0] for k, *_ in TEXT_COLUMNS} for g in groups
+    }
+    best = {k: (max if up else min)(means, key=lambda label, k=k: means[label][k]) for k, _, up, _ in TEXT_COLUMNS}
+    n_items = {k: base[k.split(".")[0] + ".total"] for k in ("lambada.acc", "hellaswag.acc")}
+    lines = [
+        f"| method (trainable) | LR | seeds | test line PPL | LAMBADA ({n_items['lambada.acc']}) | LAMBADA target PPL "
+        f"| HellaSwag ({n_items['hellaswag.acc']}) |",
+        "|---|---|---|---|---|---|---|",
+        f"| untrained | - | - | {base['ppl.ppl']:.1f} | {base['lambada.acc']:.3f} | {base['lambada.ppl']:.1f} "
+        f"| {base['hellaswag.acc']:.3f} |",
+    ]
+    for g in groups:
+        seeds = list(g["seeds"].values())
+        sizes = "".join(f", `{k}={v}`" for k, v in g["sizes"].items() if k != "expansion")
+        name = f"{TEXT_LABELS[g['label']]}{sizes} ({_millions(seeds[0]['params'])})"
+        cells = []
+        for k, digits, _, rel in TEXT_COLUMNS:
+            cell = _cell([s[k] for s in seeds], base[k], digits, rel and g["budget"] is None)
+            cells.append(f"**{cell}**" if best[k] == g["label"] else cell)
+        lines.append(f"| {name} | {_lr(g['best_lr'])} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _norms(row: dict) -> list[float]:
+    v = row["skip_norms"]
+    return list(v.values()) if isinstance(v, dict) else list(v)
+
+
+def smollm2_norms_block() -> str:
+    """The skip-norm sentence: layer 29 against the mean of layers 0-19, per seed, from the study's steps."""
+    data = _study()
+    init = 1e-4 * 576  # ||W_skip||_F at init: std 1e-4 over a d x d matrix, d = 576
+    group = next(g for g in data["groups"] if g["label"] == "preproj_skip")
+    per_seed = [_norms(s) for s in group["seeds"].values()]
+    flat = [sum(n[:20]) / 20 for n in per_seed]
+    last = [n[-1] for n in per_seed]
+    rises = [b / a - 1 for a, b in zip(flat, last, strict=True)]
+    skip = _norms(next(iter(next(g for g in data["groups"] if g["label"] == "skip")["seeds"].values())))
+    flat_m, last_m = sum(flat) / len(flat) / init, sum(last) / len(last) / init
+    every = "every seed" if all(r > 0 for r in rises) else f"{sum(r > 0 for r in rises)} of {len(rises)} seeds"
+    return (
+        f"- **Skip norms over {len(per_seed[0])} layers**: flat (about {flat_m:.1f}x their init) through layer 19, "
+        f"then rising over the last\n  third to {last_m:.1f}x at layer {len(per_seed[0]) - 1} "
+        f"({100 * (last_m / flat_m - 1):+.0f}%, {every}). That is the paper's shape with a much smaller rise than "
+        f"its\n  2.3x. The skip alone rises {100 * (skip[-1] / (sum(skip[:20]) / 20) - 1):+.0f}%."
+    )
+
+
+def _gpu() -> dict:
+    return json.loads((SMOLLM2 / "gpu" / "results.json").read_text())
+
+
+def smollm2_gpu_block() -> str:
+    """README's GPU table (the paper's protocol, one seed) from gpu/results.json."""
+    data = _gpu()
+    rows = {r["method"]: r for r in data["rows"]}
+    base = rows["baseline"]
+    trained = [m for m in data["methods"] if m in rows]
+    best = {k: (max if up else min)(trained, key=lambda m, k=k: rows[m][k]) for k, up in
+            (("lambada.acc", True), ("ppl.ppl", False), ("hellaswag.acc", True))}  # fmt: skip
+
+    def cell(m: str, k: str, digits: int, rel: bool) -> str:
+        text = f"{rows[m][k]:.{digits}f}" + (f" ({100 * (rows[m][k] / base[k] - 1):+.0f}%)" if rel else "")
+        return f"**{text}**" if best[k] == m else text
+
+    lines = [
+        f"| method (trainable) | LAMBADA ({base['lambada.total']}) | test line PPL "
+        f"| HellaSwag ({base['hellaswag.total']}) |",
+        "|---|---|---|---|",
+        f"| untrained | {base['lambada.acc']:.3f} | {base['ppl.ppl']:.1f} | {base['hellaswag.acc']:.3f} |",
+    ]
+    for m in trained:
+        rel = m in ("preproj_skip", "lora", "preproj_lora")
+        label = "`lora` r=360" if m == "lora" else f"`{m}`"
+        lines.append(
+            f"| {label} ({_millions(rows[m]['params'])}) | {cell(m, 'lambada.acc', 3, rel)} | "
+            f"{cell(m, 'ppl.ppl', 1, rel)} | {cell(m, 'hellaswag.acc', 3, False)} |"
+        )
+    ps = _norms(rows["preproj_skip"])
+    lines += [
+        "",
+        f"{data['seconds'] / 60:.1f} min of training and evaluation for the script (results.json). Under this "
+        f"protocol the skip norms rise with depth to {ps[-1] / ps[0]:.1f}x the first layer's at the last (the "
+        "paper: 2.3x).",
+    ]
+    return "\n".join(lines)
+
+
+def smollm2_hours_block() -> str:
+    """The CPU-hours of the SmolLM2 study, as its report sums them (every invocation of a resumed arm)."""
+    text = (SMOLLM2 / "report.md").read_text()
+    hours = float(re.search(r"Compute so far: ([0-9.]+) CPU-hours", text).group(1))
+    return (
+        f"runs Table 2 on it on two CPU cores (restartable; {hours:.1f} CPU-hours in all, summed from every run's "
+        "files):"
+    )
+
+
+BLOCKS = {  # file -> {block name: generator}
+    ROOT / "README.md": {
+        "headline": headline_block,
+        "smollm2-hours": smollm2_hours_block,
+        "smollm2-table": smollm2_table_block,
+        "smollm2-norms": smollm2_norms_block,
+        "smollm2-gpu": smollm2_gpu_block,
+    },
+    ROOT / "docs" / "results.md": {"real-models": results_block},
+    ROOT / "docs" / "numbers.md": {"numbers": lambda: numbers_block()},
+}
+
+
+# Numbers in prose: each claim is a template that, filled from the files, must appear verbatim in its page
+@dataclass(frozen=True)
+class Claim:
+    """`template.format(**values())` must occur in `page`; `sources` are the files `values` reads."""
+
+    page: str
+    template: str
+    values: Callable[[], dict[str, float | str]]
+    sources: tuple[str, ...]
+
+    def text(self) -> str:
+        return self.template.format(**self.values())
+
+
+def _comparison(data: dict, method: str, reference: str, metric: str) -> dict:
+    return next(
+        c for c in data["comparisons"] if (c["method"], c["reference"], c["metric"]) == (method, reference, metric)
+    )
+
+
+def _text_matched_ppl() -> dict[str, float]:
+    c = _comparison(_study(), "preproj_skip", "lora_matched", "ppl.ppl")
+    return {"diff": c["diff"], "lo": c["seeds"][0], "hi": c["seeds"][1]}
+
+
+def _text_skip_wins() -> dict[str, float]:
+    data = _study()
+    return {
+        "acc": _comparison(data, "skip", "lora", "lambada.acc")["diff"],
+        "ppl": _comparison(data, "skip", "lora", "lambada.ppl")["diff"],
+    }
+
+
+def _gpu_gains() -> dict[str, float]:
+    data = _gpu()
+    rows = {r["method"]: r for r in data["rows"]}
+    base, ps = rows["baseline"], rows["preproj_skip"]
+    return {
+        "ppl": 100 * (ps["ppl.ppl"] / base["ppl.ppl"] - 1),
+        "lam": 100 * (ps["lambada.acc"] / base["lambada.acc"] - 1),
+        "vs_lora": _comparison(data, "preproj_skip", "lora", "ppl.ppl")["diff"],
+    }
+
+
+STUDY_JSON = "docs/evidence/smollm2-135m/study.json"
+GPU_JSON = "docs/evidence/smollm2-135m/gpu/results.json"
+CLAIMS = (
+    Claim(
+        "README.md",
+        "Against LoRA of the same size, its line PPL is worse beyond the noise ({diff:+.1f} [{lo:.1f}, {hi:.1f}])",
+        _text_matched_ppl,
+        (STUDY_JSON,),
+    ),
+    Claim(
+        "README.md",
+        "It is best on LAMBADA accuracy ({acc:+.3f} over LoRA) and\n  on target PPL ({ppl:.1f})",
+        _text_skip_wins,
+        (STUDY_JSON,),
+    ),
+    Claim(
+        "README.md",
+        "The paper's PPL gain is reproduced ({ppl:.0f}% against its -39%); its LAMBADA gain is smaller "
+        "({lam:+.0f}% against +40.6%);\npre-projection + skip is again level with LoRA on LAMBADA and behind it on "
+        "line PPL ({vs_lora:+.1f}, beyond the noise)",
+        _gpu_gains,
+        (GPU_JSON,),
+    ),
+)
+
+
+BLOCK_SOURCES = {  # block name -> the committed files its numbers come from
+    "headline": (STUDY_JSON, "docs/evidence/dinov2-probe/*/*/*.json", "docs/evidence/vlm-dinov2-smollm2/arms/"),
+    "smollm2-hours": ("docs/evidence/smollm2-135m/report.md (from arms/*/*/metrics.json, select.json, full.json)",),
+    "smollm2-table": (STUDY_JSON,),
+    "smollm2-norms": (STUDY_JSON + " (skip_norms of each seed)",),
+    "smollm2-gpu": (GPU_JSON,),
+    "real-models": (
+        "docs/evidence/dinov2-probe/*/*/*.json",
+        "docs/evidence/vlm-dinov2-smollm2/arms/",
+        "docs/evidence/video-dinov2-clip-order/metrics.json",
+    ),
+    "numbers": ("recipes/headline.py (this list)",),
+}
+
+
+def numbers_block() -> str:
+    """docs/numbers.md's list: every generated block and every checked claim, with its page and its files."""
+    lines = ["| page | what | kind | from the committed files |", "|---|---|---|---|"]
+    for path, blocks in BLOCKS.items():
+        for name in blocks:
+            files = ", ".join(f"`{f}`" for f in BLOCK_SOURCES[name])
+            lines.append(f"| {path.relative_to(ROOT)} | `{name}` | generated block | {files} |")
+    for c in CLAIMS:
+        what = c.template.replace("\n", " ").replace("|", "\\|")
+        lines.append(f"| {c.page} | {what} | checked sentence | {', '.join(f'`{f}`' for f in c.sources)} |")
+    return "\n".join(lines)
+
+
+def stale_claims() -> list[str]:
+    """'page: text' for each claim whose text, filled from its files, is not in its page."""
+    return [f"{c.page}: {c.text()!r}" for c in CLAIMS if c.text() not in (ROOT / c.page).read_text()]
 
 
 def _span(text: str, name: str) -> re.Match | None:
@@ -152,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
-        stale = stale_blocks()
+        stale = stale_blocks() + [f"{c} (a claim: edit the page's words)" for c in stale_claims()]
         for s in stale:
             print(f"stale: {s} (run python recipes/headline.py)")
         return 1 if stale else 0

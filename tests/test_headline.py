@@ -20,3 +20,25 @@ def test_a_number_changed_by_hand_is_caught(tmp_path, monkeypatch):
     assert headline.stale_blocks() == ["README.md: headline"]
     headline.write_blocks()
     assert headline.stale_blocks() == []
+
+
+def test_every_checked_sentence_is_on_its_page():
+    assert headline.stale_claims() == [], (
+        "edit the page's words to what the files give (python recipes/headline.py --check)"
+    )
+
+
+def test_a_sentence_whose_number_was_typed_by_hand_is_caught(tmp_path, monkeypatch):
+    claim = headline.CLAIMS[0]
+    page = tmp_path / claim.page
+    text = (headline.ROOT / claim.page).read_text()
+    page.write_text(text.replace(claim.text(), claim.text().replace("[0.3", "[0.2"), 1))
+    monkeypatch.setattr(headline, "ROOT", tmp_path)
+    assert headline.stale_claims() == [f"{claim.page}: {claim.text()!r}"]
+
+
+def test_the_numbers_page_lists_every_block_and_claim():
+    listed = headline.numbers_block()
+    assert all(f"`{name}`" in listed for blocks in headline.BLOCKS.values() for name in blocks)
+    assert set(headline.BLOCK_SOURCES) == {name for blocks in headline.BLOCKS.values() for name in blocks}
+    assert listed.count("checked sentence") == len(headline.CLAIMS)

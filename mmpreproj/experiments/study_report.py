@@ -183,17 +183,27 @@ def _per_layer(data: dict[str, Any], key: str) -> dict[str, list[float]]:
 
 
 def compute_seconds(s: Study) -> dict[str, float]:
-    """Wall seconds the finished steps took, summed from their files: training, evaluation, the baseline."""
+    """Seconds the finished steps took, summed from their files: training, evaluation, the baseline.
+
+    Training counts every invocation of a resumed arm: its `metrics.json` `train_seconds` is the sum of the
+    per-step times in `log.jsonl`, carried through each checkpoint (a step a killed process ran after its last
+    checkpoint is lost with it). The row's `train_wall_seconds` covers the last invocation only, the fallback.
+    """
     out = {"train": 0.0, "eval": 0.0, "baseline": 0.0}
     for f in sorted((s.out / "arms").glob("**/*.json")):
         try:
             row = json.loads(f.read_text()).get("row", {})
         except (OSError, ValueError):
             continue
-        if not isinstance(row, dict):
+        if not isinstance(row, dict) or f.name == "metrics.json":
             continue
-        out["train"] += row.get("train_wall_seconds") or 0.0
         out["eval"] += row.get("eval_seconds") or row.get("select_seconds") or 0.0
+    for arm in sorted({f.parent for f in (s.out / "arms").glob("**/select.json")}):
+        try:
+            out["train"] += float(json.loads((arm / "metrics.json").read_text())["train_seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            row = json.loads((arm / "select.json").read_text()).get("row", {})
+            out["train"] += row.get("train_wall_seconds") or 0.0
     base = read_baseline(s)
     out["baseline"] = (base or {}).get("row", {}).get("eval_seconds") or 0.0
     return out
@@ -335,7 +345,8 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
         "",
         f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
         f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
-        f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps.",
+        f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps; training counts every invocation of a "
+        "resumed arm (the per-step times in its log.jsonl).",
         "",
         "## Table",
         "",

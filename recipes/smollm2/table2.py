@@ -26,9 +26,10 @@ NOTES = (
     "Model: SmolLM2-135M-Instruct (Llama layout: 30 layers, d=576, 9 query / 3 KV heads, RoPE on every head "
     "dim, tied embeddings), not Pythia-160M; its weights come from a 4-bit Q4_1 GGUF file dequantised to fp32, a "
     "slightly degraded copy of the released Instruct model.",
-    "Training: 100 steps of 4 x 128 tokens (51k tokens) on WikiText-103 validation lines, fp32; the paper: 500 "
-    "steps of 16 x 512 (4.1M tokens) on train lines, bf16, LR 1e-5 for every method. Here each method has its "
-    "own LR (1e-5 moves ~0.01-sized weights nowhere in 100 steps).",
+    "Training: 100 steps of 4 lines x 128 positions (51k positions, about 42k real tokens: the lines are padded) "
+    "on WikiText-103 validation lines, fp32; the paper: 500 steps of 16 x 512 (4.1M positions, about 1.2M real "
+    "tokens in our GPU run of its protocol) on train lines, bf16, LR 1e-5 for every method. Here each method has "
+    "its own LR (1e-5 moves ~0.01-sized weights nowhere in 100 steps).",
     "Evaluation: HellaSwag on 200 examples (the paper: 500) to fit the CPU budget; line PPL on test rows (the "
     "paper: validation rows, which are trained on here); ARC-Easy not scored (not shipped offline).",
     "LoRA targets q, k, v, o (Llama's attention projections, the set the paper's Pythia targets "
