@@ -3,7 +3,9 @@
 #   make test   the test suite (CPU only, offline)
 #   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
 #   make lint   ruff check + ruff format --check (whole repository)
-#   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it
+#   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it; open
+#               site/index.html from disk (links and search work there: docs/hooks/check_site.py checks each build)
+#   make docs-serve  the same site at http://127.0.0.1:8000, rebuilt as docs/ changes
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -11,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor lint docs bench clean smollm2 dinov2
+.PHONY: demo test test-floor lint docs docs-serve bench clean smollm2 dinov2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -63,6 +65,9 @@ lint: $(STAMP)
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

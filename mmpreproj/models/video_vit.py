@@ -58,7 +58,7 @@ class VideoViT(nn.Module):
         )
 
     def forward_features(self, clips: torch.Tensor) -> torch.Tensor:
-        """(B, C, T, H, W) -> normed tokens (B, P + t*h*w, dim)."""
+        """(B, C, T, H, W) -> normed tokens `(B, P + t*h*w, dim)`."""
         tokens, grid = self.patch_embed(clips)
         return self.encoder.features(tokens, grid)
 

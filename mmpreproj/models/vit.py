@@ -55,7 +55,7 @@ class ViT(nn.Module):
         )
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> normed tokens (B, P + h*w, dim)."""
+        """(B, C, H, W) -> normed tokens `(B, P + h*w, dim)`."""
         tokens, grid = self.patch_embed(images)
         return self.encoder.features(tokens, grid)
 

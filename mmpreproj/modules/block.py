@@ -139,8 +139,19 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm block `x + attn(norm1(x), pos)`, `x + mlp(norm2(x))`; the rope is passed in.
 
-    `mmpreproj.inject` recognises this block (host row "mmpreproj_block") and wraps `attn` exactly as
-    it wraps GPT-NeoX or timm attention.
+    The same class for text, image patches and video: only the `rope` (and the `pos` given to `forward`)
+    differ. `mmpreproj.inject` recognises this block, alone or anywhere in a model (host row
+    "mmpreproj_block"), and wraps `attn` exactly as it wraps GPT-NeoX or timm attention. Building a mixed
+    text-image model from it: docs/howto-mixed-model.md.
+
+    Args:
+        dim: model width.
+        num_heads: attention heads (`dim` must divide evenly).
+        mlp_ratio: MLP hidden width / `dim`.
+        rope: a rotary encoder from `mmpreproj.rope` (`RoPE1D`, `RoPE2D`, `RoPE3D`, `MultimodalRoPE`), shared
+            by several blocks or not; None for no rotary positions (learned ones are added to the tokens).
+        causal: mask future tokens (decoders).
+        qkv_bias: bias on the fused qkv projection.
     """
 
     def __init__(
@@ -166,7 +177,18 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
-        # x: (B, N, dim)
+        """x: (B, N, dim) -> (B, N, dim).
+
+        Args:
+            x: the tokens.
+            pos: the coordinates of the rotated tokens (all but the first `num_prefix_tokens`), (N, A) or (B, N, A)
+                for a rope of A axes: token indices for `RoPE1D` ((N,) too), rows and columns for `RoPE2D`
+                (`grid_positions(h, w)`), (t, h, w) for `RoPE3D` and `MultimodalRoPE` (`multimodal_positions`);
+                None without a rope.
+            num_prefix_tokens: leading tokens (a class token) the rope leaves as they are.
+            attn_mask: bool, True = attend: (B, N) keys to keep (padding) or (B, 1 or H, N, Nk).
+            cache: a `KVCache` of earlier tokens' keys and values, extended in place (decoding).
+        """
         x = x + self.attn(
             self.norm1(x), pos=pos, num_prefix_tokens=num_prefix_tokens, attn_mask=attn_mask, cache=cache
         )

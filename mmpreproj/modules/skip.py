@@ -15,8 +15,8 @@ from .slot import TunerSlot
 class ContentSkip(nn.Module, TunerSlot):
     """`W_skip · x~`, a bias-free linear map added to the block output beside attention.
 
-    Full (`rank=None`, the paper's): `W_skip` is one d x d matrix (`proj.weight`), d*d weights.
-    Low-rank (`rank=r`): `W_skip = B A` with A = `down.weight` (r x d) and B = `up.weight` (d x r), 2*r*d weights.
+    Full (`rank=None`, the paper's): `W_skip` is one d x d matrix (`proj.weight`), `d*d` weights.
+    Low-rank (`rank=r`): `W_skip = B A` with A = `down.weight` (r x d) and B = `up.weight` (d x r), `2*r*d` weights.
 
     Init: full, `W_skip` ~ N(0, init_std). Low-rank, B ~ N(0, init_std) and A ~ N(0, 1/sqrt(r)), so the
     entries of B A have std init_std as the full matrix's do; `init_std=0` zeroes B, an exact zero map (the
@@ -65,7 +65,7 @@ class ContentSkip(nn.Module, TunerSlot):
 
     @staticmethod
     def num_params(dim: int, rank: int | None = None) -> int:
-        """The weights of one content skip of width `dim`: d * d for the full `W_skip`, 2 * r * d at rank r (the
+        """The weights of one content skip of width `dim`: `d*d` for the full `W_skip`, `2*r*d` at rank r (the
         one place this count is written; `estimate`, the budget sizing and `train.methods` call it)."""
         return dim * dim if rank is None else 2 * rank * dim
 

@@ -18,8 +18,8 @@ def _is_positive_int(x: object) -> bool:
 def grid_positions(*sizes: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Integer coordinates of a grid, flattened row-major (t-major for video).
 
-    grid_positions(h, w) -> LongTensor (h*w, 2) of (row, column);
-    grid_positions(t, h, w) -> LongTensor (t*h*w, 3) of (t, row, column).
+    `grid_positions(h, w)` -> LongTensor `(h*w, 2)` of (row, column);
+    `grid_positions(t, h, w)` -> LongTensor `(t*h*w, 3)` of (t, row, column).
     """
     if not sizes or not all(_is_positive_int(s) for s in sizes):
         raise ValueError(f"grid_positions needs positive integer sizes, e.g. (h, w) or (t, h, w), got {sizes}")

@@ -71,7 +71,7 @@ def paper_lora_rank(hidden_size: int, num_layers: int, expansion: float = 1.25) 
 def matched_lora_rank(
     hidden_size: int, num_layers: int, expansion: float = 1.25, *, per_rank: int | None = None
 ) -> int:
-    """The LoRA rank whose trainable count (r * per_rank) is nearest pre-proj + skip's (P + d*d*L).
+    """The LoRA rank whose trainable count (r * per_rank) is nearest pre-proj + skip's (`P + d*d*L`).
 
     `per_rank`: LoRA parameters per unit of rank on the host (`hosts.lora.lora_params_per_rank`); None =
     GPT-NeoX's 6d per block.
@@ -166,9 +166,9 @@ def expected_trainable(
 ) -> int:
     """The count `apply_method` gives, from the formulas alone.
 
-    Pre-projection 2*d*int(1.25d) per block, skip d*d. LoRA: r * (in + out) summed over the host row's target
+    Pre-projection `2*d*int(1.25*d)` per block, skip `d*d`. LoRA: `r*(in + out)` summed over the host row's target
     modules when `model` is given (read off the real modules: Llama's GQA k/v, GPT-2's Conv1D `c_attn`; d
-    and L then come from the model too), else GPT-NeoX's r*(d + 3d) on query_key_value plus r*(d + d) on dense.
+    and L then come from the model too), else GPT-NeoX's `r*(d + 3*d)` on query_key_value plus `r*(d + d)` on dense.
     """
     spec = _spec(method)
     per_rank = None

@@ -71,14 +71,14 @@ class PreProjConfig(JsonConfig, PeftConfig):
         preproj: add the pre-projection `x~ = x^ + W_down·act(W_up·x^)` before Q/K/V.
         skip: add the content skip `W_skip·x~` beside the attention output.
         expansion: pre-projection inner width as a multiple of d (paper: 1.25); below 1 it is a bottleneck
-            (1/16: inner width d/16), 2*d*int(expansion*d) weights per block either way.
+            (1/16: inner width d/16), `2*d*int(expansion*d)` weights per block either way.
         activation: pre-projection activation, one of "silu", "gelu", "relu".
         init: "paper" (the pre-projection's weights N(0, 0.01), `W_skip` N(0, 1e-4)) or "identity" (`W_down` = 0
             and `W_skip` = 0: the whole adapter starts as the identity, outputs equal the base's bit for bit).
         skip_init_std: std of the `W_skip` init; None = the init's (1e-4 for "paper", 0 for "identity");
             0 = exact zero.
-        skip_rank: None (the paper's full d x d `W_skip`, d*d weights per block) or r >= 1 for a low-rank
-            `W_skip = B A` (B: d x r, A: r x d; 2*r*d weights per block). Init: B ~ N(0, skip_init_std),
+        skip_rank: None (the paper's full d x d `W_skip`, `d*d` weights per block) or r >= 1 for a low-rank
+            `W_skip = B A` (B: d x r, A: r x d; `2*r*d` weights per block). Init: B ~ N(0, skip_init_std),
             A ~ N(0, 1/sqrt(r)), so `skip_init_std=0` is an exact zero skip (`modules.ContentSkip`).
         parts: host parts to inject into, e.g. ["vision", "language"] for a VLM (None = the row's default
             parts; `mmpreproj.hosts.HOSTS[row].parts` lists them).
@@ -272,7 +272,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
 
     def check_sizes(self, dim: int) -> None:
         """Refuse `expansion` or `skip_rank` out of range for model width `dim`, naming the field and the
-        range, before anything is allocated: the inner width int(expansion*dim) must be 1..MAX_EXPANSION*dim,
+        range, before anything is allocated: the inner width `int(expansion*dim)` must be `1..MAX_EXPANSION*dim`,
         the skip's rank 1..dim."""
         if self.preproj:
             width = self.inner_width(dim)
