@@ -12,110 +12,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmpreproj_cli.checks import adapter_list, check_exists, check_names
+from mmpreproj_cli.checks import adapter_list, check_names, size_overrides
 from mmpreproj_cli.parser import TRAIN_FLAGS
 from mmpreproj_cli.tables import BUDGET_METHODS, METHODS, PRESETS
-
-
-def _size_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The size flags given, as TrainConfig fields (--layers 0,-1 -> [0, -1]); ValueError naming the flag."""
-    out: dict[str, Any] = {}
-    for name in ("expansion", "skip_rank"):
-        if getattr(args, name, None) is not None:
-            out[name] = getattr(args, name)
-    if getattr(args, "layers", None) is not None:
-        items = [t.strip() for t in args.layers.split(",") if t.strip()]
-        if not items or not all(t.removeprefix("-").isdecimal() for t in items):
-            raise ValueError(f"--layers {args.layers!r}: pass comma-separated block indices such as 0,1,-1")
-        out["layers"] = [int(t) for t in items]
-    if getattr(args, "parts", None) is not None:
-        out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
-        if not out["parts"]:
-            raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
-    from .tuner.config import MAX_EXPANSION  # the config's bound, said in the flag's words
-
-    for flag, name in (("--expansion", "expansion"), ("--skip-rank", "skip_rank")):
-        value = out.get(name)
-        top = MAX_EXPANSION if name == "expansion" else float("inf")
-        if value is not None and not (0 < value <= top and value == value and value != float("inf")):
-            must = (
-                "an int >= 1 (and at most the model width d)"
-                if name == "skip_rank"
-                else f"a finite number in (0, {MAX_EXPANSION}] "
-                f"(the inner width int(expansion*d) is at most {MAX_EXPANSION}*d)"
-            )
-            raise ValueError(f"{flag} {value}; must be {must}")
-    return out
-
-
-def _adapter_folder(flag: str, value: str) -> None:
-    """An existing run or adapter folder that holds an adapter (checked before the base is loaded)."""
-    from .folders.files import ADAPTER_CONFIG_NAME
-    from .train.adapters import run_adapter_dir
-
-    check_exists(flag, value)
-    if not (run_adapter_dir(value) / ADAPTER_CONFIG_NAME).is_file():
-        raise ValueError(
-            f"{flag} {value}: holds no adapter ({ADAPTER_CONFIG_NAME} missing); pass a run folder or an adapter folder"
-        )
-
-
-def _model(flag: str, value: str | None) -> None:
-    """A name written as a local path must exist (a hub id is looked up when the model loads)."""
-    from .data.model_source import check_local_model
-
-    if value is not None:
-        try:
-            check_local_model(value)
-        except FileNotFoundError:
-            raise ValueError(f"{flag} {value}: no such folder (a local path; a hub id looks like org/name)") from None
-
-
-def _data(flag: str, value: str | None) -> None:
-    """A name written as a local path (`train.sources`' rule) must be an existing file."""
-    from .train.sources import looks_like_path, resolve_path
-
-    if value is None:
-        return
-    local = resolve_path(value)
-    if local is None and looks_like_path(value):
-        raise ValueError(
-            f"{flag} {value}: no such file (a local text file, one example per line; or a hub dataset id)"
-        )
-    if local is not None and not local.is_file():
-        raise ValueError(f"{flag} {value}: is a folder; pass a text file, one example per line")
+from mmpreproj_cli.values import parse_budgets, parse_lrs
 
 
 def _check_library(args: argparse.Namespace) -> None:
-    """The checks that read the library's facts, after `mmpreproj_cli.checks` (no arm trained, no file written)."""
-    command = args.command
-    if command in ("train", "reproduce", "demo"):
-        _data("--data", args.data)
-    if command == "eval":
-        for adapter in adapter_list(args.adapter):
-            _adapter_folder("--adapter", adapter)
-    elif command == "analyze":
-        for run in args.runs:
-            _adapter_folder("run folder", run)
-    elif command == "sweep":
-        from .experiments.sweep import parse_lrs
+    """What only the library can check, after `mmpreproj_cli.checks` (no arm trained, no file written): a hub
+    id given for the model, in the local hub cache when downloads are off (said at once, no network tried)."""
+    from .data.model_source import check_hub_model
 
-        parse_lrs(args.lrs, flag="--lrs")
-    elif command == "budget":
-        from .experiments.budget import parse_budgets
-        from .experiments.sweep import parse_lrs
-
-        parse_budgets(args.budgets, flag="--budgets")
-        if args.lrs is not None:
-            parse_lrs(args.lrs, flag="--lrs")
-    elif command in ("reproduce", "demo"):
-        from .experiments.reproduce import parse_seeds
-
-        parse_seeds(args.seeds, 0, flag="--seeds")
-    if command in ("train", "sweep", "reproduce", "demo"):
-        _size_overrides(args)
-    if command != "analyze":  # last: the other options are checked even when the model is also wrong
-        _model("--model", args.model)
+    preset = "mini" if args.command == "demo" else getattr(args, "preset", None)
+    if args.command == "analyze" or getattr(args, "read_only", False):
+        return
+    if args.model is not None:
+        check_hub_model(args.model, f"--model {args.model}")
+    elif preset is not None:
+        check_hub_model(PRESETS[preset]["model"], f"--preset {preset}: model {PRESETS[preset]['model']}")
 
 
 def run(args: argparse.Namespace) -> str:
@@ -144,7 +58,7 @@ def _train(args: argparse.Namespace) -> str:
     }
     if "steps" in overrides and "warmup_steps" not in overrides:  # keep warmup within a shortened run
         overrides["warmup_steps"] = min(PRESETS[args.preset]["warmup_steps"], overrides["steps"])
-    overrides.update(_size_overrides(args))
+    overrides.update(size_overrides(args))
     out = args.out or f"runs/{args.preset}-{args.method}"
     cfg = get_preset(args.preset, method=args.method, out=out, progress=not args.no_progress, **overrides)
     result = train(cfg)
@@ -275,7 +189,7 @@ def _repro_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data") if getattr(args, k, None) is not None}
     if args.steps is not None:
         overrides.update(steps=args.steps, warmup_steps=min(args.steps, max(1, args.steps // 10)))
-    overrides.update(_size_overrides(args))  # each reaches the methods that have its module (train.sizes)
+    overrides.update(size_overrides(args))  # each reaches the methods that have its module (train.sizes)
     return overrides
 
 
@@ -284,7 +198,7 @@ def _command_line() -> str:
 
 
 def _sweep(args: argparse.Namespace) -> str:
-    from .experiments.sweep import lr_sweep, parse_lrs
+    from .experiments.sweep import lr_sweep
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
     methods = check_names("--methods", args.methods, METHODS)
@@ -305,8 +219,7 @@ def _sweep(args: argparse.Namespace) -> str:
 
 
 def _budget(args: argparse.Namespace) -> str:
-    from .experiments.budget import budget_study, parse_budgets
-    from .experiments.sweep import parse_lrs
+    from .experiments.budget import budget_study
 
     out = args.out or f"runs/{args.preset}-budget"
     methods = check_names("--methods", args.methods, BUDGET_METHODS)

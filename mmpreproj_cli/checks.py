@@ -1,16 +1,22 @@
-"""The command's argument checks that need no library: empty values, counts, names from the tables, output paths.
+"""The command's argument checks, all without the library: empty values, counts, numeric ranges, names from
+the tables, lists, sizes, and what a path or model name points at (`path_checks.py`).
 
-They run before the library loads, so a wrong argument answers at once; the checks that read the library's
-facts (an adapter folder, a model or data path, learning rates, sizes) follow in `mmpreproj.cli`.
+They run before torch loads, so a wrong argument answers at once, in one line naming the option and what it
+takes. The ranges and lists are the library's own rules (`values.py`, `tables.py`), not copies. Left to the
+library (`mmpreproj.cli`): whether a hub id is in the local hub cache, and `TrainConfig`'s rules that tie one
+field to the method (`--skip-rank` with a method without a skip) or to torch (`--device`).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
-from .tables import BUDGET_METHODS, METHODS, TASKS
+from .parser import TRAIN_FLAGS
+from .path_checks import check_adapter_folder, check_causal_lm, check_data, output_file, output_folder
+from .tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
+from .values import TRAIN_BOUNDS, Bound, parse_budgets, parse_lrs, parse_seeds, warmup_bound
 
 
 def _count(flag: str, value: int | None, minimum: int) -> None:
@@ -65,28 +71,6 @@ def _refuse_empty(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag}: empty value; pass a value or leave the option out")
 
 
-def _output_file(flag: str, value: str | None) -> None:
-    """A file the command will write: not an existing folder, and its folder not an existing file."""
-    if value is None:
-        return
-    p = Path(value)
-    if p.is_dir():
-        raise ValueError(f"{flag} {value}: is a folder; pass a file name")
-    parent = next((a for a in p.parents if a.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"{flag} {value}: {parent} is a file, not a folder")
-
-
-def _output_folder(flag: str, value: str | None) -> None:
-    if value is not None and Path(value).exists() and not Path(value).is_dir():
-        raise ValueError(f"{flag} {value}: is a file; pass a folder")
-
-
-def check_exists(flag: str, value: str | None) -> None:
-    if value is not None and not Path(value).exists():
-        raise ValueError(f"{flag} {value}: no such file or folder")
-
-
 def adapter_list(values: list[str] | None) -> list[str]:
     """The adapters of repeated and/or comma-separated --adapter options, in order; ValueError on a repeat."""
     names = [a.strip() for v in values or [] for a in v.split(",") if a.strip()]
@@ -98,32 +82,94 @@ def adapter_list(values: list[str] | None) -> list[str]:
     return names
 
 
+def _bounded(flag: str, value: float | None, bound: Bound) -> None:
+    if value is not None and not bound.holds(value):
+        raise ValueError(f"{flag} {value}; must be {bound.says}")
+
+
+def size_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The size flags given, as TrainConfig fields (--layers 0,-1 -> [0, -1]); ValueError naming the flag."""
+    out: dict[str, Any] = {}
+    for name in ("expansion", "skip_rank"):
+        value = getattr(args, name, None)
+        if value is not None:
+            _bounded("--" + name.replace("_", "-"), value, TRAIN_BOUNDS[name])
+            out[name] = value
+    if getattr(args, "layers", None) is not None:
+        items = [t.strip() for t in args.layers.split(",") if t.strip()]
+        if not items or not all(t.removeprefix("-").isdecimal() for t in items):
+            raise ValueError(f"--layers {args.layers!r}: pass comma-separated block indices such as 0,1,-1")
+        out["layers"] = [int(t) for t in items]
+    if getattr(args, "parts", None) is not None:
+        out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
+        if not out["parts"]:
+            raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
+    return out
+
+
+def _train_numbers(args: argparse.Namespace) -> None:
+    """`train`'s numeric flags against TrainConfig's ranges; --warmup-steps within the run's steps."""
+    for field, kind in TRAIN_FLAGS.items():
+        if kind in (int, float) and field in TRAIN_BOUNDS:
+            _bounded("--" + field.replace("_", "-"), getattr(args, field), TRAIN_BOUNDS[field])
+    if args.warmup_steps is not None:
+        steps = args.steps if args.steps is not None else PRESETS[args.preset]["steps"]
+        _bounded("--warmup-steps", args.warmup_steps, warmup_bound(steps))
+
+
+def _sources(args: argparse.Namespace, preset: str | None) -> None:
+    """The model (and training data) the command will load: given, or the preset's."""
+    for flag, check in (("model", check_causal_lm), ("data", check_data)):
+        value = getattr(args, flag, None)
+        if value is None and preset is not None:
+            value = PRESETS[preset].get(flag)
+            label = f"--preset {preset}: {flag} {value}"
+        else:
+            label = f"--{flag} {value}"
+        if value is not None:
+            check(label, value)
+
+
 def check_args(args: argparse.Namespace) -> None:
-    """The checks of `args` that need no library (each names the option and what it takes); ValueError."""
+    """Every check of `args` that needs no library (each names the option and what it takes); ValueError."""
     _refuse_empty(args)
     command = args.command
-    if command in ("train", "reproduce", "demo", "sweep", "budget"):  # train's counts: TrainConfig names them
-        _output_folder("--out", args.out)
+    if command in ("train", "reproduce", "demo", "sweep", "budget"):
+        output_folder("--out", args.out)
     if command in ("reproduce", "demo", "sweep", "budget"):
-        _count("--steps", args.steps, 1)
-    if command == "eval":
+        _bounded("--steps", args.steps, TRAIN_BOUNDS["steps"])
+    if command in ("train", "sweep", "reproduce", "demo"):
+        size_overrides(args)
+    if command == "train":
+        _train_numbers(args)
+    elif command == "eval":
         check_names("--tasks", args.tasks, TASKS)
-        _output_file("--json", args.json)
-        adapter_list(args.adapter)
+        output_file("--json", args.json)
+        for adapter in adapter_list(args.adapter):
+            check_adapter_folder("--adapter", adapter)
         _count("--batch-size", args.batch_size, 1)
         _count("--limit", args.limit, 1)
     elif command == "analyze":
-        _output_folder("--out", args.out)
+        output_folder("--out", args.out)
         _count("--texts", args.texts, 0)
+        for run in args.runs:
+            check_adapter_folder("run folder", run)
     elif command == "sweep":
         check_names("--methods", args.methods, METHODS)
-        _count("--seed", args.seed, 0)
+        _bounded("--seed", args.seed, TRAIN_BOUNDS["seed"])
         _count("--limit", args.limit, 1)
+        parse_lrs(args.lrs, flag="--lrs")
     elif command == "budget":
         methods = check_names("--methods", args.methods, BUDGET_METHODS)
         check_names("--seed-methods", args.seed_methods, methods)
         _count("--seeds", args.seeds, 1)
         _count("--max-extend", args.max_extend, 0)
+        parse_budgets(args.budgets, flag="--budgets")
+        if args.lrs is not None:
+            parse_lrs(args.lrs, flag="--lrs")
     elif command in ("reproduce", "demo"):
         check_names("--methods", args.methods, METHODS)
         _count("--limit", args.limit, 1)
+        parse_seeds(args.seeds, 0, flag="--seeds")
+    if command != "analyze" and not getattr(args, "read_only", False):  # last: the other options come first
+        _sources(args, "mini" if command == "demo" else getattr(args, "preset", None))

@@ -1,4 +1,5 @@
-"""`main`: parse and check the arguments without the library, then load it and run the subcommand."""
+"""`main`: parse and check the arguments without the library, say (and set) the hub's offline flags, then load
+the library and run the subcommand."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .checks import check_args
+from .offline import choose_offline
 from .parser import build_parser
 
 
@@ -16,7 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         check_args(args)
-        from mmpreproj.cli import run  # the library: peft, transformers, the subcommand's modules
+        print(f"mmpreproj {args.command}: {choose_offline(args.online)}", file=sys.stderr, flush=True)
+        from mmpreproj.cli import run  # the library: peft, transformers, the subcommand's modules (after the flags)
 
         summary = run(args)
     except KeyboardInterrupt:

@@ -146,7 +146,8 @@ def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> Non
         "--data-source",
         choices=DATA_SOURCES,
         default="local",
-        help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies",
+        help="'local' reads assets/ (never waits on a network); 'hub' uses the datasets hub copies (from the "
+        "local cache; downloads need --online)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -242,4 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--data-source", choices=DATA_SOURCES, default="local")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    for p in sub.choices.values():  # every subcommand may load a model or data
+        p.add_argument(
+            "--online",
+            action="store_true",
+            help="allow hub downloads (default: offline, HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 unless "
+            "HF_HUB_OFFLINE is set in the environment; the command says which in its first line)",
+        )
     return ap

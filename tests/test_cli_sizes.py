@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mmpreproj.cli import _repro_overrides, _size_overrides
+from mmpreproj.cli import _repro_overrides
+from mmpreproj_cli.checks import size_overrides
 from mmpreproj_cli.command import main
 from mmpreproj_cli.parser import build_parser
+from tests.helpers.cli_lines import error_lines
 
 
 @pytest.mark.parametrize("cmd", [["train"], ["sweep"], ["reproduce", "--preset", "mini"], ["demo"]])
@@ -16,10 +18,10 @@ def test_size_flags_parse_into_train_config_fields(cmd):
         [*cmd, "--expansion", "0.0625", "--skip-rank", "8", "--layers", "0,-1", "--parts", "language"]
     )
     want = {"expansion": 0.0625, "skip_rank": 8, "layers": [0, -1], "parts": ["language"]}
-    assert _size_overrides(args) == want
+    assert size_overrides(args) == want
     if cmd[0] != "train":
         assert _repro_overrides(args) == want
-    assert _size_overrides(build_parser().parse_args(cmd)) == {}  # not given: the preset's
+    assert size_overrides(build_parser().parse_args(cmd)) == {}  # not given: the preset's
 
 
 @pytest.mark.parametrize("cmd", ["train", "sweep", "reproduce"])
@@ -49,6 +51,6 @@ def test_help_shows_the_presets_value(cmd, capsys):
 )
 def test_bad_sizes_are_refused_in_one_line_naming_the_flag(argv, flag, capsys, tmp_path):
     code = main([*argv, "--out", str(tmp_path / "never")])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 1 and len(err) == 1 and flag in err[0], err
     assert not (tmp_path / "never").exists()

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from mmpreproj.analysis.stats import compare, mean_std, paired_bootstrap, t_interval, t_quantile
-from mmpreproj.experiments.reproduce import parse_seeds
 from mmpreproj.train.methods import expected_trainable, matched_lora_rank
+from mmpreproj_cli.values import parse_seeds
 
 
 def test_mean_std_by_hand():

@@ -5,6 +5,7 @@ does (train, the Trainer, peft, from_pretrained, the CLI), and a missing package
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mmpreproj.data import gguf_source, packaged
+from mmpreproj.data import gguf_source
 from mmpreproj.data.gguf_source import GGUF_MODELS, SOURCE_FILE, gguf_file, plain_folder
 from mmpreproj.data.model_source import pretrained_source
 from mmpreproj.data.wikitext import HELDOUT_FROM, wikitext_lines
@@ -80,7 +81,7 @@ def test_cache_folder_modes_follow_the_umask(tiny_gguf):
 
 
 def test_named_model_not_installed_names_the_command(monkeypatch):
-    monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # seen by every lookup
     with pytest.raises(FileNotFoundError) as err:
         gguf_file("smollm2-135m")
     msg = str(err.value)

@@ -375,10 +375,10 @@ def test_the_lora_methods_have_no_fallback_host():
     from mmpreproj.train.methods import apply_method, lora_targets
 
     assert lora_targets(BUILDERS["mixtral"]()) == ["q_proj", "k_proj", "v_proj", "o_proj"]
-    unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    with pytest.raises(ValueError, match="no host row for Sequential.*describe it yourself"):
+    unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))  # no attention at all: said first (test_reliability_inject)
+    with pytest.raises(ValueError, match="no attention layer in Sequential.*describe it with host="):
         lora_targets(unknown)
-    with pytest.raises(ValueError, match="no host row for Sequential.*describe it yourself"):
+    with pytest.raises(ValueError, match="no attention layer in Sequential.*describe it with host="):
         apply_method(unknown, "lora", lora_r=2)
 
 

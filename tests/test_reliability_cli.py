@@ -9,12 +9,13 @@ import pytest
 
 import mmpreproj
 from mmpreproj_cli.command import main
+from tests.helpers.cli_lines import error_lines
 from tests.helpers.zoo import tiny_neox
 
 
 def _fails(capsys, argv: list[str], expect: str) -> None:
     code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 1 and len(err) == 1, err
     assert expect in err[0], err[0]
 
@@ -42,13 +43,13 @@ NO_MODEL = ["--model", "/nonexistent/model"]  # loading it would fail: an input 
             ["reproduce", "--preset", "mini", "--methods", "preproj,dora"],
             "--methods 'preproj,dora': unknown ['dora']",
         ),
-        (["demo", "--steps", "0"], "--steps 0; must be an integer >= 1"),
+        (["demo", "--steps", "0"], "--steps 0; must be a positive int"),
         (["demo", "--limit", "-1"], "--limit -1; must be an integer >= 1"),
-        (["train", "--lr", "inf"], "TrainConfig.lr=inf (float); must be a finite number"),
-        (["train", "--lr", "nan"], "TrainConfig.lr=nan (float); must be a finite number"),
-        (["train", "--lr", "0"], "TrainConfig.lr=0.0; must be a finite number > 0"),
-        (["train", "--steps", "0"], "TrainConfig.steps=0; must be a positive int"),
-        (["train", "--save-every", "-1"], "TrainConfig.save_every=-1; must be >= 0"),
+        (["train", "--lr", "inf"], "--lr inf; must be a finite number > 0"),
+        (["train", "--lr", "nan"], "--lr nan; must be a finite number > 0"),
+        (["train", "--lr", "0"], "--lr 0.0; must be a finite number > 0"),
+        (["train", "--steps", "0"], "--steps 0; must be a positive int"),
+        (["train", "--save-every", "-1"], "--save-every -1; must be >= 0"),
     ],
 )
 def test_bad_counts_and_lists_are_refused_before_work(capsys, tmp_path, monkeypatch, argv, expect):

@@ -173,6 +173,78 @@ def test_inner_width_zero_is_refused():
     mmpreproj.inject(model, PreProjConfig(expansion=1 / 32))  # width 1 is allowed
 
 
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (
+            "preproj_skip",
+            "got str 'preproj_skip'; pass a mmpreproj.PreProjConfig (method 'preproj_skip' is "
+            "PreProjConfig(preproj=True, skip=True); None = preproj_skip)",
+        ),
+        ("skip", "(method 'skip' is PreProjConfig(preproj=False, skip=True); None = preproj_skip)"),
+        ("lora", "(method 'lora' trains LoRA: peft.LoraConfig with peft.get_peft_model)"),
+        (
+            "gpt_neox",
+            "got str 'gpt_neox'; pass a mmpreproj.PreProjConfig (a host row name goes to host=; the method "
+            "names are preproj, skip, preproj_skip, lora, preproj_lora, lora_matched)",
+        ),
+        ({"expansion": 0.5}, "got dict; pass a mmpreproj.PreProjConfig (its fields as PreProjConfig(**fields)"),
+    ],
+    ids=["method", "another-method", "lora-method", "row-name", "dict"],
+)
+def test_a_config_that_is_no_preproj_config_is_refused_in_one_line_naming_what_to_pass(config, says):
+    """peft's `get_peft_model(model, config)` takes a config object; so does `inject`: a method name is refused (not
+    read as one, so a row name meant for host= is never taken for a method), naming the config it stands for."""
+    model = tiny_neox()
+    snap = snapshot(model)
+    with pytest.raises(TypeError) as err:
+        mmpreproj.inject(model, config)
+    assert str(err.value).startswith("inject(config=...): got ") and says in str(err.value)
+    assert "\n" not in str(err.value)
+    assert_unchanged(model, snap)
+    assert not mmpreproj.is_injected(model)
+
+
+def test_peft_argument_order_is_refused_naming_both_orders():
+    model = tiny_neox()
+    with pytest.raises(
+        TypeError, match=r"^inject\(model=...\): got PreProjConfig; pass a torch.nn.Module \(peft's order"
+    ):
+        mmpreproj.inject(PreProjConfig(), model)
+    assert not mmpreproj.is_injected(model)
+
+
+def _mamba() -> nn.Module:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=2)
+    return MambaForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    ("build", "what"),
+    [
+        (lambda: nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)), "Sequential"),
+        (_mamba, "MambaForCausalLM (model_type 'mamba')"),
+    ],
+    ids=["linear-stack", "mamba"],
+)
+def test_a_model_without_attention_hears_that_first_in_one_line(build, what):
+    """Not the list of every host row (none can fit): what was searched for, and that nothing was found."""
+    from mmpreproj.hosts import find_host
+
+    model = build()
+    snap = snapshot(model)
+    for call in (lambda: mmpreproj.inject(model), lambda: find_host(model)):
+        with pytest.raises(ValueError) as err:
+            call()
+        msg = str(err.value)
+        assert msg.startswith(f"mmpreproj found no attention layer in {what}: searched its modules for "), msg
+        assert "nn.MultiheadAttention" in msg and "*Attention*" in msg and "*attn*" in msg and "host=" in msg
+        assert "\n" not in msg and "supported rows" not in msg and "gpt_neox" not in msg
+    assert_unchanged(model, snap)
+
+
 def test_empty_layers_is_refused():
     with pytest.raises(
         ValueError, match=r"PreProjConfig.layers=\[\]; must be None \(every block\) or a non-empty list"

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import mmpreproj
 from mmpreproj_cli.command import main
+from tests.helpers.cli_lines import error_lines
 from tests.helpers.zoo import tiny_neox
 
 
@@ -34,7 +35,7 @@ def no_work(monkeypatch):
 
 def _fails(capsys, argv: list[str], expect: str) -> None:
     code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 1 and len(err) == 1, err
     assert expect in err[0], err[0]
 
@@ -111,8 +112,8 @@ LISTS = [
     (["sweep", "--lrs", ","], "--lrs ',': no learning rate given; pass distinct finite numbers > 0"),
     (["sweep", "--methods", "lora,lora"], "--methods 'lora,lora': names 'lora' twice"),
     (["sweep", "--methods", "lora,dora"], "--methods 'lora,dora': unknown ['dora']"),
-    (["sweep", "--seed", "-3"], "--seed -3; must be an integer >= 0"),
-    (["sweep", "--steps", "0"], "--steps 0; must be an integer >= 1"),
+    (["sweep", "--seed", "-3"], "--seed -3; must be an int in [0, 2**32)"),
+    (["sweep", "--steps", "0"], "--steps 0; must be a positive int"),
     (["demo", "--seeds", "0,-3"], "--seeds '0,-3': seed -3 is out of range [0, 2**32)"),
     (["demo", "--seeds", "0,4294967296"], "seed 4294967296 is out of range [0, 2**32)"),
     (["demo", "--seeds", "0,0"], "--seeds '0,0': seed 0 is named twice"),
@@ -160,8 +161,8 @@ ODD = [
     (["train", "--data", "./no-such.txt"], "--data ./no-such.txt: no such file"),
     (["demo", "--data", "/no/such/lines.txt"], "--data /no/such/lines.txt: no such file"),
     (["train", "--data", "."], "--data .: is a folder; pass a text file"),
-    (["train", "--batch-size", "0"], "TrainConfig.batch_size=0; must be a positive int"),
-    (["train", "--steps", "-5"], "TrainConfig.steps=-5; must be a positive int"),
+    (["train", "--batch-size", "0"], "--batch-size 0; must be a positive int"),
+    (["train", "--steps", "-5"], "--steps -5; must be a positive int"),
     (["sweep", "--limit", "0"], "--limit 0; must be an integer >= 1"),
     (["analyze", ".", "--texts", "-1"], "--texts -1; must be an integer >= 0"),
     (["eval", "--adapter", "."], "--adapter .: holds no adapter (adapter_config.json missing)"),

@@ -176,7 +176,7 @@ def test_sizes_out_of_range_on_the_command_line_are_refused_naming_the_range(arg
     from mmpreproj_cli.command import main
 
     code = main([*argv, "--out", str(tmp_path / "never")])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capsys.readouterr().err.strip().splitlines()  # refused before the offline line: the only line
     assert code == 1 and len(err) == 1 and flag in err[0] and "(0, 16]" in err[0], err
     assert not (tmp_path / "never").exists()
 

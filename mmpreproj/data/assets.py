@@ -1,7 +1,9 @@
 """Where the shipped assets live, how a default path such as "assets/mini-pythia" is found, and how to read one.
 
 One locator for the whole package: `asset_path` (an asset by name), `resolve_path` (a user path or a default,
-relative to the working directory or the repository root), both honouring `MMPREPROJ_ASSETS`.
+relative to the working directory or the repository root), both honouring `MMPREPROJ_ASSETS`. They live in
+the light `mmpreproj_cli.sources` (the command checks its paths with them before torch loads) and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -11,44 +13,9 @@ import os
 from pathlib import Path
 from typing import IO
 
-ASSETS_ENV = "MMPREPROJ_ASSETS"
-"""The environment variable that points the shipped-data locator at another assets folder."""
+from mmpreproj_cli.sources import ASSETS_ENV, asset_path, assets_root, repo_root, resolve_path
 
-
-def repo_root() -> Path:
-    """The checkout (or editable install) this package sits in: `mmpreproj/data/` -> `../..`."""
-    return Path(__file__).resolve().parents[2]
-
-
-def assets_root() -> Path:
-    """`$MMPREPROJ_ASSETS` if set, else `<repo>/assets` (works from a source checkout or an editable install;
-    for any other install point `MMPREPROJ_ASSETS` at a copy)."""
-    root = os.environ.get(ASSETS_ENV)
-    return Path(root).expanduser() if root else repo_root() / "assets"
-
-
-def asset_path(*parts: str) -> Path:
-    """Path of a shipped asset: `assets_root() / <parts>` (it may not exist)."""
-    return assets_root().joinpath(*parts)
-
-
-def resolve_path(path: str | os.PathLike[str]) -> Path | None:
-    """An existing file or folder for `path`, or None (then the caller may try the Hub).
-
-    A relative path whose first part is `assets` (the presets' and CLI's defaults, "assets/mini-pythia") names
-    an asset: with `MMPREPROJ_ASSETS` set it is looked up there first. Then `path` as given (relative to the
-    working directory), then relative to the repository root.
-    """
-    p = Path(path).expanduser()
-    if not p.is_absolute() and p.parts[:1] == ("assets",) and os.environ.get(ASSETS_ENV):
-        candidate = asset_path(*p.parts[1:])
-        if candidate.exists():
-            return candidate
-    if p.exists():
-        return p
-    if not p.is_absolute() and (repo_root() / p).exists():
-        return repo_root() / p
-    return None
+__all__ = ["ASSETS_ENV", "asset_path", "assets_root", "open_text", "repo_root", "resolve_path"]
 
 
 def open_text(path: str | os.PathLike[str]) -> IO[str]:

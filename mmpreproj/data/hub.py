@@ -7,7 +7,9 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-_TRUE = {"1", "true", "yes", "on"}
+from mmpreproj_cli.offline import OFFLINE_FLAGS, flag_on, offline_flags
+
+__all__ = ["DataUnavailableError", "hub_offline", "hub_reachable", "load_hub_split", "offline_flags"]
 
 
 class DataUnavailableError(RuntimeError):
@@ -16,7 +18,7 @@ class DataUnavailableError(RuntimeError):
 
 def hub_offline() -> bool:
     """True when `HF_DATASETS_OFFLINE` or `HF_HUB_OFFLINE` asks for offline mode (cache only)."""
-    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(flag_on(os.environ.get(k)) for k in OFFLINE_FLAGS)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

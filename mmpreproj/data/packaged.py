@@ -4,51 +4,28 @@ without importing it, the cache they are converted into, and a conversion that i
     path = GGUF_MODELS["smollm2-135m"].path("smollm2-135m")   # a PackagedModel row of a source's table
     folder = convert_once(cache_root("gguf") / f"{path.stem}-{file_digest(path)}", SOURCE_FILE, write)
 
-Used by `gguf_source.py` (`smollm2-135m`) and `onnx_source.py` (`dinov2-small`).
+The rows (`PackagedModel`, `package_file`) live in the light `mmpreproj_cli.packaged`, which the command reads
+before torch loads. Used by `gguf_source.py` (`smollm2-135m`) and `onnx_source.py` (`dinov2-small`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from mmpreproj_cli.packaged import PackagedModel, package_file
+
 from ..util.io import set_new_file_modes, umask
+
+__all__ = ["CACHE_ENV", "SOURCE_FILE", "PackagedModel", "cache_root", "convert_once", "file_digest", "package_file"]
 
 CACHE_ENV = "MMPREPROJ_CACHE"
 SOURCE_FILE = "mmpreproj_source.json"
 """The file a converted folder holds (where it came from); written last, so its presence means "complete"."""
-
-
-@dataclass(frozen=True)
-class PackagedModel:
-    """A model file shipped inside a package on the package index (one row of a source's table)."""
-
-    package: str  # the import name whose folder holds the file (found with find_spec, never imported)
-    file: str  # its path inside that folder
-    install: str  # the one command that installs it
-    about: str  # what the weights are, said wherever a number is reported
-
-    def path(self, name: str) -> Path:
-        """The installed file; one line naming `install` when it is not there (`package_file`)."""
-        return package_file(self.package, self.file, name, self.install)
-
-
-def package_file(package: str, file: str, name: str, install: str) -> Path:
-    """`file` inside the installed package `package` (found with `find_spec`, never imported: the packages we
-    read weights from import apps we do not need). FileNotFoundError in one line naming `install` when the
-    package or the file is missing."""
-    spec = importlib.util.find_spec(package)
-    for folder in list(spec.submodule_search_locations or []) if spec is not None else []:
-        path = Path(folder) / file
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"model {name!r} is not installed; install it with: {install}")
 
 
 def cache_root(kind: str) -> Path:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmpreproj_cli.tables import BUDGET_METHODS, DEFAULT_BUDGETS
+from mmpreproj_cli.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
 
 from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto
@@ -35,7 +36,7 @@ from ..train.presets import ppl_split_for
 from ..train.sizes import sizes_for_budget
 from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
 from .report_md import format_budget_table
-from .sweep import SWEEP_EVAL, check_lrs
+from .sweep import SWEEP_EVAL
 
 log = logging.getLogger("mmpreproj.budget")
 
@@ -48,26 +49,6 @@ START_LRS: Mapping[str, tuple[float, ...]] = {
     "skip": (1.5e-2, 3e-2, 6e-2),
 }
 LR_BOUNDS = (1e-5, 0.5)  # the search never leaves these
-
-
-def parse_budgets(text: str | Sequence[float], *, flag: str = "budgets") -> list[float]:
-    """ "0.01,0.1" -> [0.01, 0.1]: distinct fractions of the base's parameters in (0, 1]."""
-    items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
-    out: list[float] = []
-    for s in items:
-        try:
-            b = float(s)
-        except (TypeError, ValueError):
-            raise ValueError(f"{flag}: {s!r} is not a number; pass fractions in (0, 1], e.g. 0.01,0.1") from None
-        if not (math.isfinite(b) and 0 < b <= 1) or b in out:
-            raise ValueError(
-                f"{flag}: {s!r} is {'repeated' if b in out else 'not in (0, 1]'}; "
-                "pass distinct fractions of the base's parameters, e.g. 0.01,0.1"
-            )
-        out.append(b)
-    if not out:
-        raise ValueError(f"{flag}: no budget given; pass fractions in (0, 1], e.g. 0.01,0.1")
-    return out
 
 
 def _next_lr(tried: Mapping[float, float | None]) -> float | None:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from mmpreproj_cli.tables import METHODS, PAPER_METHODS
+from mmpreproj_cli.values import parse_seeds  # light: the command checks --seeds with it
 
 from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.plot import read_losses
@@ -54,45 +55,6 @@ METRICS = ("lambada.acc", "hellaswag.acc", "arc_easy.acc", "ppl.ppl", "lambada.p
 REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared with these (when present)
 # Paper Figure-2 widths, to divide its norms by their init value (std 1e-4 * d for a d x d weight).
 PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
-
-
-def parse_seeds(text: str | int | Sequence[int] | None, default: int, *, flag: str = "seeds") -> list[int]:
-    """ "3" -> the preset's seed and the next two; "0,3,7" -> those seeds; None -> [default].
-
-    Every seed is checked before any arm trains: integers in [0, 2**32), distinct; a count K >= 1. `flag` names
-    the option in the error ("--seeds" from the command line)."""
-    if text is None:
-        return [default]
-    label = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
-    hint = "pass K (a count >= 1: the preset's seed and the next K-1) or distinct integers >= 0 such as 0,3,7"
-
-    def integer(s: object) -> int:
-        if isinstance(s, int) and not isinstance(s, bool):
-            return s
-        if isinstance(s, str) and s.strip().removeprefix("-").isdecimal():
-            return int(s)
-        raise ValueError(f"{label}: {s!r} is not an integer; {hint}")
-
-    if isinstance(text, str) and "," not in text:
-        text = integer(text.strip())
-    if isinstance(text, int) and not isinstance(text, bool):  # a count K
-        if text < 1:
-            raise ValueError(f"{label}: a count must be >= 1; {hint}")
-        seeds = [default + i for i in range(text)]
-    elif isinstance(text, (str, Sequence)):
-        items = text.split(",") if isinstance(text, str) else list(text)
-        seeds = [integer(s) for s in items if not (isinstance(s, str) and not s.strip())]
-        if not seeds:
-            raise ValueError(f"{label}: no seed given; {hint}")
-    else:
-        raise ValueError(f"{label}: not a count or a list of seeds; {hint}")
-    bad = [s for s in seeds if not 0 <= s < 2**32]
-    if bad:
-        raise ValueError(f"{label}: seed {bad[0]} is out of range [0, 2**32); {hint}")
-    twice = [s for i, s in enumerate(seeds) if s in seeds[:i]]
-    if twice:
-        raise ValueError(f"{label}: seed {twice[0]} is named twice; {hint}")
-    return seeds
 
 
 def format_table(rows: list[dict[str, Any]], preset: str) -> str:

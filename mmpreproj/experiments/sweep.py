@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mmpreproj_cli.tables import DEFAULT_LRS
+from mmpreproj_cli.values import check_lrs  # light: the command checks --lrs with the same rule
 
 from ..analysis import plot_lr_sweep
 from ..train import get_preset, load_model_and_tokenizer
@@ -31,39 +31,6 @@ from .report_md import format_sweep_table
 log = logging.getLogger("mmpreproj.sweep")
 
 SWEEP_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "test", "limit": None}
-
-
-LRS_HINT = "pass distinct finite numbers > 0, e.g. 1e-5,1e-4,1e-3"
-
-
-def parse_lrs(text: str, *, flag: str = "lrs") -> list[float]:
-    """ "1e-5,1e-3" -> [1e-05, 0.001]; each a finite number > 0, all distinct (`check_lrs`). `flag` names the
-    option in the error ("--lrs" from the command line)."""
-    label = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
-    lrs = []
-    for s in (s.strip() for s in text.split(",")):
-        if not s:
-            continue
-        try:
-            lrs.append(float(s))
-        except ValueError:
-            raise ValueError(f"{label}: {s!r} is not a number; {LRS_HINT}") from None
-    return check_lrs(lrs, label)
-
-
-def check_lrs(lrs: Sequence[float], label: str = "lrs") -> list[float]:
-    """`lrs` as floats, or ValueError naming the first one that is not a finite number > 0 or is repeated
-    (two LRs equal to 6 digits share a point's folder, `lr-{lr:g}`)."""
-    out = []
-    for lr in lrs:
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"{label}: {lr!r} is not a finite number > 0; {LRS_HINT}")
-        if f"{lr:g}" in {f"{x:g}" for x in out}:
-            raise ValueError(f"{label}: {lr:g} is named twice; {LRS_HINT}")
-        out.append(float(lr))
-    if not out:
-        raise ValueError(f"{label}: no learning rate given; {LRS_HINT}")
-    return out
 
 
 def lr_sweep(

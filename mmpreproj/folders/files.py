@@ -14,6 +14,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from mmpreproj_cli.sources import adapter_folder
+from mmpreproj_cli.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR
+
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
 from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
 from ..adapter_files.model_card import model_card
@@ -36,8 +39,7 @@ from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
-ADAPTER_CONFIG_NAME = "adapter_config.json"
-PRETRAINED_ADAPTER_DIR = "adapter"  # where `save_pretrained` (and a training run) keeps the adapter
+PRETRAINED_ADAPTER_DIR = ADAPTER_DIR  # where `save_pretrained` (and a training run) keeps the adapter
 BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
 
 
@@ -92,16 +94,6 @@ def save_adapter(
         card = model_card(desc)
         writers["README.md"] = lambda f: Path(f).write_text(card, encoding="utf-8")
     write_files(path, writers)
-    return path
-
-
-def adapter_folder(path: str | Path) -> Path:
-    """The folder holding an adapter's files: `path` itself, or the `adapter/` subfolder a
-    `save_pretrained` folder (and a training run folder) keeps them in."""
-    path = Path(path)
-    sub = path / PRETRAINED_ADAPTER_DIR
-    if not (path / ADAPTER_CONFIG_NAME).is_file() and (sub / ADAPTER_CONFIG_NAME).is_file():
-        return sub
     return path
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from mmpreproj_cli.tables import METHOD_SPECS, METHODS
+
 from ..hosts import HostSpec
 from ..tuner.apply import Request
 from ..tuner.config import PreProjConfig
@@ -56,14 +58,49 @@ def inject(
 
         adapter_name: the name of this first adapter (peft's "default"; `load_adapter(adapter_name=)` adds more).
 
+    `config` is a `PreProjConfig` object, as peft's `get_peft_model(model, config)` takes one: a method name
+    (`inject(model, "preproj_skip")`) is refused with a TypeError naming the config that method stands for
+    (`PreProjConfig(preproj=True, skip=True)`), rather than read as one, so a name meant for `host=` (a row
+    such as "llama") can never be taken for a method; a model that is not an `nn.Module` (peft's argument order,
+    `(config, model)`) is refused likewise.
+
     Returns the same model object. Injected weights are float32 on the device of their block.
     It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
     (`mmpreproj.tuner.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
     wraps the result in a `PeftModel`. Beyond peft's path, the model's `save_pretrained` writes the base and the
     adapter (`mmpreproj.save_pretrained`), so a Trainer saving the model itself keeps the base loadable.
     """
+    _check_arguments(model, config)
     config = config or PreProjConfig()
     return _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
+
+
+def _check_arguments(model: Any, config: Any) -> None:
+    """TypeError in one line naming the argument, what it got and what it takes (before anything is touched)."""
+    if not isinstance(model, nn.Module):
+        swapped = " (peft's order is (config, model); mmpreproj.inject takes (model, config))"
+        raise TypeError(
+            f"inject(model=...): got {type(model).__name__}; pass a torch.nn.Module"
+            + (swapped if isinstance(model, PreProjConfig) else "")
+        )
+    if config is None or isinstance(config, PreProjConfig):
+        return
+    got = f"{type(config).__name__} {config!r}" if isinstance(config, str) else type(config).__name__
+    raise TypeError(f"inject(config=...): got {got}; pass a mmpreproj.PreProjConfig ({_instead(config)})")
+
+
+def _instead(config: Any) -> str:
+    """What to pass instead of `config`: the config a method name stands for, or where a row name goes."""
+    spec = METHOD_SPECS.get(config) if isinstance(config, str) else None
+    if spec is not None and spec.lora:
+        return f"method {config!r} trains LoRA: peft.LoraConfig with peft.get_peft_model"
+    if spec is not None:
+        return f"method {config!r} is PreProjConfig(preproj={spec.preproj}, skip={spec.skip}); None = preproj_skip"
+    if isinstance(config, str):
+        return f"a host row name goes to host=; the method names are {', '.join(METHODS)}"
+    if isinstance(config, dict):
+        return "its fields as PreProjConfig(**fields); a host description goes to host="
+    return "None = the paper's pre-projection + content skip"
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:

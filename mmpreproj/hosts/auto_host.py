@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from .example_input import example_input as build_example_input
-from .registry import HOSTS, HostSpec, _no_row
+from .registry import HOSTS, HostSpec, _no_row, refuse_no_attention
 from .spec import HostError, resolve_sites
 from .structure import match_structure
 from .trace import TraceError, trace_description
@@ -50,6 +50,7 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
     for spec in HOSTS.values():
         if spec.matches_model(model):
             return None, example_input
+    refuse_no_attention(model)
     found = match_structure(model, HOSTS.values())
     x = example_input if example_input is not None else build_example_input(model)
     if x is None:

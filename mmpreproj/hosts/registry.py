@@ -12,7 +12,8 @@ from typing import Any
 from torch import nn
 
 from .spec import HostError, HostSpec
-from .structure import StructureMatch, match_structure, resolve_row, shared_prefix, written_by
+from .structure import StructureMatch, _is_attention, match_structure, resolve_row, shared_prefix, written_by
+from .trace import _is_attention as _is_traced_attention
 
 HOSTS: dict[str, HostSpec] = {}
 """Every registered host row by name (`register_host` adds one; `find_host` picks one for a model)."""
@@ -48,10 +49,27 @@ def find_host(model: nn.Module) -> HostSpec:
     for spec in HOSTS.values():
         if spec.matches_model(model):
             return spec
+    refuse_no_attention(model)
     found = match_structure(model, HOSTS.values())
     if found.spec is not None:
         return found.spec
     raise ValueError(_no_row(model, found))
+
+
+def refuse_no_attention(model: nn.Module) -> None:
+    """ValueError in one line when `model` has no module that either search takes for an attention: by class
+    (`structure.py`, what a row's sites must be) or by name (`trace.py`, what the trace hooks). Said first, instead
+    of the list of rows none of which can fit a model without attention."""
+    if any(_is_attention(m) or _is_traced_attention(n, m) for n, m in model.named_modules() if n):
+        return
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    what = type(model).__name__ + (f" (model_type {model_type!r})" if model_type else "")
+    raise ValueError(
+        f"mmpreproj found no attention layer in {what}: searched its modules for nn.MultiheadAttention, a class "
+        "named *Attention*/*Attn*, and a module named *attn*/*attention* holding weight matrices; the "
+        "pre-projection goes in front of an attention, so there is nothing to inject into (an attention named "
+        "otherwise: describe it with host={...}, see mmpreproj.hosts.spec)"
+    )
 
 
 def _no_row(model: nn.Module, found: StructureMatch) -> str:

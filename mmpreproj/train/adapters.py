@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmpreproj_cli.tables import ADAPTER_DIR
+
 from ..folders.files import ADAPTER_WEIGHTS_NAME, save_adapter
 from ..tuner.state_dict import adapter_state_dict
 from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS
-
-ADAPTER_DIR = "adapter"
 
 
 def gather_run_adapter(model: nn.Module, method: str) -> dict[str, Any]:

@@ -9,14 +9,15 @@ from typing import Any
 import torch
 
 from mmpreproj_cli.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
+from mmpreproj_cli.values import TRAIN_BOUNDS, warmup_bound
 
 from ..tuner.config import PreProjConfig
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from .methods import METHOD_SPECS
 
-# The choices (PRECISIONS, ...) and the size defaults are plain data in `mmpreproj_cli/tables.py`, which the
-# command's --help shows without loading torch.
+# The choices (PRECISIONS, ...), the size defaults (`mmpreproj_cli/tables.py`) and the numeric ranges
+# (`mmpreproj_cli/values.py`) are plain data the command shows and checks without loading torch.
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
 
@@ -127,22 +128,16 @@ class TrainConfig(JsonConfig):
         for name in ("model", "data", "data_split", "text_field", "out", "device"):
             value = getattr(self, name)
             _check(bool(value.strip()), name, value, "a non-empty string")
-        for name in ("num_lines", "steps", "batch_size", "grad_accum"):
+        for name, bound in TRAIN_BOUNDS.items():  # the ranges the command checks its flags against too
             value = getattr(self, name)
-            _check(value > 0, name, value, "a positive int")
-        _check(self.max_len >= 2, "max_len", self.max_len, "an int >= 2")
-        _check(self.min_chars >= 0, "min_chars", self.min_chars, "an int >= 0")
-        _check(0 <= self.seed < 2**32, "seed", self.seed, "an int in [0, 2**32)")
-        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps", self.warmup_steps, f"in [0, steps={self.steps}]")
-        _check(self.lr > 0, "lr", self.lr, "a finite number > 0")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+            optional = self.__dataclass_fields__[name].default is None
+            _check(value is None or bound.holds(value), name, value, ("None or " if optional else "") + bound.says)
+        warmup = warmup_bound(self.steps)
+        _check(warmup.holds(self.warmup_steps), "warmup_steps", self.warmup_steps, warmup.says)
         _check(all(0.0 <= b < 1.0 for b in self.adam_betas), "adam_betas", self.adam_betas, "two floats in [0, 1)")
-        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
         _check(
             self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "None or >= 0"
         )
-        _check(self.save_every >= 0, "save_every", self.save_every, ">= 0 (0 = no checkpoints)")
         _check(
             self.stop_at is None or 1 <= self.stop_at <= self.steps,
             "stop_at",
@@ -151,7 +146,6 @@ class TrainConfig(JsonConfig):
         )
         for name in ("lora_r", "lora_alpha"):
             value = getattr(self, name)
-            _check(value is None or value > 0, name, value, "None or a positive int")
             if value is not None and "lora" not in self.method:
                 raise ValueError(
                     f"TrainConfig.{name}={value!r} only applies to methods 'lora' and 'preproj_lora', "
@@ -169,8 +163,6 @@ class TrainConfig(JsonConfig):
     def _check_sizes(self) -> None:
         """The size fields: valid as `PreProjConfig` takes them, and only where the method injects their module."""
         spec = METHOD_SPECS[self.method]
-        _check(self.expansion > 0, "expansion", self.expansion, "a finite number > 0")
-        _check(self.skip_rank is None or self.skip_rank >= 1, "skip_rank", self.skip_rank, "None or an int >= 1")
         sized = {
             "expansion": (self.expansion != SIZE_DEFAULTS["expansion"], spec.preproj, "a pre-projection"),
             "skip_rank": (self.skip_rank is not None, spec.skip, "a skip"),

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import gzip
-import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from mmpreproj_cli.sources import looks_like_data_path as looks_like_path
 
 from ..data import hub
 from ..data.assets import resolve_path  # the one locator (honours MMPREPROJ_ASSETS)
 from ..data.hub import DataUnavailableError
-
-
-def looks_like_path(source: str) -> bool:
-    """Whether a data name is written as a local file (`./x`, `/x`, `~/x`, `dir/x.txt`), not a hub dataset id."""
-    return source.startswith((".", "/", "~")) or (os.sep in source and Path(source).suffix != "")
 
 
 def read_lines(

@@ -18,6 +18,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from mmpreproj_cli.tables import MAX_EXPANSION  # the command checks --expansion against the same bound
+
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
 from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors, peft_head_keys
 from ..hosts.paths import PathError, check_path
@@ -32,7 +34,6 @@ from .legacy import renamed_slots
 from .peft_type import PREPROJ
 
 SKIP_INIT_STD = {"paper": 1e-4, "identity": 0.0}  # `W_skip`'s init std under each `init` (skip_init_std=None)
-MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
 #   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/legacy.py`)
