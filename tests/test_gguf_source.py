@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mmpreproj.data import gguf_source
+from mmpreproj.data import gguf_source, packaged
 from mmpreproj.data.gguf_source import GGUF_MODELS, SOURCE_FILE, gguf_file, plain_folder
 from mmpreproj.data.model_source import pretrained_source
 from mmpreproj.data.wikitext import HELDOUT_FROM, wikitext_lines
