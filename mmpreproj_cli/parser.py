@@ -12,6 +12,7 @@ from .tables import (
     DEFAULT_LRS,
     METHODS,
     MODEL_DTYPES,
+    PAPER_METHODS,
     PARALLEL,
     PRECISIONS,
     PRESETS,
@@ -181,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "reproduce":
             p.add_argument("--preset", choices=sorted(PRESETS), required=True)
         p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
+        default = "the paper's five: " + ", ".join(PAPER_METHODS) if name == "demo" else "all of them"
         p.add_argument(
-            "--methods", default=None, help=f"comma-separated subset of {', '.join(METHODS)} (default: all of them)"
+            "--methods", default=None, help=f"comma-separated subset of {', '.join(METHODS)} (default: {default})"
         )
         _add_eval_args(p, single_model=False)
         p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")

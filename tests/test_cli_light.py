@@ -264,3 +264,12 @@ def test_the_rules_the_command_checks_are_the_librarys_own():
     assert gguf_source.GGUF_MODELS is packaged.GGUF_MODELS and onnx_source.ONNX_MODELS is packaged.ONNX_MODELS
     with pytest.raises(ValueError, match=r"TrainConfig.expansion=17.0; must be a finite number in \(0, 16\]"):
         config.TrainConfig(expansion=17.0)
+
+
+def test_demo_help_names_the_methods_the_demo_runs():
+    from mmpreproj.experiments.reproduce import DEMO_METHODS
+    from mmpreproj_cli.parser import build_parser
+
+    demo = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "demo")[1]
+    text = " ".join(demo.format_help().split())
+    assert f"default: the paper's five: {', '.join(DEMO_METHODS)})" in text and len(DEMO_METHODS) == 5
