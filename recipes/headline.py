@@ -114,6 +114,23 @@ def results_block() -> str:
     return "\n".join(lines)
 
 
+def bench_latest_block() -> str:
+    """docs/performance.md's table: `make bench`'s own markdown (bench/run_all.py writes it with latest.json)."""
+    return (ROOT / "bench" / "results" / "latest.md").read_text().strip()
+
+
+def demo_time_block() -> str:
+    """The one statement of the demo's time: bench/demo_time.py's measurement (wall, CPU, cores, load)."""
+    t = json.loads((ROOT / "bench" / "results" / "demo_time.json").read_text())
+    wall, cpu = t["wall_s"], t["cpu_s"]
+    return (
+        f"`make demo` took {int(wall // 60)} min {round(wall % 60):02d} s ({cpu / 60:.1f} CPU-min) on {t['cores']} "
+        f"cores at a 1-minute load average of {t['load_1min_before']:.1f} before and {t['load_1min_after']:.1f} after "
+        f"(measured {t['date']} by `bench/demo_time.py`: `bench/results/demo_time.json`). It trains five arms, so "
+        "it takes longer on a machine other jobs share."
+    )
+
+
 # The SmolLM2 text study (docs/evidence/smollm2-135m/study.json, the per-arm files aggregated by its report)
 SMOLLM2 = EVIDENCE / "smollm2-135m"
 TEXT_LABELS = {  # group label -> how the README names it (the trainable count and sizes are added from the files)
@@ -267,6 +284,7 @@ BLOCKS = {  # file -> {block name: generator}
         "smollm2-gpu": smollm2_gpu_block,
     },
     ROOT / "docs" / "results.md": {"real-models": results_block},
+    ROOT / "docs" / "performance.md": {"bench-latest": bench_latest_block},
     ROOT / "docs" / "numbers.md": {"numbers": lambda: numbers_block()},
 }
 
@@ -352,6 +370,7 @@ BLOCK_SOURCES = {  # block name -> the committed files its numbers come from
         "docs/evidence/vlm-dinov2-smollm2/arms/",
         "docs/evidence/video-dinov2-clip-order/metrics.json",
     ),
+    "bench-latest": ("bench/results/latest.md (written with latest.json by bench/run_all.py)",),
     "numbers": ("recipes/headline.py (this list)",),
 }
 
