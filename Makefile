@@ -1,6 +1,7 @@
 # Two entry points, each doing its own set-up in a local venv:
 #   make demo   the offline main job (mini reproduction of the paper's Table 2)
 #   make test   the test suite (CPU only, offline)
+#   make docs-test  only the docs' examples: every Python block of README.md and docs/ runs, every command parses
 #   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
 #   make lint   ruff check + ruff format --check (whole repository)
 #   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it; open
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor lint docs docs-serve bench clean smollm2 dinov2
+.PHONY: demo test docs-test test-floor lint docs docs-serve bench clean smollm2 dinov2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +40,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest
+
+docs-test: $(STAMP)
+	$(VENV)/bin/pytest tests/test_docs_blocks.py
 
 # The oldest transformers we claim (pyproject.toml), installed beside the venv in $(FLOOR) and put first on
 # PYTHONPATH (which precedes site-packages), so the subset runs against it and not the venv's newer copy.

@@ -107,8 +107,8 @@ def _add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers",
         default=None,
-        help="comma-separated block indices to inject into, negative from the end (default: the preset's, "
-        f"{_preset_value('layers')}; None = every block)",
+        help="comma-separated block indices to inject into, negative from the end; a list that starts with a "
+        f"minus takes '=': --layers=-2,-1 (default: the preset's, {_preset_value('layers')}; None = every block)",
     )
     p.add_argument(
         "--parts",

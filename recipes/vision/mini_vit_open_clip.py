@@ -15,6 +15,7 @@ onto open_clip's `VisionTransformer` with:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from functools import partial
 from pathlib import Path
@@ -92,6 +93,7 @@ def open_clip_backbone(folder: str | Path | None = None) -> Backbone:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import timm
 
     folder = asset_path("mini-vit")
