@@ -294,7 +294,16 @@ def check_cli(argv: tuple[str, ...]) -> None:
         args = build_parser().parse_args(list(argv))
     except SystemExit as e:  # argparse printed the reason to stderr (shown by pytest)
         raise AssertionError(f"mmpreproj {' '.join(argv)}: refused by the parser (exit {e.code})") from None
-    check_args(args)
+    try:
+        check_args(args)
+    except ValueError as e:
+        # a run folder under runs/ is what the reader's own earlier command writes (`train --out runs/...`); CI has
+        # none, so only that refusal passes, and only for a path under runs/
+        if not RUN_FOLDER_MISSING.fullmatch(str(e)):
+            raise
+
+
+RUN_FOLDER_MISSING = re.compile(r"(--adapter|run folder) runs/[\w.+-]+: no such file or folder")
 
 
 def check_python_c(code: str) -> None:
