@@ -120,14 +120,15 @@ def bench_latest_block() -> str:
 
 
 def demo_time_block() -> str:
-    """The one statement of the demo's time: bench/demo_time.py's measurement (wall, CPU, cores, load)."""
-    t = json.loads((ROOT / "bench" / "results" / "demo_time.json").read_text())
-    wall, cpu = t["wall_s"], t["cpu_s"]
+    """The one statement of the demo's time: the demo step of bench/first_hour.py's run (wall, CPU, load)."""
+    run = json.loads((ROOT / "bench" / "results" / "first_hour.json").read_text())
+    demo = next(s for s in run["steps"] if s["step"] == "demo")
+    wall = demo["wall_s"]
     return (
-        f"`make demo` took {int(wall // 60)} min {round(wall % 60):02d} s ({cpu / 60:.1f} CPU-min) on {t['cores']} "
-        f"cores at a 1-minute load average of {t['load_1min_before']:.1f} before and {t['load_1min_after']:.1f} after "
-        f"(measured {t['date']} by `bench/demo_time.py`: `bench/results/demo_time.json`). It trains five arms, so "
-        "it takes longer on a machine other jobs share."
+        f"`make demo` took {int(wall // 60)} min {round(wall % 60):02d} s ({demo['cpu_s'] / 60:.1f} CPU-min) on "
+        f"{run['cores']} cores, 1-minute load average {demo['load_1min_before']:.1f} before and "
+        f"{demo['load_1min_after']:.1f} after, on a fresh clone ({run['date']}, `bench/first_hour.py`: "
+        "`bench/results/first_hour.json`). It trains five arms, so a machine other jobs share takes longer."
     )
 
 
