@@ -118,6 +118,7 @@ def test_rejects_empty_parts():
         score_continuations(model, [([], [3])])
 
 
+@pytest.mark.slow
 def test_encoding_a_text_longer_than_the_tokenizer_limit_prints_no_indexing_warning():
     """The evaluators window long documents themselves: transformers' length warning must not reach users.
 

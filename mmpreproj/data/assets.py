@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from typing import IO
 
-from mmpreproj_cli.sources import ASSETS_ENV, asset_path, assets_root, repo_root, resolve_path
-
-__all__ = ["ASSETS_ENV", "asset_path", "assets_root", "open_text", "repo_root", "resolve_path"]
+from mmpreproj_cli.sources import ASSETS_ENV as ASSETS_ENV  # re-exported: the locator lives in the light CLI
+from mmpreproj_cli.sources import asset_path as asset_path
+from mmpreproj_cli.sources import assets_root as assets_root
+from mmpreproj_cli.sources import repo_root as repo_root
+from mmpreproj_cli.sources import resolve_path as resolve_path
 
 
 def open_text(path: str | os.PathLike[str]) -> IO[str]:

@@ -7,9 +7,8 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-from mmpreproj_cli.offline import OFFLINE_FLAGS, flag_on, offline_flags
-
-__all__ = ["DataUnavailableError", "hub_offline", "hub_reachable", "load_hub_split", "offline_flags"]
+from mmpreproj_cli.offline import OFFLINE_FLAGS, flag_on
+from mmpreproj_cli.offline import offline_flags as offline_flags  # re-exported
 
 
 class DataUnavailableError(RuntimeError):

@@ -17,11 +17,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from mmpreproj_cli.packaged import PackagedModel, package_file
+from mmpreproj_cli.packaged import PackagedModel as PackagedModel  # re-exported: the rows live in the light CLI
+from mmpreproj_cli.packaged import package_file as package_file
 
 from ..util.io import set_new_file_modes, umask
-
-__all__ = ["CACHE_ENV", "SOURCE_FILE", "PackagedModel", "cache_root", "convert_once", "file_digest", "package_file"]
 
 CACHE_ENV = "MMPREPROJ_CACHE"
 SOURCE_FILE = "mmpreproj_source.json"
