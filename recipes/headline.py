@@ -27,7 +27,15 @@ from mmpreproj.analysis.stats import mean_std  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
 PROBE_ARMS = ("linear", "preproj_skip", "lora", "preproj_skip_1pct", "lora_1pct", "preproj_skip_timm")
-VLM_GROUPS = ("class/proj", "class/proj+preproj_skip", "class/proj+lora", "mosaic/2d", "mosaic/1d", "mosaic/2d-il")
+VLM_GROUPS = (
+    "class/proj",
+    "class/proj+preproj_skip",
+    "class/proj+lora",
+    "mosaic/2d+preproj_skip",
+    "mosaic/1d+preproj_skip",
+    "mosaic/2d-il+preproj_skip",
+    "mosaic/2d",
+)
 
 
 def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:

@@ -44,10 +44,11 @@ PROBE_KEYS = {
 VLM_KEYS = {  # group: (select key of (lr 1e-3, seed 1), full key of (lr 3e-4, seed 0))
     "class/proj": ("62a1ab6fe6103ae8", "75f6c606b4356c08"),
     "class/proj+preproj_skip": ("74404701c951c130", "377707f43c821208"),
-    "mosaic/2d": ("a731ea896396ddb5", "8fbb8fabc7ec2578"),
-    "mosaic/1d": ("72c64ec190ea1075", "931d3688e333408f"),
+    "mosaic/2d+preproj_skip": ("482608e6a4484300", "f9d291c8aa173f94"),
+    "mosaic/1d+preproj_skip": ("4fbd9a7daa1d4485", "3ba3a02eac443a50"),
     "class/proj+lora": ("1f1a651af81c0c58", "d91042cf85e57cc1"),
-    "mosaic/2d-il": ("40902f7ac20e5f25", "b7648933b2976915"),
+    "mosaic/2d-il+preproj_skip": ("aaf865dbfd9472fd", "e036c333de3cade4"),
+    "mosaic/2d": ("a731ea896396ddb5", "8fbb8fabc7ec2578"),  # the projector alone: its finished cells stay valid
 }
 
 

@@ -23,9 +23,10 @@ COMPARISONS = (  # (method, reference)
     ("class/proj+preproj_skip", "class/proj"),
     ("class/proj+lora", "class/proj"),
     ("class/proj+preproj_skip", "class/proj+lora"),
-    ("mosaic/2d", "mosaic/1d"),
-    ("mosaic/2d-il", "mosaic/1d"),
-    ("mosaic/2d-il", "mosaic/2d"),
+    ("mosaic/2d+preproj_skip", "mosaic/1d+preproj_skip"),
+    ("mosaic/2d-il+preproj_skip", "mosaic/1d+preproj_skip"),
+    ("mosaic/2d-il+preproj_skip", "mosaic/2d+preproj_skip"),
+    ("mosaic/2d+preproj_skip", "mosaic/2d"),
 )
 
 
