@@ -107,8 +107,8 @@ def main() -> None:
     ap.add_argument(
         "--groups",
         default=None,
-        help="comma-separated group labels (default: all: class/proj, class/proj+preproj_skip, mosaic/2d+preproj_skip, "
-        "mosaic/1d+preproj_skip, class/proj+lora, mosaic/2d-il+preproj_skip, mosaic/2d)",
+        help="comma-separated group labels (default: all: class/proj, class/proj+preproj_skip, "
+        "mosaic/2d+preproj_skip, mosaic/1d+preproj_skip, class/proj+lora, mosaic/2d-il+preproj_skip, mosaic/2d)",
     )
     ap.add_argument("--tower", default=None, help="dinov2-small (default), random-small (a dry run), random-tiny")
     ap.add_argument("--lm", default=None, help="smollm2-135m (default) or tiny")
