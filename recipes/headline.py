@@ -135,7 +135,7 @@ def demo_time_block() -> str:
     return (
         f"`make demo` took {int(wall // 60)} min {round(wall % 60):02d} s ({demo['cpu_s'] / 60:.1f} CPU-min) on "
         f"{run['cores']} cores, 1-minute load average {demo['load_1min_before']:.1f} before and "
-        f"{demo['load_1min_after']:.1f} after, on a fresh clone ({run['date']}, `bench/first_hour.py`: "
+        f"{demo['load_1min_after']:.1f} after, on a fresh clone (`bench/first_hour.py`, finished {run['date']}: "
         "`bench/results/first_hour.json`). It trains five arms, so a machine other jobs share takes longer."
     )
 
@@ -291,7 +291,9 @@ BLOCKS = {  # file -> {block name: generator}
         "smollm2-table": smollm2_table_block,
         "smollm2-norms": smollm2_norms_block,
         "smollm2-gpu": smollm2_gpu_block,
+        "demo-time": demo_time_block,
     },
+    ROOT / "docs" / "getting-started.md": {"demo-time": demo_time_block},
     ROOT / "docs" / "results.md": {"real-models": results_block},
     ROOT / "docs" / "performance.md": {"bench-latest": bench_latest_block},
     ROOT / "docs" / "numbers.md": {"numbers": lambda: numbers_block()},
@@ -379,6 +381,7 @@ BLOCK_SOURCES = {  # block name -> the committed files its numbers come from
         "docs/evidence/vlm-dinov2-smollm2/arms/",
         "docs/evidence/video-dinov2-clip-order/metrics.json",
     ),
+    "demo-time": ("bench/results/first_hour.json (the demo step of bench/first_hour.py)",),
     "bench-latest": ("bench/results/latest.md (written with latest.json by bench/run_all.py)",),
     "numbers": ("recipes/headline.py (this list)",),
 }
