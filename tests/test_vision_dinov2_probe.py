@@ -171,9 +171,9 @@ def test_two_workers_split_the_cells(tmp_path):
     assert done.returncode == 0
     invs = {c: {s["inv"] for s in steps(out / c)} for c in cells(out)}
     assert all(len(v) == 1 for v in invs.values())  # no cell run twice
-    # Both workers ran and shared the claims; which one finishes which cell is the scheduler's (on an idle
-    # machine one worker can take every cell while the adapter arms wait for the linear arm's pick).
-    assert 1 <= len(set().union(*invs.values())) <= 2
+    # Cells were finished by at most the two workers; which one finishes which cell is the scheduler's (on an
+    # idle machine one worker can take every cell while the adapter arms wait for the linear arm's pick).
+    assert invs and len(set().union(*invs.values())) <= 2
     assert re.search(r"CPU-hours: \*\*[0-9.]+\*\*", (out / "report.md").read_text())
 
 
