@@ -31,8 +31,7 @@ from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
 from ..adapter_files.file_check import PEFT_PREFIX, peft_head_names
-from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
-from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
+from ..modules.wrapper import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
 from .keys import describe_for_save, injection_of

@@ -168,7 +168,8 @@ def peft_layers(model: nn.Module) -> list[str]:
 
 
 def _refuse_compiled_or_peft(model: nn.Module) -> None:
-    """inject comes before `torch.compile` and before peft: refuse the other order, naming the one that works."""
+    """inject comes before `torch.compile`, and goes into the model a `PeftModel` wraps, not the `PeftModel`:
+    refuse the other way, naming the one that works."""
     compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     found = [n for n, m in model.named_modules() if compiled is not None and isinstance(m, compiled)]
     if found:
@@ -178,12 +179,11 @@ def _refuse_compiled_or_peft(model: nn.Module) -> None:
             "mmpreproj.inject(model), then model = torch.compile(model)"
         )
     layers = peft_layers(model)
-    if layers:
-        what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
+    if layers and layers[0] == "":
         raise RuntimeError(
-            f"inject: {what}; injecting now would freeze the peft adapter's weights with the base. Inject first, "
-            "then add peft: mmpreproj.inject(model), then peft.get_peft_model(model, lora_config) (the order of "
-            "method 'preproj_lora', mmpreproj.train.apply_method)"
+            "inject: the model is a peft PeftModel; inject the model it wraps, mmpreproj.inject(peft_model.base_model"
+            ".model): its LoRA layers stay inside the attention and keep their requires_grad (the order of method "
+            "'preproj_lora', mmpreproj.train.apply_method)"
         )
 
 
