@@ -1,15 +1,18 @@
-"""`preproj_lora`'s model: peft's LoRA over an injected model, one folder written and read by peft's own calls.
+"""`preproj_lora`'s model: peft's LoRA and our adapter around the attention that holds it, one folder written and
+read by peft's own calls.
 
-    DIR/adapter_config.json, adapter_model.safetensors            peft's LoRA, exactly as peft writes it
+    DIR/adapter_config.json, adapter_model.safetensors            peft's LoRA, exactly as peft writes it for the base
     DIR/preproj/adapter_config.json, adapter_model.safetensors    our adapter (`save_adapter`), where peft
                                                                   writes an adapter named "preproj"
 
-peft's file at DIR also carries our weights (peft saves every tuner layer's, `preproj.default.*`), so peft alone,
-`PeftModel.from_pretrained(mmpreproj.inject(base, PreProjConfig(skip=False)), DIR)`, gives back the whole trained
-model. `save_pretrained` writes both (train(), a Trainer's checkpoints, users); `load_adapter` reads both (a Trainer's
-resume and best-model reload), our weights checked (keys, shapes, dtypes, finite values) before either part
-changes. One class per peft task class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `stacked_peft_model`
-builds one, `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh base.
+LoRA goes in first (`stacked_peft_model`): our wrapper is peft's tuner layer, and peft never injects inside one. peft's
+calls that visit LoRA's layers (its save, `load_adapter`, `add_adapter`, `merge_and_unload`) run with our wrappers
+set aside (`_ours_aside`), so they see the LoRA model they built: the file at DIR holds LoRA's keys as on the plain
+base, and `peft.PeftModel.from_pretrained(base, DIR)` reads it. `save_pretrained` writes both (train(), a Trainer's
+checkpoints, users); `load_adapter` reads both (a Trainer's resume and best-model reload), our weights checked (keys,
+shapes, dtypes, finite values) before either part changes; `unload` takes ours off, then LoRA. One class per peft task
+class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh
+base. Older files (LoRA's keys inside our wrapper, ours in LoRA's file too) are read by `tuner/legacy.py`'s rules.
 """
 
 from __future__ import annotations

@@ -159,6 +159,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.part = part
         self.seam_check = seam_check
         self.flight: InFlight | None = None
+        self.values_aside = False  # set by the injection while modules_to_save keep other adapters' values aside
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
@@ -183,10 +184,22 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
 
     def set_adapter(self, adapter_names: str | list[str], inference_mode: bool = False) -> None:
         """Make the one adapter of `adapter_names` this layer holds the active one; it trains unless
-        `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA on top switching its
-        own adapters): with none of ours among them, the layer is left as it is."""
+        `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA switching its own
+        adapters): with none of ours among them, the layer is left as it is. Refused while `values_aside` (the
+        injection's `modules_to_save` hold the active adapter's values: a layer alone cannot move them)."""
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
         names = [n for n in names if n in self._get_available_adapters()]
+        if self.values_aside and names and names != list(self.active_adapters):
+            raise ValueError(
+                f"set_adapter({names[0]!r}) on one layer: this injection trains modules_to_save in place, each "
+                "adapter's values kept aside while another runs, which a layer alone cannot move; switch the model: "
+                "mmpreproj.set_adapter(model, name) or peft_model.set_adapter(name) (nothing was changed)"
+            )
+        self.activate(names, inference_mode)
+
+    def activate(self, adapter_names: list[str], inference_mode: bool = False) -> None:
+        """`set_adapter` without the `values_aside` check (the injection's own switch, which moves the values)."""
+        names = [n for n in adapter_names if n in self._get_available_adapters()]
         if not names:
             return
         if len(names) != 1:

@@ -123,6 +123,9 @@ def finish_addition(addition: Addition) -> None:
         raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
     addition.state.adapter_configs[addition.name] = addition.config
     addition.state.stored_modules[addition.name] = addition.stored
+    if addition.state.modules_to_save:  # a layer alone may no longer switch (peft's functional set_adapter)
+        for w in injected_modules(addition.owner):
+            w.values_aside = True
 
 
 def undo_addition(addition: Addition) -> None:
@@ -154,7 +157,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
         del state.stored_modules[name]
         state.stored_modules[old] = kept
     for w in wrappers:
-        w.set_adapter(name, inference_mode=not trains)
+        w.activate([name], inference_mode=not trains)
     state.config = config
     state.active_adapter = name
     if trains != now:
