@@ -48,6 +48,7 @@ class Injection:
     example_input: Any = None
     placed: list[tuple[Site, PreProjAttention]] = field(default_factory=list)
     finished: bool = False
+    flags: list[tuple[nn.Parameter, bool]] = field(default_factory=list)  # every base flag, as the call found it
 
     @cached_property
     def sites(self) -> dict[str, tuple[Site, PreProjAttention]]:
@@ -106,7 +107,8 @@ def run_example(model: nn.Module, example_input: Any) -> None:
 
 
 def roll_back(model: nn.Module, injection: Injection) -> None:
-    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hooks, the state."""
+    """Undo whatever of the injection ran: wrappers, seam checks, flags (each as `injection.flags` found it, so a
+    flag peft's loop set after ours, `set_adapter(inference_mode=True)`, is put back too), the hooks, the state."""
     for site, wrapper in reversed(injection.placed):
         setattr(site.parent, site.attr, wrapper.base_layer)
         if getattr(wrapper, "seam_check", None) is not None:
@@ -123,6 +125,8 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
         hook.remove()
     if vars(model).get("mmpreproj_state") is state:
         del model.mmpreproj_state
+    for p, flag in injection.flags:
+        p.requires_grad_(flag)
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:

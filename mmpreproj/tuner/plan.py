@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..hosts import HostSpec
+from ..hosts.auto_host import check_described
 from ..hosts.paths import check_path
 from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
 from ..hosts.spec import HostError, Site, get_path, resolve_sites
@@ -255,9 +256,13 @@ def config_host(model: nn.Module, config: PreProjConfig) -> str | dict | HostSpe
 
 def saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     """The row (forced, by type or by structure) or described host an adapter was saved for, checked
-    against `model` (`hosts.registry.host_for_adapter`)."""
+    against `model` (`hosts.registry.host_for_adapter`); a described host is confirmed by the trace
+    (`auto_host.check_described`)."""
     try:
-        return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+        host = host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+        if isinstance(host, HostSpec):
+            check_described(model, host)
+        return host
     except HostError as e:
         raise ValueError(f"adapter at {path} was {e}") from None
 
