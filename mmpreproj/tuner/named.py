@@ -3,7 +3,7 @@
 when there is one, are `folders/adapters.py`; `adapter_disabled` runs the base alone).
 
 Design: as peft's LoRA, each wrapper keeps every adapter in one `nn.ModuleDict` per slot keyed by adapter name
-(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's layer methods, `modules.slot`), the inactive ones
+(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's `BaseTunerLayer` methods), the inactive ones
 with `requires_grad=False`; `set_adapter` switches which one runs (nothing moves, so an optimizer built before
 the switch still holds the old adapter's tensors). The `modules_to_save` values of the inactive adapters live
 in the injection state and are copied in and out on a switch.
