@@ -54,9 +54,12 @@ class PeftLayerMethods:
     merged = BaseTunerLayer.merged
     _get_available_adapters = BaseTunerLayer._get_available_adapters
     _all_available_adapter_names = BaseTunerLayer._all_available_adapter_names
-    _freeze_non_trainable_peft_weights = BaseTunerLayer._freeze_non_trainable_peft_weights
     set_requires_grad = BaseTunerLayer.set_requires_grad
     delete_adapter = BaseTunerLayer.delete_adapter
+
+    def _freeze_non_trainable_peft_weights(self, adapter_names: str | Sequence[str] | None = None) -> None:
+        """peft (>= 0.20) calls it from `set_requires_grad` / `delete_adapter` to re-freeze the weights a layer
+        declares frozen (`frozen_peft_weight_names`); this layer declares none, so there is nothing to do."""
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         raise ValueError(f"merge: {MERGE_REFUSED}")
@@ -111,6 +114,10 @@ class TunerSlot(BaseTunerLayer):
 
     def set_requires_grad(self, adapter_names: str | Sequence[str], requires_grad: bool = True) -> None:
         pass
+
+    def _freeze_non_trainable_peft_weights(self, adapter_names: str | Sequence[str] | None = None) -> None:
+        """peft (>= 0.20) calls it from `set_requires_grad` / `delete_adapter` to re-freeze the weights a layer
+        declares frozen (`frozen_peft_weight_names`); this layer declares none, so there is nothing to do."""
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         pass  # a LoRA on top merges its own layers; nothing of ours merges (MERGE_REFUSED)
