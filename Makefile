@@ -64,10 +64,10 @@ test-floor: $(STAMP)
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
 # The oldest peft we claim (pyproject.toml, tuner/peft_type.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)
-# and put first on PYTHONPATH, as test-floor does for transformers. What differs below peft 0.21 is in
-# mmpreproj/tuner/peft_compat.py; why 0.20 is the floor is in mmpreproj/tuner/peft_type.py.
+# and put first on PYTHONPATH, as test-floor does for transformers. Why that is the floor (and how far 0.20 got):
+# mmpreproj/tuner/peft_type.py; what differs between peft versions: mmpreproj/tuner/peft_compat.py.
 PEFT_FLOOR ?= .peft-floor
-FLOOR_PEFT ?= 0.20.0
+FLOOR_PEFT ?= 0.21.0
 PEFT_FLOOR_TESTS ?= tests/test_peft_tuner.py tests/test_peft_lifecycle.py tests/test_core_adapter_io.py \
 	tests/test_peft_as_lora.py tests/test_peft_registration_guard.py
 

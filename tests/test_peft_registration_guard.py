@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-@pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "1.0.0"])
+@pytest.mark.parametrize("version", ["0.20.0", "0.22.0", "1.0.0"])
 def test_untested_peft_is_refused_naming_the_versions(version):
     with pytest.raises(ImportError) as err:
         check_peft_version(version)

@@ -58,8 +58,9 @@ class PeftLayerMethods:
     delete_adapter = BaseTunerLayer.delete_adapter
 
     def _freeze_non_trainable_peft_weights(self, adapter_names: str | Sequence[str] | None = None) -> None:
-        """peft (>= 0.20) calls it from `set_requires_grad` / `delete_adapter` to re-freeze the weights a layer
-        declares frozen (`frozen_peft_weight_names`); this layer declares none, so there is nothing to do."""
+        """peft's `set_requires_grad` / `delete_adapter` (borrowed above) call it to re-freeze the weights a layer
+        declares frozen (`frozen_peft_weight_names`); this layer declares none, so there is nothing to do (our own
+        rather than peft's private method, which peft 0.20 added)."""
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         raise ValueError(f"merge: {MERGE_REFUSED}")
@@ -114,10 +115,6 @@ class TunerSlot(BaseTunerLayer):
 
     def set_requires_grad(self, adapter_names: str | Sequence[str], requires_grad: bool = True) -> None:
         pass
-
-    def _freeze_non_trainable_peft_weights(self, adapter_names: str | Sequence[str] | None = None) -> None:
-        """peft (>= 0.20) calls it from `set_requires_grad` / `delete_adapter` to re-freeze the weights a layer
-        declares frozen (`frozen_peft_weight_names`); this layer declares none, so there is nothing to do."""
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         pass  # a LoRA on top merges its own layers; nothing of ours merges (MERGE_REFUSED)
