@@ -241,7 +241,7 @@ def new_adapter_modules(
 
 def _name_or_path(model: nn.Module) -> str | None:
     """transformers' `name_or_path` (hub id or folder the model was loaded from); None when built in code."""
-    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "name_or_path", None)
     return str(name) if isinstance(name, (str, Path)) and str(name) else None
 
 
