@@ -65,7 +65,7 @@ test-floor: $(STAMP)
 
 # The oldest peft we claim (pyproject.toml, tuner/peft_type.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)
 # and put first on PYTHONPATH, as test-floor does for transformers. Why that is the floor (and how far 0.20 got):
-# mmpreproj/tuner/peft_type.py; what differs between peft versions: mmpreproj/tuner/peft_compat.py.
+# mmpreproj/tuner/peft_type.py.
 PEFT_FLOOR ?= .peft-floor
 FLOOR_PEFT ?= 0.21.0
 PEFT_FLOOR_TESTS ?= tests/test_peft_tuner.py tests/test_peft_lifecycle.py tests/test_core_adapter_io.py \

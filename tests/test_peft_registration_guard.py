@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from packaging.version import Version
 
-from mmpreproj.tuner.peft_compat import TUNER_STATE_DICT_HOOKS
 from mmpreproj.tuner.peft_type import TESTED_PEFT, check_peft_version
 from tests.helpers.gguf_tiny import write_tiny_llama_gguf
 
@@ -33,18 +31,6 @@ def test_untested_peft_is_refused_naming_the_versions(version):
 def test_tested_peft_passes():
     check_peft_version(TESTED_PEFT[0] + ".0")
     check_peft_version()  # the installed one
-
-
-def test_peft_state_dict_functions_are_wrapped_only_on_a_peft_without_the_tuner_hooks():
-    """peft >= 0.21 asks the tuner for PREPROJ's keys and keeps its own functions; an older one gets them wrapped
-    (`tuner/peft_compat.py`), in each module that bound them."""
-    import peft.peft_model
-    import peft.utils
-
-    old = Version(peft.__version__) < TUNER_STATE_DICT_HOOKS
-    for module in (peft, peft.utils, peft.peft_model, peft.utils.save_and_load):
-        for name in ("get_peft_model_state_dict", "set_peft_model_state_dict"):
-            assert hasattr(getattr(module, name), "__wrapped__") == old, (module.__name__, name)
 
 
 def test_pyproject_bounds_peft_to_the_tested_range():

@@ -123,7 +123,6 @@ def test_peft_config_from_pretrained_and_the_state_dict_functions(tmp_path):
     config = PeftConfig.from_pretrained(tmp_path)
     assert isinstance(config, PreProjConfig) and config.peft_type is PREPROJ
     assert (config.expansion, config.skip, config.inference_mode) == (0.5, False, True)
-    # read through `peft.`: on peft < 0.21 a name bound before `import mmpreproj` is peft's own (tuner/peft_compat.py)
     sd = peft.get_peft_model_state_dict(model)
     assert sd and all(".preproj." in k and ".default." not in k for k in sd)
     other = get_peft_model(tiny_neox(), PreProjConfig(expansion=0.5, skip=False))

@@ -14,14 +14,11 @@ from peft.utils import register_peft_method
 
 from .config import PreProjConfig
 from .model import PreProjModel
-from .peft_compat import install_state_dict_dispatch
 from .peft_type import PREPROJ
 
 
 def register_preproj() -> None:
-    """Register PREPROJ with peft (config class, tuner, prefix); a no-op when it already is. On a peft older than
-    0.21, peft's state-dict functions learn to ask the tuner for PREPROJ's keys (`peft_compat`)."""
-    install_state_dict_dispatch(PreProjModel)
+    """Register PREPROJ with peft (config class, tuner, prefix); a no-op when it already is."""
     if (
         PEFT_TYPE_TO_CONFIG_MAPPING.get(PREPROJ) is PreProjConfig
         and PEFT_TYPE_TO_TUNER_MAPPING.get(PREPROJ) is PreProjModel
