@@ -37,7 +37,7 @@ from ..tuner.state import is_injected
 from ..tuner.state_dict import SLOTS, trainable_adapter_params
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .load_injection import load_injection as _load_ours
-from .stacked import PREPROJ_SUBDIR, stacked_class
+from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
 
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
 _LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone
@@ -116,7 +116,7 @@ def load_adapter(
     lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default", folder.ours is not None)
     if folder.ours is None:
         return lora
-    try:  # ours around the attention modules that hold LoRA's layers (LoRA first: stacked.py)
+    with lora_off_on_error(lora, flags):  # ours around the attention modules that hold LoRA's layers (stacked.py)
         _load_ours(
             lora.base_model.model,
             folder.load_ours_from,
@@ -124,11 +124,6 @@ def load_adapter(
             adapter_name=adapter_name,
             freeze_base=freeze_base,
         )
-    except BaseException:
-        lora.base_model.unload()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        raise
     if is_trainable:  # peft froze every non-LoRA weight, ours included
         for p in trainable_adapter_params(model):
             p.requires_grad_(True)
@@ -152,11 +147,11 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
     flags = [(p, p.requires_grad) for p in model.parameters()]
     cls = stacked_class(config.task_type) if stacked else MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type)
     lora = (cls or peft.PeftModel)(model, config, name)
-    try:
-        expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers (+ ours)
+    with lora_off_on_error(lora, flags):
+        expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers
         prefix = PEFT_TYPE_TO_PREFIX_MAPPING[config.peft_type]
-        # ours as an older LoRA file holds them (mmpreproj 0.4: `...preproj.up.weight`, `...skip.proj.weight`): read
-        # from our own folder, loaded above, so not compared here (legacy.OLD_SLOTS)
+        # ours as an older LoRA file holds them (mmpreproj <= 0.5: `...preproj.up.weight`, `...skip.proj.weight`): read
+        # from our own folder next, so not compared here (legacy.OLD_SLOTS)
         old_ours = {k for k in saved - expected if _is_ours(k)} if stacked else set()
         missing = sorted(k for k in expected - saved if prefix in k)[:3]
         unexpected = sorted(saved - expected - old_ours)[:3]
@@ -179,11 +174,6 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
         # peft's own load (no injection of ours yet: the stacked class's `load_adapter` is for a stacked model)
         keys = OLD_STACKED_LORA_KEYS
         peft.PeftModel.load_adapter(lora, str(folder), name, is_trainable=is_trainable, key_mapping=keys)
-    except BaseException:
-        lora.base_model.unload()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        raise
     return lora
 
 

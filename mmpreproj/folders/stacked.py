@@ -45,7 +45,7 @@ from ..tuner.state_dict import (
     trainable_adapter_params,
 )
 from ..tuner.unload import unload as unload_ours
-from ..tuner.unwrap import injected_owner, owner_prefix
+from ..tuner.unwrap import injected_owner, injected_owners, owner_prefix
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
 from .inject import inject
 
@@ -155,8 +155,8 @@ class _Stacked:
     def unload(self, *args: Any, **kwargs: Any) -> nn.Module:
         """The base as it was: ours off first (our layer holds LoRA's, and peft's unload visits nothing inside a
         tuner layer), then peft's LoRA unload."""
-        owner, _ = injected_owner(self, "unload")
-        unload_ours(owner)
+        if injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
+            unload_ours(self)
         return self.base_model.unload(*args, **kwargs)
 
     def merge_and_unload(self, *args: Any, **kwargs: Any) -> nn.Module:
@@ -275,11 +275,19 @@ def stacked_peft_model(
     config.base_model_name_or_path = model.__dict__.get("name_or_path") or None  # as get_peft_model records it
     flags = [(p, p.requires_grad) for p in model.parameters()]
     stacked = stacked_class(config.task_type)(model, config, adapter_name)
-    try:
+    with lora_off_on_error(stacked, flags):
         inject(stacked.base_model.model, ours)  # the base freeze leaves LoRA's weights as peft set them
+    return stacked
+
+
+@contextlib.contextmanager
+def lora_off_on_error(lora: peft.PeftModel, flags: list[tuple[nn.Parameter, bool]]) -> Iterator[None]:
+    """On any error inside: peft's layers taken off `lora`'s model and every `requires_grad` put back as `flags`
+    recorded it before they went in (ours, when the error came from ours, was rolled back by its own loader)."""
+    try:
+        yield
     except BaseException:
-        stacked.base_model.unload()
+        lora.base_model.unload()
         for p, flag in flags:
             p.requires_grad_(flag)
         raise
-    return stacked
