@@ -3,6 +3,7 @@
 #   make test   the test suite (CPU only, offline)
 #   make docs-test  only the docs' examples: every Python block of README.md and docs/ runs, every command parses
 #   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
+#   make test-peft-floor  the peft tuner's subset against the oldest peft pyproject.toml allows
 #   make lint   ruff check + ruff format --check (whole repository)
 #   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it; open
 #               site/index.html from disk (links and search work there: docs/hooks/check_site.py checks each build)
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test docs-test test-floor lint docs docs-serve bench clean smollm2 dinov2
+.PHONY: demo test docs-test test-floor test-peft-floor lint docs docs-serve bench clean smollm2 dinov2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -62,6 +63,23 @@ test-floor: $(STAMP)
 	$(PY) -c "import transformers as t; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; print('transformers', t.__version__, 'from', t.__file__)"; \
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
+# The oldest peft we claim (pyproject.toml, tuner/peft_type.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)
+# and put first on PYTHONPATH, as test-floor does for transformers. Why that is the floor (and how far 0.20 got):
+# mmpreproj/tuner/peft_type.py.
+PEFT_FLOOR ?= .peft-floor
+FLOOR_PEFT ?= 0.21.0
+PEFT_FLOOR_TESTS ?= tests/test_peft_tuner.py tests/test_peft_lifecycle.py tests/test_core_adapter_io.py \
+	tests/test_peft_as_lora.py tests/test_peft_registration_guard.py
+
+test-peft-floor: $(STAMP)
+	@if [ "$$($(PY) -c 'from importlib.metadata import version; print(version("peft"))')" = "$(FLOOR_PEFT)" ]; then \
+		echo "test-peft-floor: the venv already has peft $(FLOOR_PEFT) (make test covered it)"; exit 0; fi; \
+	set -e; \
+	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(PEFT_FLOOR) peft==$(FLOOR_PEFT); \
+	export PYTHONPATH="$(abspath $(PEFT_FLOOR))$${PYTHONPATH:+:$$PYTHONPATH}"; \
+	$(PY) -c "import peft as p; assert p.__version__ == '$(FLOOR_PEFT)', p.__file__; print('peft', p.__version__, 'from', p.__file__)"; \
+	$(VENV)/bin/pytest $(PEFT_FLOOR_TESTS)
+
 # ruff check (line length enforced) and the formatter's check, over the whole repository
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -77,4 +95,4 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR) .pytest_cache .ruff_cache site
+	rm -rf $(VENV) $(FLOOR) $(PEFT_FLOOR) .pytest_cache .ruff_cache site

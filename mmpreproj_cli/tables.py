@@ -69,6 +69,7 @@ MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the pap
 # --- file names of a run or adapter folder (folders/files.py, train/adapters.py) ---
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's file: what an adapter folder holds beside its weights
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # peft's weights file, the one a PREPROJ folder holds
 ADAPTER_DIR = "adapter"  # where a run folder (and a `save_pretrained` folder) keeps its adapter
 
 # --- evaluation (eval/evaluate.py) ---

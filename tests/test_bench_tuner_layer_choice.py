@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import HANG_GUARD_S
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "tuner_layer_choice.py"
 FUNCTIONAL = {
     "set_adapter": "switches",
@@ -25,7 +27,9 @@ FUNCTIONAL = {
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> dict[str, dict[str, str]]:
     out = tmp_path_factory.mktemp("choice") / "rows.json"
-    subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], check=True, capture_output=True, timeout=HANG_GUARD_S
+    )
     return json.loads(out.read_text())["rows"]
 
 

@@ -285,7 +285,8 @@ def test_a_forced_row_reloads(host, tmp_path):
 
 @pytest.mark.parametrize("norm", ["input_layernorm", "post_attention_layernorm"])
 def test_a_description_named_as_a_row_reloads(norm, tmp_path):
-    # with the row's own layout, and with another one (a wrong seam: checked at the first forward, not on load)
+    # with the row's own layout, and with another one (a wrong seam: inject checks it at the first forward, a load
+    # confirms the saved description by the trace before anything changes, issue 45)
     desc = {
         "name": "mistral",
         "parts": [{"name": "language", "blocks": "model.layers", "attention": "self_attn", "norm": norm}],
@@ -296,10 +297,12 @@ def test_a_description_named_as_a_row_reloads(norm, tmp_path):
         return
     model = mmpreproj.inject(BUILDERS["mixtral"](), host=desc)
     mmpreproj.save_adapter(model, tmp_path)
-    fresh = mmpreproj.load_adapter(BUILDERS["mixtral"](), tmp_path)
-    assert fresh.mmpreproj_state.host_description["parts"][0]["norm"] == "post_attention_layernorm"
     with pytest.raises(RuntimeError, match="does not receive the output of 'post_attention_layernorm'"):
-        logits(fresh, tokens())
+        logits(model, tokens())
+    base = BUILDERS["mixtral"]()
+    with pytest.raises(ValueError, match="after norm 'post_attention_layernorm', but the trace .* finds no attention"):
+        mmpreproj.load_adapter(base, tmp_path)
+    assert not mmpreproj.is_injected(base)
 
 
 def test_an_adapter_for_another_model_is_still_refused_untouched(tmp_path):

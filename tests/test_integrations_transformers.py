@@ -90,10 +90,12 @@ def test_preproj_lora_checkpoints_both_parts_and_resumes_bit_exact(tmp_path, lm_
     assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt"} <= names
     assert not names & {"model.safetensors", "pytorch_model.bin", "config.json"}  # no copy of the base
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"
-    saved = load_file(str(ckpt / "adapter_model.safetensors"))  # peft saves its tuner layers: LoRA's and ours
-    assert any("lora_A" in k for k in saved) and any(".preproj." in k and k.endswith(".up.weight") for k in saved)
+    saved = load_file(str(ckpt / "adapter_model.safetensors"))  # peft's LoRA alone, as on the plain base
+    assert any("lora_A" in k for k in saved) and not any(".preproj" in k or ".base_layer." in k for k in saved)
+    ours = load_file(str(ckpt / "preproj" / "adapter_model.safetensors"))
+    assert any(".preproj." in k and k.endswith(".up.weight") for k in ours)
 
-    fresh = _preproj_lora()  # our weights scrambled: the resume must load them from peft's file
+    fresh = _preproj_lora()  # our weights scrambled: the resume must load them from preproj/
     with torch.no_grad():
         for w in mmpreproj.injected_modules(fresh):
             w.slots()[0].up.weight.normal_()
@@ -108,7 +110,7 @@ def test_preproj_lora_reloads_through_the_one_loader_and_unloads(tmp_path, lm_da
     trainer = _fit(tmp_path / "run", lm_data, model, max_steps=2, save_strategy="no")
     trained = _trained(model)
     final = tmp_path / "final"
-    trainer.save_model(str(final))  # peft's LoRA file (with our weights in it) and our injection in preproj/
+    trainer.save_model(str(final))  # peft's LoRA file at the top and our injection in preproj/
     assert (final / "preproj" / "adapter_config.json").is_file()
     x = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     model.eval()
@@ -120,8 +122,8 @@ def test_preproj_lora_reloads_through_the_one_loader_and_unloads(tmp_path, lm_da
         trainable = mmpreproj.load_adapter(tiny_neox(), final, is_trainable=True)
         assert {n for n, p in trainable.named_parameters() if p.requires_grad} == trained.keys()  # both parts
 
-        # peft's unload() takes the LoRA off and leaves our wrapper, then ours goes: the base, bit-exact
-        plain = mmpreproj.unload(reloaded.unload())
+        # the stacked unload() takes ours off (it holds LoRA's layers), then peft's takes LoRA: the base, bit-exact
+        plain = reloaded.unload()
         assert not mmpreproj.is_injected(plain) and not any("lora_" in n for n, _ in plain.named_parameters())
         assert torch.equal(plain(x).logits, tiny_neox().eval()(x).logits)
         merged = model.merge_and_unload()  # the LoRA merged into the base: the injected model keeps the outputs
@@ -129,17 +131,14 @@ def test_preproj_lora_reloads_through_the_one_loader_and_unloads(tmp_path, lm_da
         torch.testing.assert_close(merged(x).logits, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_lora_file_holding_injected_weights_is_refused_on_a_base_without_the_injection(tmp_path):
+def test_the_top_folder_without_preproj_is_the_plain_lora_part(tmp_path):
+    """The top file is LoRA's as on the plain base (ours is written aside): without preproj/ beside it, the folder
+    is a plain LoRA adapter and loads as one, weight for weight the trained LoRA."""
     model = _preproj_lora()
     model.save_pretrained(str(tmp_path))
-    shutil.rmtree(tmp_path / "preproj")  # no preproj/ beside it: nothing says how to rebuild our weights
-    base = tiny_neox()
-    before = {k: v.clone() for k, v in base.state_dict().items()}
-    with pytest.raises(
-        ValueError,
-        match=r"does not match its config: .*saved from a model with mmpreproj modules injected .*'preproj'",
-    ):
-        mmpreproj.load_adapter(base, tmp_path)
-    assert not any("lora_" in n for n, _ in base.named_modules()) and not mmpreproj.is_injected(base)
-    assert base.state_dict().keys() == before.keys()
-    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())
+    shutil.rmtree(tmp_path / "preproj")
+    loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path)
+    assert isinstance(loaded, peft.PeftModel) and not mmpreproj.is_injected(loaded)
+    want = {n.replace(".attention.base_layer.", ".attention."): p for n, p in model.named_parameters() if "lora_" in n}
+    got = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

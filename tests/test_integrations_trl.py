@@ -123,7 +123,9 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
     ckpt = tmp_path / "whole" / "checkpoint-4"
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"  # peft's, at the top
     saved = load_file(str(ckpt / "adapter_model.safetensors"))
-    assert any(".preproj." in k and k.endswith(".up.weight") for k in saved)  # ours in it
+    assert saved and not any(".preproj" in k for k in saved)  # LoRA's alone: ours in preproj/
+    ours = load_file(str(ckpt / "preproj" / "adapter_model.safetensors"))
+    assert any(".preproj." in k and k.endswith(".up.weight") for k in ours)
     assert not (ckpt / "model.safetensors").exists()
 
     # stop after step 2, resume into a fresh preproj_lora model: both parts come back, training ends the same
@@ -145,9 +147,9 @@ def test_preproj_lora_saves_resumes_reloads_and_unloads_through_sft(tmp_path, to
         want = model(x).logits
         assert torch.equal(reloaded(x).logits, want)
 
-        # unload both parts: peft's own unload() takes the LoRA off and leaves our wrapper, then ours goes;
+        # unload both parts: the stacked unload() takes ours off (it holds LoRA's layers), then peft's takes LoRA;
         # the base comes back bit-exact
-        plain = mmpreproj.unload(reloaded.unload())
+        plain = reloaded.unload()
         assert not mmpreproj.is_injected(plain) and not any("lora_" in n for n, _ in plain.named_parameters())
         assert torch.equal(plain(x).logits, tiny_neox(vocab_size=len(tokenizer)).eval()(x).logits)
 

@@ -4,6 +4,8 @@ sharded model's passes through untouched), and the old in-memory block-index key
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -72,25 +74,37 @@ def test_a_full_state_dict_in_the_old_key_layout_loads_into_the_active_adapter()
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
-def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_loads_bit_exact(tmp_path):
-    """mmpreproj 0.4 wrote our weights into LoRA's file too, without the adapter name and with the `skip` slot."""
+def _stacked_0_4() -> torch.nn.Module:
     from peft import LoraConfig
+
+    from mmpreproj.folders.stacked import stacked_peft_model
+
+    pm = stacked_peft_model(tiny_neox(), LoraConfig(r=2, target_modules=["query_key_value"]), PreProjConfig())
+    return _trained(pm)
+
+
+def _as_0_4_lora_file(pm: torch.nn.Module, lora_file) -> None:
+    """Rewrite today's LoRA file as mmpreproj 0.4 wrote it: LoRA's keys inside our wrapper, and ours beside them
+    without the adapter name and with the `skip` slot."""
     from safetensors.torch import load_file, save_file
 
-    pm = get_peft_model(mmpreproj.inject(tiny_neox()), LoraConfig(r=2, target_modules=["query_key_value"]))
-    for p in mmpreproj.adapter_state_dict(pm).values():
-        p.requires_grad_(True)
-    _trained(pm)
+    lora = {k.replace(".attention.", ".attention.base_layer."): v for k, v in load_file(str(lora_file)).items()}
+    ours = {
+        f"base_model.model.{k}".replace(".preproj_skip.", ".skip."): v
+        for k, v in mmpreproj.adapter_state_dict(pm).items()
+    }
+    assert any(".skip.proj." in k for k in ours) and any(".base_layer.query_key_value.lora_A" in k for k in lora)
+    save_file({**lora, **ours}, str(lora_file))
+
+
+def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_loads_bit_exact(tmp_path):
+    """mmpreproj 0.4 wrote our weights into LoRA's file too, without the adapter name and with the `skip` slot, and
+    LoRA's keys inside our wrapper; ours at DIR, LoRA in DIR/lora."""
+    pm = _stacked_0_4()
     mmpreproj.save_adapter(pm, tmp_path)
     pm.save_pretrained(str(tmp_path / "lora"))
-    lora_file = tmp_path / "lora" / "adapter_model.safetensors"
-    tensors = load_file(str(lora_file))
-    old = {
-        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
-        for k, v in tensors.items()
-    }
-    assert old.keys() != tensors.keys() and any(".skip.proj." in k for k in old)  # the rewrite took place
-    save_file(old, str(lora_file))
+    shutil.rmtree(tmp_path / "lora" / "preproj")
+    _as_0_4_lora_file(pm, tmp_path / "lora" / "adapter_model.safetensors")
     tokens = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(0))
     loaded = mmpreproj.load_adapter(tiny_neox(), tmp_path)
     with torch.no_grad():
@@ -98,29 +112,23 @@ def test_a_preproj_lora_folder_whose_lora_file_holds_ours_in_the_older_keys_load
 
 
 def test_a_lora_checkpoint_of_0_4_resumed_by_peft_restores_our_weights_too(tmp_path):
-    """A Trainer's resume of `preproj_lora` (`PeftModel.load_adapter` into the loaded name) reads our weights from
-    LoRA's file; mmpreproj 0.4 keyed them `...preproj.up.weight` / `...skip.proj.weight` there."""
+    """A Trainer's resume of `preproj_lora` (`PeftModel.load_adapter` into the loaded name) of a checkpoint of
+    mmpreproj 0.4, which held our weights in LoRA's file only (`...preproj.up.weight` / `...skip.proj.weight`)."""
     from peft import LoraConfig
-    from safetensors.torch import load_file, save_file
 
-    lora = LoraConfig(r=2, target_modules=["query_key_value"])
-    pm = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
-    for p in mmpreproj.adapter_state_dict(pm).values():
-        p.requires_grad_(True)
-    _trained(pm)
+    from mmpreproj.folders.stacked import stacked_peft_model
+
+    pm = _stacked_0_4()
     pm.save_pretrained(str(tmp_path))
-    weights = tmp_path / "adapter_model.safetensors"
-    tensors = load_file(str(weights))
-    old = {
-        k.replace(".preproj_skip.default.", ".skip.").replace(".preproj.default.", ".preproj."): v
-        for k, v in tensors.items()
-    }
-    assert any(".skip.proj." in k for k in old)
-    save_file(old, str(weights))
-    resumed = get_peft_model(mmpreproj.inject(tiny_neox()), lora)
+    shutil.rmtree(tmp_path / "preproj")
+    _as_0_4_lora_file(pm, tmp_path / "adapter_model.safetensors")
+    resumed = stacked_peft_model(tiny_neox(), LoraConfig(r=2, target_modules=["query_key_value"]), PreProjConfig())
     resumed.load_adapter(str(tmp_path), "default", is_trainable=True)
     want, got = mmpreproj.adapter_state_dict(pm), mmpreproj.adapter_state_dict(resumed)
     assert all(torch.equal(got[k], want[k]) for k in want)
+    lora_want = {n: p for n, p in pm.named_parameters() if "lora_" in n}
+    lora_got = {n: p for n, p in resumed.named_parameters() if "lora_" in n}
+    assert lora_want.keys() == lora_got.keys() and all(torch.equal(lora_got[k], lora_want[k]) for k in lora_want)
 
 
 @pytest.mark.parametrize("name", ["up", "down", "proj", "preproj", "preproj_skip", "base_layer", "weight"])

@@ -69,17 +69,21 @@ def test_parts_sharing_one_attention_module_are_refused():
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_inject_after_peft_is_refused_with_the_order_that_works():
+def test_inject_into_a_peft_model_is_refused_and_into_its_model_keeps_lora_training():
+    """A `PeftModel` itself is refused, naming the model it wraps; that model (LoRA's layers inside the attention,
+    the order of `preproj_lora`) takes the injection, whose base freeze leaves LoRA's weights training."""
     peft = pytest.importorskip("peft")
     pm = peft.get_peft_model(tiny_neox(), peft.LoraConfig(r=4, target_modules=["query_key_value"]))
-    for model, what in ((pm, "the model is a peft PeftModel"), (pm.base_model.model, "the model holds peft layers")):
-        snap = snapshot(model)
-        with pytest.raises(RuntimeError, match=f"{what}.*Inject first, then add peft: mmpreproj.inject"):
-            mmpreproj.inject(model)
-        assert_same_snapshot(snapshot(model), snap)
-    assert {n for n, p in pm.named_parameters() if p.requires_grad} == {
-        n for n, _ in pm.named_parameters() if "lora_" in n
-    }  # LoRA still trains
+    snap = snapshot(pm)
+    with pytest.raises(
+        RuntimeError, match=r"the model is a peft PeftModel; inject the model it wraps, mmpreproj.inject"
+    ):
+        mmpreproj.inject(pm)
+    assert_same_snapshot(snapshot(pm), snap)
+    mmpreproj.inject(pm.base_model.model)
+    lora = {n for n, _ in pm.named_parameters() if "lora_" in n}
+    ours = {n for n, _ in pm.named_parameters() if ".preproj" in n}
+    assert lora and ours and {n for n, p in pm.named_parameters() if p.requires_grad} == lora | ours
 
 
 def test_inject_into_a_compiled_model_is_refused_with_the_order_that_works():
@@ -143,7 +147,7 @@ def test_unload_of_preproj_lora_keeps_the_base_frozen_for_peft():
     assert not mmpreproj.is_injected(pm)
     trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
     assert trainable and trainable == {n for n, _ in pm.named_parameters() if "lora_" in n}  # not the whole base
-    plain = mmpreproj.unload(mmpreproj.inject(pm.unload()))  # peft gone: inject/unload restores as usual
+    plain = mmpreproj.unload(mmpreproj.inject(pm.unload()))  # ours gone first: the stacked unload is peft's
     assert all(not p.requires_grad for p in plain.parameters())  # peft's freeze is what it had before inject
 
 

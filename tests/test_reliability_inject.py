@@ -75,10 +75,12 @@ def _peft(model):
 
 
 def test_peft_wrapped_model_unloads_fully(tmp_path, tokens):
-    model, base_grads = _injected()
-    pm = _peft(model)
+    model = tiny_neox()
+    base_grads = {n: p.requires_grad for n, p in model.named_parameters()}
+    pm = _peft(model)  # LoRA first, ours around the attention that holds it (the order of preproj_lora)
     inner = pm.base_model.model
     assert inner is model
+    mmpreproj.inject(inner, PreProjConfig(skip_init_std=0.05))
     mmpreproj.save_adapter(pm, tmp_path / "a")  # the description comes from the inner model's state
     assert load_desc(tmp_path / "a" / "adapter_config.json")["host"] == "gpt_neox"
     report = mmpreproj.trainable_report(pm)

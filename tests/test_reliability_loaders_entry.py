@@ -9,8 +9,8 @@ blocks. Each base is snapshotted as it is built (the loaders' own `from_pretrain
 observed, not replaced) and compared after the refusal; the adapter folder, the base folder and the working
 folder are compared byte for byte.
 
-transformers' `from_pretrained(DIR)` goes through its `load_adapter`, which gives our hooks no folder before it
-injects (`docs/troubleshooting.md`): the cases only its weights file shows are pinned as the documented gap.
+transformers' `from_pretrained(DIR)` goes through its `load_adapter`, whose folder the tuner finds before it
+injects (`tuner/transformers_load.py`): every case is refused with the base as it was (issue 45).
 """
 
 from __future__ import annotations
@@ -83,8 +83,6 @@ CASES = {
     "config_symlinked": (_symlinked(C), r"does not hold the weights"),
     "layers_disagree": (lambda f, o: edit(f, config=_layers), r"layers"),
 }
-# what only the weights file shows (transformers' load_adapter: no hook before it injects)
-HF_WEIGHTS_ONLY = {"nan", "integer", "shape", "digest_tampered", "weights_symlinked", "config_symlinked"}
 
 
 @pytest.fixture(scope="module")
@@ -154,15 +152,6 @@ def test_a_bad_folder_is_refused_and_the_base_it_built_is_unchanged(
     monkeypatch.chdir(tmp_path)
     folder = folders[case]
     trees = {p: files(p) for p in (folder, base_dir, tmp_path)}
-    if entry == "transformers_auto" and case in HF_WEIGHTS_ONLY:  # the documented gap: pinned
-        try:
-            model = ENTRIES[entry](base_dir, folder)
-        except RuntimeError as e:  # transformers' own refusal of a shape, after injecting
-            assert case == "shape" and "ignore_mismatched_sizes" in str(e)
-        else:
-            assert case != "shape" and mmpreproj.is_injected(model)
-        assert {p: files(p) for p in trees} == trees
-        return
     with pytest.raises(ValueError) as e:
         ENTRIES[entry](base_dir, folder)
     said = capsys.readouterr().err if entry == "cli_eval" else str(e.value)

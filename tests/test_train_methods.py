@@ -77,9 +77,9 @@ def test_only_the_methods_weights_train(method):
 def test_preproj_lora_keeps_the_injected_weights_trainable_under_peft():
     from peft import LoraConfig, get_peft_model
 
-    plain = mmpreproj.inject(tiny_neox(), mmpreproj.PreProjConfig(preproj=True, skip=False))
-    wrapped = get_peft_model(plain, LoraConfig(r=4, target_modules=["query_key_value", "dense"]))
-    # peft keeps the trainability of existing tuner layers (ours are: modules/slot.py) and freezes the base
+    wrapped = get_peft_model(tiny_neox(), LoraConfig(r=4, target_modules=["query_key_value", "dense"]))
+    # LoRA first, ours around the attention that holds it: inject freezes the base, not another tuner's weights
+    mmpreproj.inject(wrapped.base_model.model, mmpreproj.PreProjConfig(preproj=True, skip=False))
     assert len(_names(wrapped, ".preproj.")) == 2 * 2 and len(_names(wrapped, "lora_")) == 2 * 2 * 2
     assert (
         not {n for n, p in wrapped.named_parameters() if p.requires_grad}

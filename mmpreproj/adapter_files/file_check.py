@@ -1,6 +1,7 @@
 """What a PREPROJ weights file must hold, checked from the file alone (no model): the tensors its
 `adapter_config.json` says were saved, each of the shape the config's sizes give at the recorded width,
-floating point and finite; nothing else but the heads peft keeps for a classification task (`PEFT_HEAD_TASKS`).
+floating point and finite; nothing else but the heads peft keeps for a classification task (`PEFT_HEAD_TASKS`),
+floating point and, since their shapes are recorded (`injection.head_shapes`), each as recorded.
 `PreProjConfig.from_pretrained` runs it before peft injects
 anything, so `PeftModel.from_pretrained` and `AutoPeftModel*` refuse a bad folder with the base untouched.
 
@@ -97,10 +98,22 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
             expected[f"{path}.{key}"] = shape
     saved = record.get("modules_to_save") or {}
     saved_paths = [p for p in saved.values() if isinstance(p, str)] if isinstance(saved, dict) else []
-    peft_heads = peft_head_keys(config, tensors)  # peft's own, checked for values only
+    peft_heads = peft_head_keys(config, tensors)  # peft's own: floating point, as `head_shapes` records them
+    head_shapes = _head_shapes(record, where)
     for key, value in tensors.items():
         bare = key.removeprefix(PEFT_PREFIX)
-        if bare in expected:
+        if key in peft_heads:
+            if not value.is_floating_point():
+                raise ValueError(
+                    f"{where}: tensor {key} has dtype {value.dtype}; the head peft saves for task_type "
+                    f"{config.task_type} is floating point"
+                )
+            if head_shapes is not None and bare in head_shapes and list(value.shape) != head_shapes[bare]:
+                raise ValueError(
+                    f"{where}: head tensor {key} has shape {tuple(value.shape)}, but its config's "
+                    f"injection.head_shapes records {tuple(head_shapes[bare])}"
+                )
+        elif bare in expected:
             if not value.is_floating_point():
                 raise ValueError(f"{where}: tensor {key} has dtype {value.dtype}; injected weights are floating point")
             if tuple(value.shape) != expected[bare]:
@@ -108,7 +121,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
                     f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config "
                     f"(expansion={config.expansion}, skip_rank={config.skip_rank}) gives {expected[bare]}"
                 )
-        elif key not in peft_heads and not any(bare.startswith(f"{p}.") for p in saved_paths):
+        elif not any(bare.startswith(f"{p}.") for p in saved_paths):
             raise ValueError(f"{where}: tensor {key} belongs to no injected block nor saved module its config names")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())
@@ -116,6 +129,30 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     missing = sorted(set(expected) - {k.removeprefix(PEFT_PREFIX) for k in tensors})
     if missing:
         raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")
+    if head_shapes is not None:
+        have = {k.removeprefix(PEFT_PREFIX) for k in peft_heads}
+        lacking, extra = sorted(set(head_shapes) - have), sorted(have - set(head_shapes))
+        if lacking or extra:
+            raise ValueError(
+                f"{where}: the head tensors peft saves for task_type {config.task_type} are not the ones its config's "
+                f"injection.head_shapes records: missing {lacking[:3]}, unexpected {extra[:3]}"
+            )
+
+
+HEAD_SHAPES_KEY = "head_shapes"  # in `injection`: {file key less PEFT_PREFIX: shape} of the heads peft saves
+
+
+def _head_shapes(record: dict, where: str) -> dict[str, list[int]] | None:
+    """The record's `head_shapes` (None in a file written before it), refused unless key -> list of sizes."""
+    shapes = record.get(HEAD_SHAPES_KEY)
+    if shapes is None:
+        return None
+    if not (
+        isinstance(shapes, dict)
+        and all(isinstance(v, list) and all(type(n) is int and n >= 0 for n in v) for v in shapes.values())
+    ):
+        raise ValueError(f"{where}: its config's injection.{HEAD_SHAPES_KEY}={shapes!r:.60} is not key -> shape")
+    return shapes
 
 
 def refuse_links(folder: str | Path, names: tuple[str, ...], where: str) -> None:

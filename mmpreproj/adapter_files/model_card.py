@@ -17,7 +17,7 @@ from torch import nn
 
 def base_model_name(model: nn.Module) -> str | None:
     """The base's hub id or folder as transformers recorded it (`name_or_path`), None when unknown."""
-    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "name_or_path", None)
     return str(name) if name else None
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mmpreproj_cli.sources import adapter_folder
-from mmpreproj_cli.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR
+from mmpreproj_cli.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
 from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
@@ -38,7 +38,6 @@ from ..tuner.unwrap import injected_owner
 from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 PRETRAINED_ADAPTER_DIR = ADAPTER_DIR  # where `save_pretrained` (and a training run) keeps the adapter
 BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
 

@@ -112,11 +112,14 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
     """Add a further adapter the caller planned and filled (`tuner/named.plan_addition`: a saved one) to the injected
     model inside `model`, through the same loop; on error no wrapper keeps it. When `model` is a `PeftModel` over
-    the injection, its `peft_config` gets the adapter too. Returns `model`."""
+    the injection, or the model carries peft's `peft_config` (peft's `inject_adapter_in_model`), that record gets the
+    adapter too. Returns `model`."""
     _through_tuner(addition.owner, addition.config, addition.name, Request(addition=addition))
     record = peft_record(model, addition.owner)
     if record is not None:  # a PeftModel's record of its adapters names the added one too
         record.peft_config[addition.name] = addition.config
+    elif isinstance(kept := vars(addition.owner).get("peft_config"), dict):  # peft's in-place route's record
+        kept[addition.name] = addition.config
     return model
 
 

@@ -32,13 +32,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..tuner.keys import as_description, config_kind
-from ..tuner.legacy import OLD_SLOTS, lora_below_ours
+from ..tuner.legacy import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, today_lora_key
 from ..tuner.state import is_injected
 from ..tuner.state_dict import SLOTS, trainable_adapter_params
-from ..tuner.unload import unload
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
 from .load_injection import load_injection as _load_ours
-from .stacked import PREPROJ_SUBDIR, stacked_class
+from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
 
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
 _LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone
@@ -109,31 +108,36 @@ def load_adapter(
             f"load_adapter: {path} holds peft LoRA weights ({folder.lora}), which load onto a base without "
             "adapters; pass the base model (nothing was loaded)"
         )
-    if folder.load_ours_from is not None:
-        model = _load_ours(
+    if folder.lora is None:
+        return _load_ours(
             model, folder.load_ours_from, is_trainable=is_trainable, adapter_name=adapter_name, freeze_base=freeze_base
         )
-    if folder.lora is None:
-        return model
-    try:
-        lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default", folder.ours is not None)
-    except BaseException:
-        if folder.ours is not None:
-            unload(model)
-        raise
-    if is_trainable and folder.ours is not None:  # peft froze every non-LoRA weight, ours included
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    lora = _load_lora(model, folder.lora, is_trainable, adapter_name or "default", folder.ours is not None)
+    if folder.ours is None:
+        return lora
+    with lora_off_on_error(lora, flags):  # ours around the attention modules that hold LoRA's layers (stacked.py)
+        _load_ours(
+            lora.base_model.model,
+            folder.load_ours_from,
+            is_trainable=is_trainable,
+            adapter_name=adapter_name,
+            freeze_base=freeze_base,
+        )
+    if is_trainable:  # peft froze every non-LoRA weight, ours included
         for p in trainable_adapter_params(model):
             p.requires_grad_(True)
     return lora
 
 
 def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, stacked: bool) -> peft.PeftModel:
-    """peft's LoRA (or other method) in `folder` on `model`, as `peft.PeftModel.from_pretrained` does it (over our
-    injection: `stacked`, in the class that saves both, `stacked.py`), but refused before the weights load unless
-    every weight peft expects is in the file and every weight in the file is one it expects; on any failure
-    peft's layers are taken off and `requires_grad` put back."""
+    """peft's LoRA (or other method) in `folder` on `model`, as `peft.PeftModel.from_pretrained` does it (in the class
+    that saves ours beside it when `stacked`, `stacked.py`), but refused before the weights load unless every weight
+    peft expects is in the file and every weight in the file is one it expects; on any failure peft's layers are
+    taken off and `requires_grad` put back. A `preproj_lora` file of mmpreproj 0.4/0.5 (LoRA's keys inside our
+    wrapper, ours among them) is read as today's (`legacy.OLD_STACKED_LORA_KEYS`)."""
     try:
-        saved = set(load_file(str(folder / ADAPTER_WEIGHTS_NAME)))
+        saved = {today_lora_key(k) for k in load_file(str(folder / ADAPTER_WEIGHTS_NAME))}
     except FileNotFoundError:
         raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}") from None
     except Exception as e:
@@ -143,23 +147,22 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
     flags = [(p, p.requires_grad) for p in model.parameters()]
     cls = stacked_class(config.task_type) if stacked else MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type)
     lora = (cls or peft.PeftModel)(model, config, name)
-    try:
-        expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers (+ ours)
+    with lora_off_on_error(lora, flags):
+        expected = set(peft.get_peft_model_state_dict(lora, adapter_name=name))  # its tuner layers
         prefix = PEFT_TYPE_TO_PREFIX_MAPPING[config.peft_type]
-        # ours as an older LoRA file holds them (mmpreproj 0.4: `...preproj.up.weight`, `...skip.proj.weight`): read
-        # from our own folder, loaded above, so not compared here (legacy.OLD_SLOTS)
-        old_ours = {k for k in saved - expected if _is_ours(k)} if is_injected(model) else set()
+        # ours as an older LoRA file holds them (mmpreproj <= 0.5: `...preproj.up.weight`, `...skip.proj.weight`): read
+        # from our own folder next, so not compared here (legacy.OLD_SLOTS)
+        old_ours = {k for k in saved - expected if _is_ours(k)} if stacked else set()
         missing = sorted(k for k in expected - saved if prefix in k)[:3]
         unexpected = sorted(saved - expected - old_ours)[:3]
         if missing or unexpected:  # `missing` counts LoRA's own: older files hold LoRA alone, ours in preproj/
             ours = any(f".{slot}." in k for k in saved - expected for slot in (*SLOTS, "base_layer"))
             hint = (
                 (
-                    f"; it was saved from a model with mmpreproj modules injected (a plain PeftModel writes our "
-                    f"weights into its file but not our config): save that adapter beside it, "
-                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r}), or load the folder with peft onto a "
-                    "base injected alike, peft.PeftModel.from_pretrained(mmpreproj.inject(base, PreProjConfig(...)), "
-                    "DIR)"
+                    f"; it was saved from a model with mmpreproj modules injected (a plain PeftModel writes LoRA's "
+                    f"weights from inside our wrapper but not our adapter): save that adapter beside it, "
+                    f"mmpreproj.save_adapter(model, DIR / {PREPROJ_SUBDIR!r}), or build the stack with "
+                    "mmpreproj.train.apply_method(model, 'preproj_lora'), whose save_pretrained writes both"
                 )
                 if ours
                 else ""
@@ -168,12 +171,9 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
                 f"peft adapter at {folder} does not match its config: missing {missing}, unexpected "
                 f"{unexpected}{hint} (nothing was loaded)"
             )
-        lora.load_adapter(str(folder), name, is_trainable=is_trainable)
-    except BaseException:
-        lora.unload()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        raise
+        # peft's own load (no injection of ours yet: the stacked class's `load_adapter` is for a stacked model)
+        keys = OLD_STACKED_LORA_KEYS
+        peft.PeftModel.load_adapter(lora, str(folder), name, is_trainable=is_trainable, key_mapping=keys)
     return lora
 
 

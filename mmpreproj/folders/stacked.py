@@ -1,40 +1,53 @@
-"""`preproj_lora`'s model: peft's LoRA over an injected model, one folder written and read by peft's own calls.
+"""`preproj_lora`'s model: peft's LoRA and our adapter around the attention that holds it, one folder written and
+read by peft's own calls.
 
-    DIR/adapter_config.json, adapter_model.safetensors            peft's LoRA, exactly as peft writes it
+    DIR/adapter_config.json, adapter_model.safetensors            peft's LoRA, exactly as peft writes it for the base
     DIR/preproj/adapter_config.json, adapter_model.safetensors    our adapter (`save_adapter`), where peft
                                                                   writes an adapter named "preproj"
 
-peft's file at DIR also carries our weights (peft saves every tuner layer's, `preproj.default.*`), so peft alone,
-`PeftModel.from_pretrained(mmpreproj.inject(base, PreProjConfig(skip=False)), DIR)`, gives back the whole trained
-model. `save_pretrained` writes both (train(), a Trainer's checkpoints, users); `load_adapter` reads both (a Trainer's
-resume and best-model reload), our weights checked (keys, shapes, dtypes, finite values) before either part
-changes. One class per peft task class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `stacked_peft_model`
-builds one, `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh base.
+LoRA goes in first (`stacked_peft_model`): our wrapper is peft's tuner layer, and peft never injects inside one. peft's
+calls that visit LoRA's layers (its save, `load_adapter`, `add_adapter`, `merge_and_unload`) run with our wrappers
+set aside (`_ours_aside`), so they see the LoRA model they built: the file at DIR holds LoRA's keys as on the plain
+base, and `peft.PeftModel.from_pretrained(base, DIR)` reads it. `save_pretrained` writes both (train(), a Trainer's
+checkpoints, users); `load_adapter` reads both (a Trainer's resume and best-model reload), our weights checked (keys,
+shapes, dtypes, finite values) before either part changes; `unload` takes ours off, then LoRA. One class per peft task
+class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh
+base. Older files (LoRA's keys inside our wrapper, ours in LoRA's file too) are read by `tuner/legacy.py`'s rules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import peft
 import torch
 from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+from safetensors.torch import load_file
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
+from ..adapter_files.file_check import PEFT_PREFIX
+from ..modules.wrapper import PreProjAttention
+from ..tuner.config import PreProjConfig
 from ..tuner.keys import config_kind
+from ..tuner.legacy import OLD_STACKED_LORA_KEYS
 from ..tuner.state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
     checked_adapter_copies,
     copy_adapter_weights,
+    is_slot_key,
     refuse_non_finite,
     trainable_adapter_params,
 )
-from ..tuner.unwrap import injected_owner, owner_prefix
-from .files import ADAPTER_CONFIG_NAME, read_adapter, save_adapter
+from ..tuner.unload import unload as unload_ours
+from ..tuner.unwrap import injected_owner, injected_owners, owner_prefix
+from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
+from .inject import inject
 
 PREPROJ_SUBDIR = "preproj"  # our adapter's folder below peft's LoRA (peft's folder for an adapter of that name)
 
@@ -75,15 +88,18 @@ class _Stacked:
             )
         if ours is not None:
             refuse_non_finite(ours, f"save_pretrained: refusing to write {save_directory}")
-        super().save_pretrained(
-            save_directory,
-            safe_serialization=safe_serialization,
-            selected_adapters=selected_adapters,
-            save_embedding_layers=save_embedding_layers,
-            is_main_process=is_main_process,
-            path_initial_model_for_weight_conversion=path_initial_model_for_weight_conversion,
-            **kwargs,
-        )
+        if given is not None:  # LoRA's keys as on the model LoRA was built on (`_ours_aside`)
+            kwargs["state_dict"] = lora_view(given, state.modules, owner_prefix(self, owner))
+        with _ours_aside(self):  # peft sees the LoRA model it built: LoRA's keys only, no segment of ours
+            super().save_pretrained(
+                save_directory,
+                safe_serialization=safe_serialization,
+                selected_adapters=selected_adapters,
+                save_embedding_layers=save_embedding_layers,
+                is_main_process=is_main_process,
+                path_initial_model_for_weight_conversion=path_initial_model_for_weight_conversion,
+                **kwargs,
+            )
         if is_main_process:
             save_adapter(owner, Path(save_directory) / PREPROJ_SUBDIR, state_dict=ours)
 
@@ -118,13 +134,80 @@ class _Stacked:
                     "DIR); nothing was loaded"
                 )
             copies = _checked_ours(self, below)
-        result = super().load_adapter(model_id, adapter_name, is_trainable, *args, **kwargs)
+        elif adapter_name in self.peft_config and (old := _ours_in_old_lora_file(folder)):
+            what = f"load_adapter: the mmpreproj weights in {folder / ADAPTER_WEIGHTS_NAME}"
+            copies = checked_adapter_copies(self, old, None, what)  # mmpreproj <= 0.5's checkpoint, no preproj/
+        kwargs.setdefault("key_mapping", OLD_STACKED_LORA_KEYS)  # an older file's LoRA keys, read as today's
+        with _ours_aside(self):
+            result = super().load_adapter(model_id, adapter_name, is_trainable, *args, **kwargs)
         if copies is not None:
             copy_adapter_weights(copies)
             if is_trainable:
                 for p in trainable_adapter_params(injected_owner(self, "load_adapter")[0]):
                     p.requires_grad_(True)
         return result
+
+    def add_adapter(self, adapter_name: str, peft_config: peft.PeftConfig, *args: Any, **kwargs: Any) -> None:
+        """peft's `add_adapter` of a further LoRA, into the attention modules ours wraps (`_ours_aside`)."""
+        with _ours_aside(self):
+            super().add_adapter(adapter_name, peft_config, *args, **kwargs)
+
+    def unload(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """The base as it was: ours off first (our layer holds LoRA's, and peft's unload visits nothing inside a
+        tuner layer), then peft's LoRA unload."""
+        if injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
+            unload_ours(self)
+        return self.base_model.unload(*args, **kwargs)
+
+    def merge_and_unload(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """peft's LoRA merged into the projections; ours stays around each attention (nonlinear: nothing to merge),
+        so the model returned is the injected base with the same outputs."""
+        with _ours_aside(self):  # out of the way of peft's visit (each keeps its base layer, merged in place)
+            return self.base_model.merge_and_unload(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _ours_aside(model: nn.Module) -> Iterator[None]:
+    """Our wrappers out of `model` and back: each attention (LoRA's layers inside) in its wrapper's place meanwhile,
+    so peft's LoRA calls see the model LoRA was built on (its keys, its layers to visit)."""
+    wrappers = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PreProjAttention)
+    ]
+    for parent, name, wrapper in wrappers:
+        setattr(parent, name, wrapper.base_layer)
+    try:
+        yield
+    finally:
+        for parent, name, wrapper in wrappers:
+            setattr(parent, name, wrapper)
+
+
+def lora_view(state_dict: dict[str, torch.Tensor], paths: list[str], prefix: str) -> dict[str, torch.Tensor]:
+    """A stacked model's state dict as the LoRA model without ours keys it: `{path}.base_layer.` of each of our
+    wrappers is `{path}.`, and our own weights are left out."""
+    heads = sorted((f"{prefix}{p}." for p in paths), key=len, reverse=True)
+    out = {}
+    for key, value in state_dict.items():
+        head = next((h for h in heads if key.startswith(h)), None)
+        if head is None:
+            out[key] = value
+        elif key.startswith(f"{head}base_layer."):
+            out[f"{head}{key[len(head) + len('base_layer.') :]}"] = value
+    return out
+
+
+def _ours_in_old_lora_file(folder: Path) -> dict[str, torch.Tensor]:
+    """Our weights as mmpreproj <= 0.5 also wrote them into `preproj_lora`'s LoRA file (keyed as our file keys them,
+    older slot names included: `checked_adapter_copies` reads those); {} for today's files or an unreadable one
+    (peft's own load then says what is wrong with it)."""
+    try:
+        tensors = load_file(str(folder / ADAPTER_WEIGHTS_NAME))
+    except Exception:  # noqa: BLE001 - peft's load reports it
+        return {}
+    return {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if "lora_" not in k and is_slot_key(k)}
 
 
 def _holds_ours(folder: Path) -> bool:
@@ -182,8 +265,29 @@ def stacked_class(task_type: str | None) -> type[peft.PeftModel]:
     return _BY_PEFT_CLASS[MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(task_type, peft.PeftModel)]
 
 
-def stacked_peft_model(model: nn.Module, config: peft.PeftConfig, adapter_name: str = "default") -> peft.PeftModel:
-    """peft's LoRA (`config`) over the injected `model`, as `peft.get_peft_model` builds it, in the stacked class."""
-    injected_owner(model, "stacked_peft_model")  # our adapter must be there to be saved beside the LoRA
+def stacked_peft_model(
+    model: nn.Module, config: peft.PeftConfig, ours: PreProjConfig, adapter_name: str = "default"
+) -> peft.PeftModel:
+    """peft's LoRA (`config`) on `model`, as `peft.get_peft_model` builds it, in the stacked class; then our adapter
+    (`ours`) around the attention modules that now hold LoRA's layers. LoRA goes in first: peft skips every module
+    inside a tuner layer, and our wrapper is one (ARCHITECTURE.md). Every weight there before keeps its
+    `requires_grad` (LoRA's train, the base stays frozen); on any error the model is put back as it was."""
     config.base_model_name_or_path = model.__dict__.get("name_or_path") or None  # as get_peft_model records it
-    return stacked_class(config.task_type)(model, config, adapter_name)
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    stacked = stacked_class(config.task_type)(model, config, adapter_name)
+    with lora_off_on_error(stacked, flags):
+        inject(stacked.base_model.model, ours)  # the base freeze leaves LoRA's weights as peft set them
+    return stacked
+
+
+@contextlib.contextmanager
+def lora_off_on_error(lora: peft.PeftModel, flags: list[tuple[nn.Parameter, bool]]) -> Iterator[None]:
+    """On any error inside: peft's layers taken off `lora`'s model and every `requires_grad` put back as `flags`
+    recorded it before they went in (ours, when the error came from ours, was rolled back by its own loader)."""
+    try:
+        yield
+    except BaseException:
+        lora.base_model.unload()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        raise

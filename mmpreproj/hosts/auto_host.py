@@ -10,6 +10,8 @@ the model builds, `example_input.py`).
   So the one call, `trace_seams` and the forced row agree on which seams a model has.
 - No row: the traced description is injected when it is exact, with one log line saying so; else the refusal
   says why, names the modules, and says what to write.
+- A saved description no row writes (an adapter of a described host) is confirmed by the same trace at load
+  (`check_described`): each attention it names must be a traced seam after its norm.
 """
 
 from __future__ import annotations
@@ -94,6 +96,41 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
         ", ".join(f"{p['blocks']}.*.{p['attention']}" for p in traced["parts"]),
     )
     return traced, x
+
+
+def check_described(model: nn.Module, spec: HostSpec, example_input: Any = None) -> None:
+    """HostError unless every site of `spec` (a described host, read from an adapter file) whose norm runs on the
+    example input is a seam the trace finds there: an attention-like module fed that norm's output. A description
+    naming the MLP as the attention would otherwise wrap it silently (the seam check at the first forward compares
+    values, and two norms at their init give equal ones). Nothing is said when no input can be had, the model
+    cannot run it, or the trace refuses the model (the seam check at the first forward stays)."""
+    x = example_input if example_input is not None else build_example_input(model)
+    if x is None:
+        return
+    try:
+        sites = [s for s in resolve_sites(model, spec) if s.norm is not None]  # `unchecked_seam` parts: no norm
+    except (HostError, ValueError):
+        return  # the plan names what does not fit
+    ran: set[int] = set()
+    hooks = [s.norm.register_forward_hook(lambda m, a, o: ran.add(id(m))) for s in sites]
+    args, kwargs = split_input(x)
+    try:
+        traced = trace_description(model, args, kwargs, partial=True)
+        seams = {(id(s.attention), id(s.norm)) for s in resolve_sites(model, HostSpec.from_dict(traced))}
+    except Exception:
+        return
+    finally:
+        for h in hooks:
+            h.remove()
+    for s in sites:
+        if id(s.norm) in ran and (id(s.attention), id(s.norm)) not in seams:
+            found = ", ".join(f"{p['blocks']}.*.{p['attention']} after {p['norm']}" for p in traced["parts"])
+            raise HostError(
+                f"saved with a host description whose part {s.part!r} wraps {type(s.attention).__name__} "
+                f"{s.attr!r} of block {s.part_index} after norm {s.norm_path!r}, but the trace on an example input "
+                f"finds no attention fed by that norm there (its seams: {found or 'none'}); the description does "
+                "not fit this model, nothing was loaded"
+            )
 
 
 def check_forced(model: nn.Module, name: str, example_input: Any = None) -> None:

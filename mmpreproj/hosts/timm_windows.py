@@ -72,7 +72,7 @@ def _matches(model: nn.Module, module: str, name: str, blocks: tuple[str, ...]) 
     (the backbone's own children, flattened) that holds one of that family's attention `blocks` classes."""
     if is_timm_instance(model, module, name):
         return True
-    features = _timm_class("timm.models._features", "FeatureListNet")
+    features = _timm_class("timm.models", "FeatureListNet")
     classes = tuple(c for b in blocks if (c := _timm_class(module, b)) is not None)
     return (
         features is not None

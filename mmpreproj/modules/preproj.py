@@ -8,7 +8,6 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
-from .slot import TunerSlot
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 PREPROJ_INITS = ("paper", "identity")
@@ -19,7 +18,7 @@ def _check_choice(field: str, value: str, allowed) -> None:
         raise ValueError(f"{field}={value!r} is not supported; allowed values: {sorted(allowed)}")
 
 
-class PreProjection(nn.Module, TunerSlot):
+class PreProjection(nn.Module):
     """`x~ = x + W_down · act(W_up · x)`, bias-free, inner width `int(expansion * dim)`.
 
     Position-agnostic: it acts on each token alone, so it can sit ahead of any positional encoder.

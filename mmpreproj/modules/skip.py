@@ -9,10 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
-from .slot import TunerSlot
 
 
-class ContentSkip(nn.Module, TunerSlot):
+class ContentSkip(nn.Module):
     """`W_skip · x~`, a bias-free linear map added to the block output beside attention.
 
     Full (`rank=None`, the paper's): `W_skip` is one d x d matrix (`proj.weight`), `d*d` weights.

@@ -33,8 +33,17 @@ from .base_wrapper import BaseLayerWrapper
 from .preproj import PreProjection
 from .seam import SeamCheck, SeamError
 from .skip import ContentSkip
-from .slot import ONE_ADAPTER_PER_FORWARD, PeftLayerMethods
 
+MERGE_REFUSED = (
+    "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
+    "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
+    "adapter at inference (no K/V-cache cost), or use unload() to get the base model back"
+)
+ONE_ADAPTER_PER_FORWARD = (
+    "PREPROJ runs one adapter per forward: two pre-projections would feed one into the other and two skips would "
+    "add up, a model no adapter was trained as. Pass one name, or run a mixed batch (forward(..., "
+    "adapter_names=[one name per row]))"
+)
 BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
@@ -101,7 +110,7 @@ class _GraphToken:
         self.finish()
 
 
-class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
+class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     """The host's attention, fed `x~` and joined by the content skip: peft's tuner layer of PREPROJ.
 
     The adapter slots are `adapter_layer_names` ("preproj", "preproj_skip"): one `nn.ModuleDict` each, keyed by
@@ -125,6 +134,7 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
     """
 
     adapter_layer_names = ("preproj", "preproj_skip")  # peft's rule: each starts with the prefix
+    other_param_names: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -149,12 +159,13 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         self.part = part
         self.seam_check = seam_check
         self.flight: InFlight | None = None
+        self.values_aside = False  # set by the injection while modules_to_save keep other adapters' values aside
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
         self._observers: OrderedDict[int, Observer] = OrderedDict()
 
-    # --- peft's layer interface (`PeftLayerMethods`: peft's `BaseTunerLayer` functions) --------------------
+    # --- peft's layer interface (`BaseTunerLayer`; merging is refused) ------------------------------------
 
     def update_layer(self, adapter_name: str, preproj: PreProjection | None, skip: ContentSkip | None) -> None:
         """Add adapter `adapter_name`'s modules (peft's `update_layer`); its width must be this block's."""
@@ -173,10 +184,22 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
 
     def set_adapter(self, adapter_names: str | list[str], inference_mode: bool = False) -> None:
         """Make the one adapter of `adapter_names` this layer holds the active one; it trains unless
-        `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA on top switching its
-        own adapters): with none of ours among them, the layer is left as it is."""
+        `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA switching its own
+        adapters): with none of ours among them, the layer is left as it is. Refused while `values_aside` (the
+        injection's `modules_to_save` hold the active adapter's values: a layer alone cannot move them)."""
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
         names = [n for n in names if n in self._get_available_adapters()]
+        if self.values_aside and names and names != list(self.active_adapters):
+            raise ValueError(
+                f"set_adapter({names[0]!r}) on one layer: this injection trains modules_to_save in place, each "
+                "adapter's values kept aside while another runs, which a layer alone cannot move; switch the model: "
+                "mmpreproj.set_adapter(model, name) or peft_model.set_adapter(name) (nothing was changed)"
+            )
+        self.activate(names, inference_mode)
+
+    def activate(self, adapter_names: list[str], inference_mode: bool = False) -> None:
+        """`set_adapter` without the `values_aside` check (the injection's own switch, which moves the values)."""
+        names = [n for n in adapter_names if n in self._get_available_adapters()]
         if not names:
             return
         if len(names) != 1:
@@ -187,8 +210,27 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
 
     def delete_adapter(self, adapter_name: str) -> None:
         """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one)."""
-        PeftLayerMethods.delete_adapter(self, adapter_name)
+        BaseTunerLayer.delete_adapter(self, adapter_name)
         self._sync_slots()
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        raise ValueError(f"merge: {MERGE_REFUSED}")
+
+    def unmerge(self) -> None:
+        raise ValueError(f"unmerge: nothing is ever merged ({MERGE_REFUSED})")
+
+    def _move_adapter_to_device_of_base_layer(self, adapter_name: str, device: torch.device | None = None) -> None:
+        """Move adapter `adapter_name`'s slot modules to `device`, else to the base layer's device; their dtype stays
+        (peft would cast them to the base's: ours keep their own). peft calls it after a `low_cpu_mem_usage=True`
+        load, which puts the file's tensors in place of the weights, on the device it loaded them to."""
+        base = self.get_base_layer()
+        target = torch.device(device) if device is not None else next((t.device for t in base.parameters()), None)
+        if target is None or target.type == "meta":
+            return
+        for slot in self.adapter_layer_names:
+            modules = getattr(self, slot)
+            if adapter_name in modules:
+                modules[adapter_name].to(target)
 
     def enable_adapters(self, enabled: bool) -> None:
         """Run the adapters (True) or the host attention alone (False). Unlike peft's default, `requires_grad`
@@ -198,16 +240,9 @@ class PreProjAttention(PeftLayerMethods, BaseLayerWrapper):
         self._sync_slots()
 
     def _sync_slots(self) -> None:
-        """Tell each slot module its adapter's name, whether it runs and is enabled (peft's status reads them,
-        `modules.slot.TunerSlot`)."""
+        """Keep the active adapter's modules at hand: read once per forward (no name lookups on the decode path)."""
         active = tuple(self.active_adapters)
-        # the active adapter's modules, read once per forward (no name lookups on the decode path)
         self._active_slots = self.slots(active[0]) if len(active) == 1 else (None, None)
-        for slot in self.adapter_layer_names:
-            for name, module in getattr(self, slot).items():
-                module.adapter_name = name
-                module.layer_active = active
-                module._disable_adapters = self._disable_adapters
 
     @property
     def adapter_enabled(self) -> bool:

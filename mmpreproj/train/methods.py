@@ -126,21 +126,22 @@ def apply_method(
     `sizes`: `PreProjConfig` size fields for the injected modules (expansion, skip_rank, layers, parts;
     `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
-    For "preproj_lora" the pre-projection is injected first, then peft's LoRA wraps the model in the stacked
-    class (`folders/stacked.py`), whose `save_pretrained` alone writes both: the LoRA at the folder, ours in
-    `preproj/`.
+    For "preproj_lora" peft's LoRA goes in first, in the stacked class (`folders/stacked.py`), then the
+    pre-projection around the attention modules that hold it; the class's `save_pretrained` alone writes both: the
+    LoRA at the folder, ours in `preproj/`.
     """
     spec = _spec(method)
+    ours = None
     if spec.preproj or spec.skip:
-        inject(model, PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {})))
+        ours = PreProjConfig(preproj=spec.preproj, skip=spec.skip, freeze_base=True, **(sizes or {}))
     if not spec.lora:
-        return model
+        return model if ours is None else inject(model, ours)
     r, alpha = resolve_lora(method, *host_shape(model), lora_r, lora_alpha, per_rank=lora_per_rank(model))
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model), bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
-        if spec.preproj or spec.skip:  # saved and loaded as one folder: LoRA at the top, ours in preproj/
-            return stacked_peft_model(model, lora)  # peft keeps the injected weights (its tuner layers) trainable
+        if ours is not None:  # saved and loaded as one folder: LoRA at the top, ours in preproj/
+            return stacked_peft_model(model, lora, ours)  # LoRA's layers first, ours around the attention
         return get_peft_model(model, lora)
 
 

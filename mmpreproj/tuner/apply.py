@@ -11,6 +11,7 @@ from functools import cached_property, partial
 from typing import Any
 
 import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from ..hosts import HostSpec
@@ -47,6 +48,7 @@ class Injection:
     example_input: Any = None
     placed: list[tuple[Site, PreProjAttention]] = field(default_factory=list)
     finished: bool = False
+    flags: list[tuple[nn.Parameter, bool]] = field(default_factory=list)  # every base flag, as the call found it
 
     @cached_property
     def sites(self) -> dict[str, tuple[Site, PreProjAttention]]:
@@ -105,7 +107,8 @@ def run_example(model: nn.Module, example_input: Any) -> None:
 
 
 def roll_back(model: nn.Module, injection: Injection) -> None:
-    """Undo whatever of the injection ran: wrappers, seam checks, flags, the hooks, the state."""
+    """Undo whatever of the injection ran: wrappers, seam checks, flags (each as `injection.flags` found it, so a
+    flag peft's loop set after ours, `set_adapter(inference_mode=True)`, is put back too), the hooks, the state."""
     for site, wrapper in reversed(injection.placed):
         setattr(site.parent, site.attr, wrapper.base_layer)
         if getattr(wrapper, "seam_check", None) is not None:
@@ -122,10 +125,12 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
         hook.remove()
     if vars(model).get("mmpreproj_state") is state:
         del model.mmpreproj_state
+    for p, flag in injection.flags:
+        p.requires_grad_(flag)
 
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
-    injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)}
+    injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)} | _other_tuners_weights(model)
     for p in model.parameters():
         if id(p) not in injected and p.requires_grad:
             p.requires_grad_(False)
@@ -139,6 +144,19 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
         hook = partial(_make_output_require_grad, model, checkpointing=spec.checkpointing)
         state.hooks.append(emb.register_forward_hook(hook))
+
+
+def _other_tuners_weights(model: nn.Module) -> set[int]:
+    """ids of another peft tuner's adapter weights inside `model` (LoRA's `lora_A`, ... in the attention ours wraps,
+    method 'preproj_lora'): the base freeze leaves their `requires_grad` as that tuner set it."""
+    return {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, BaseTunerLayer) and not isinstance(m, PreProjAttention)
+        for name in (*m.adapter_layer_names, *m.other_param_names)
+        if isinstance(sub := getattr(m, name, None), nn.Module)
+        for p in sub.parameters()
+    }
 
 
 def _make_output_require_grad(

@@ -13,12 +13,13 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from peft import PeftConfig
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from mmpreproj_cli.tables import MAX_EXPANSION  # the command checks --expansion against the same bound
+from mmpreproj_cli.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
 
 from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
 from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors, peft_head_keys
@@ -50,7 +51,7 @@ FUSE_QKV_SKIP_REMOVED = (
 
 
 # what peft's `PeftModel.save_pretrained` writes in place before it calls `PreProjConfig.save_pretrained`
-PEFT_WRITES_BEFORE_CONFIG = ("README.md", "adapter_model.safetensors", "adapter_model.bin")
+PEFT_WRITES_BEFORE_CONFIG = ("README.md", ADAPTER_WEIGHTS_NAME, "adapter_model.bin")
 
 # peft's own PeftConfig fields: peft checks them; ours are checked by `check_field_types`
 PEFT_FIELDS = (
@@ -226,24 +227,12 @@ class PreProjConfig(JsonConfig, PeftConfig):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs: Any
     ) -> PreProjConfig:
-        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the checks of the weights beside it
-        (what peft's loaders and `AutoPeftModel*` read before they inject anything): every tensor the config
-        describes, of the shape its sizes give, floating point and finite, nothing else
-        (`adapter_files/file_check.py`), and from the same save as the config (`adapter_files/digest.py`: a save
-        cut short is refused, naming the file)."""
+        """peft's `PeftConfig.from_pretrained`, then, for a local folder, the weights beside it
+        (`check_folder_weights`), read before peft's loaders and `AutoPeftModel*` inject anything."""
         config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
-        weights = Path(pretrained_model_name_or_path, subfolder or "", "adapter_model.safetensors")
-        if isinstance(config, PreProjConfig) and weights.is_file():  # a hub id: peft downloads the weights later
-            try:
-                tensors = load_file(str(weights))
-            except (SafetensorError, OSError, ValueError) as e:
-                raise ValueError(f"corrupt adapter weights {weights}: {e}") from None
-            modules = (config.injection or {}).get("modules")
-            named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
-            check_file_tensors(config, named, weights)  # names, shapes, dtypes, values: before peft injects
-            heads = peft_head_keys(config, tensors)  # peft's own tensors, set aside from the digest
-            ours = {k: v for k, v in tensors.items() if k not in heads}
-            check_weights_digest((config.injection or {}).get(DIGEST_KEY), ours, weights)  # the pair is one save
+        folder = Path(pretrained_model_name_or_path, subfolder or "")
+        if isinstance(config, PreProjConfig) and folder.is_dir():  # a hub id: peft downloads the weights later
+            check_folder_weights(config, folder)
         return config
 
     def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:
@@ -357,6 +346,41 @@ class PreProjConfig(JsonConfig, PeftConfig):
         if len(set(out)) != len(out):
             raise ValueError(f"PreProjConfig.layers selects a block twice: {self.layers}")
         return sorted(out)
+
+
+def check_folder_weights(config: PreProjConfig, folder: str | Path) -> None:
+    """ValueError naming the file unless `folder` (a local adapter folder) holds `ADAPTER_WEIGHTS_NAME` as a
+    readable file whose tensors are the ones `config` (read from the folder) was saved with (`check_saved_weights`).
+    A config saved without weights (no `injection` record, no weights file) is not checked."""
+    weights = Path(folder, ADAPTER_WEIGHTS_NAME)
+    if config.injection is None and not os.path.lexists(weights):
+        return
+    if not weights.is_file():
+        what = "is a directory" if weights.is_dir() else "is missing"
+        other = " (adapter_model.bin is not read)" if Path(folder, "adapter_model.bin").exists() else ""
+        raise ValueError(
+            f"adapter weights {weights} {what}{other}: a PREPROJ folder holds its weights in {ADAPTER_WEIGHTS_NAME} "
+            "beside adapter_config.json (peft's save_pretrained, safe_serialization=True: the default); nothing was "
+            "loaded"
+        )
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"corrupt adapter weights {weights}: {e}; nothing was loaded") from None
+    check_saved_weights(config, tensors, weights)
+
+
+def check_saved_weights(config: PreProjConfig, tensors: dict[str, torch.Tensor], weights_file: str | Path) -> None:
+    """ValueError naming `weights_file` unless `tensors` (peft's file keys) are what `config` describes: every tensor,
+    of the shape its sizes give, floating point and finite, nothing else, the heads peft saves for a classification
+    task as its `injection.head_shapes` records them (`adapter_files/file_check.py`), and ours from the same save as
+    the config (`adapter_files/digest.py`: a save cut short is refused)."""
+    modules = (config.injection or {}).get("modules")
+    named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
+    check_file_tensors(config, named, weights_file)  # names, shapes, dtypes, values
+    heads = peft_head_keys(config, tensors)  # peft's own tensors, set aside from the digest
+    ours = {k: v for k, v in tensors.items() if k not in heads}
+    check_weights_digest((config.injection or {}).get(DIGEST_KEY), ours, weights_file)  # the pair is one save
 
 
 def _check_format(format_version: int, library_version: str) -> None:

@@ -19,6 +19,7 @@ wrappers (or, for a file checked before injection, from the paths its own record
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +28,20 @@ V = TypeVar("V")
 LORA_SUBDIR = "lora"  # train()'s preproj_lora before 0.5: peft's LoRA in a folder below ours
 OLD_SLOTS = {"preproj": "preproj", "skip": "preproj_skip"}  # old slot name -> today's (the wrapper's attribute)
 SLOT_NAMES = {**OLD_SLOTS, "preproj_skip": "preproj_skip"}  # a slot's name in any layout -> today's
+
+
+# mmpreproj <= 0.5 built `preproj_lora` with LoRA inside our wrapper, so LoRA's file keyed its weights there:
+# `...attention.base_layer.q_proj.lora_A.weight` (a LoRA file holds no base weight of its own, so a `base_layer.`
+# segment before a LoRA key is our wrapper's). Read as today's `...attention.q_proj.lora_A.weight` through peft's
+# public `load_adapter(key_mapping=...)`; our weights such a file also holds are read from `preproj/` instead.
+OLD_STACKED_LORA_KEYS = {r"\.base_layer\.(?=.*lora_)": "."}
+
+
+def today_lora_key(key: str) -> str:
+    """A LoRA file's key as today's (`OLD_STACKED_LORA_KEYS`)."""
+    for pattern, replacement in OLD_STACKED_LORA_KEYS.items():
+        key = re.sub(pattern, replacement, key, count=1)
+    return key
 
 
 def is_legacy_description(cfg: Mapping[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapter_files.file_check import HEAD_SHAPES_KEY
 from ..hosts.spec import HostSpec
 from .config import PreProjConfig
 from .legacy import model_keys
@@ -55,6 +56,24 @@ def check_record_fits(model: nn.Module, config: PreProjConfig) -> None:
     with torch.random.fork_rng(devices=[]):
         plan = plan_injection(model, config, config_host(model, config))
     check_record(model, plan, config.injection or {}, "adapter config", by_path=True)
+    _check_head_shapes(model, config.injection or {}, "adapter config")
+
+
+def _check_head_shapes(model: nn.Module, record: dict[str, Any], where: str) -> None:
+    """The shapes of the heads peft saves (`injection.head_shapes`, file keys less peft's prefix) against the
+    model's own tensors of those names, before peft wraps them (another `num_labels`: refused here)."""
+    shapes = record.get(HEAD_SHAPES_KEY)
+    if not isinstance(shapes, dict):  # a file without heads, or from before the record (its form: file_check)
+        return
+    have = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    for key, shape in shapes.items():
+        got = list(have[key].shape) if key in have else None
+        if got != shape:
+            what = f"this model's is {got}" if got is not None else "this model has no such tensor"
+            raise ValueError(
+                f"{where}: injection.{HEAD_SHAPES_KEY} records head tensor {key!r} of shape {shape}, but {what} "
+                "(a head for another number of labels?); nothing was loaded"
+            )
 
 
 def check_added_record(

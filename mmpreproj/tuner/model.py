@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -30,9 +30,8 @@ from peft.utils.other import _set_adapter
 from torch import nn
 
 from ..adapter_files.digest import DIGEST_KEY, weights_digest
-from ..adapter_files.file_check import PEFT_PREFIX, peft_head_names
-from ..modules.slot import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD
-from ..modules.wrapper import BASE_ADAPTER, PreProjAttention
+from ..adapter_files.file_check import HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names
+from ..modules.wrapper import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
 from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
 from .config import ADAPTER_FORMAT, PreProjConfig
 from .keys import describe_for_save, injection_of
@@ -59,6 +58,7 @@ from .state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
+from .transformers_load import check_transformers_load
 from .unload import unload
 from .unwrap import injected_owner, owner_prefix
 
@@ -145,13 +145,11 @@ class PreProjModel(BaseTuner):
             finally:
                 self._addition = None
         else:
-            self._injection = Injection(own, adapter_name)
+            self._injection = Injection(own, adapter_name, flags=[(p, p.requires_grad) for p in model.parameters()])
             try:
                 super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 if not self._injection.finished:  # pragma: no cover - peft's loop visits every module
                     raise RuntimeError("PreProjModel: peft's inject_adapter did not reach every planned site")
-                if own.modules_to_save and _built_on_meta(model):  # peft's from_pretrained(low_cpu_mem_usage=True)
-                    raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)
                 run_example(model, self._injection.example_input)
             except BaseException:
                 roll_back(model, self._injection)
@@ -222,10 +220,13 @@ class PreProjModel(BaseTuner):
             injection.plan = request.plan
             return
         if self._request is None and injection.config.injection is not None:  # a config read from a file
+            check_transformers_load(self.peft_config[injection.adapter_name])  # its weights, under transformers
             check_record_fits(model, injection.config)
         injection.plan, injection.example_input = plan_for(
             model, injection.config, injection.adapter_name, request.host, request.example_input
         )
+        if injection.config.modules_to_save and _built_on_meta(w for _, w in injection.plan.placements):
+            raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)  # peft's from_pretrained(low_cpu_mem_usage=True)
 
     def _check_target_module_exists(self, peft_config: PreProjConfig, key: str) -> bool:
         """Whether module `key` is a site of the injection: planned (in peft's loop) or injected."""
@@ -411,8 +412,12 @@ class PreProjModel(BaseTuner):
         except ValueError as e:
             raise ValueError(f"get_peft_model_state_dict({adapter_name!r}): {e}") from None
         desc = describe_for_save(owner, adapter_name, tensors)
-        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two)
+        # fresh facts for the config file peft writes next (after the weights: the digest pairs the two), with the
+        # shapes of the heads peft saves beside them (`file_check.HEAD_SHAPES_KEY`), checked on load before it injects
         config.injection = {**injection_of(desc), DIGEST_KEY: weights_digest(tensors)}
+        heads = _head_shapes(model, adapter_name)
+        if heads:
+            config.injection[HEAD_SHAPES_KEY] = heads
         config.format_version = ADAPTER_FORMAT  # the keys are written as today
         out = {}
         for key, value in tensors.items():
@@ -477,10 +482,24 @@ def _without_peft_heads(config: PreProjConfig) -> PreProjConfig:
     return own
 
 
-def _built_on_meta(model: nn.Module) -> bool:
-    """Whether the adapter's weights were made on the meta device: peft builds the tuner under accelerate's
-    `init_empty_weights` for a `low_cpu_mem_usage=True` load, whose file tensors then take the weights' place."""
-    return any(p.is_meta for w in injected_modules(model) for m in w.slots() if m is not None for p in m.parameters())
+def _head_shapes(model: nn.Module, adapter_name: str) -> dict[str, list[int]]:
+    """{file key less `PEFT_PREFIX`: shape} of adapter `adapter_name`'s copy of each head peft wraps in `model`
+    (`peft_heads`), as peft writes them (`score.modules_to_save.{name}.weight` -> `score.weight`); shapes only, so
+    a sharded copy is never gathered."""
+    out = {}
+    for path, wrapper in peft_heads(model).items():
+        copies = getattr(wrapper, "modules_to_save", None)
+        if isinstance(copies, nn.ModuleDict) and adapter_name in copies:
+            for k, v in copies[adapter_name].state_dict().items():
+                out[f"{path}.{k}".removeprefix(PEFT_PREFIX)] = list(v.shape)
+    return dict(sorted(out.items()))
+
+
+def _built_on_meta(wrappers: Iterable[PreProjAttention]) -> bool:
+    """Whether the planned wrappers' weights were made on the meta device: peft builds the tuner under accelerate's
+    `init_empty_weights` for a `low_cpu_mem_usage=True` load, whose file tensors then take the weights' place;
+    seen on the plan, before any wrapper is placed."""
+    return any(p.is_meta for w in wrappers for m in w.slots() if m is not None for p in m.parameters())
 
 
 def _check_batch(names: list[str], repeat: int, module: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -3,7 +3,7 @@
 when there is one, are `folders/adapters.py`; `adapter_disabled` runs the base alone).
 
 Design: as peft's LoRA, each wrapper keeps every adapter in one `nn.ModuleDict` per slot keyed by adapter name
-(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's layer methods, `modules.slot`), the inactive ones
+(`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's `BaseTunerLayer` methods), the inactive ones
 with `requires_grad=False`; `set_adapter` switches which one runs (nothing moves, so an optimizer built before
 the switch still holds the old adapter's tensors). The `modules_to_save` values of the inactive adapters live
 in the injection state and are copied in and out on a switch.
@@ -123,6 +123,9 @@ def finish_addition(addition: Addition) -> None:
         raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
     addition.state.adapter_configs[addition.name] = addition.config
     addition.state.stored_modules[addition.name] = addition.stored
+    if addition.state.modules_to_save:  # a layer alone may no longer switch (peft's functional set_adapter)
+        for w in injected_modules(addition.owner):
+            w.values_aside = True
 
 
 def undo_addition(addition: Addition) -> None:
@@ -154,7 +157,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
         del state.stored_modules[name]
         state.stored_modules[old] = kept
     for w in wrappers:
-        w.set_adapter(name, inference_mode=not trains)
+        w.activate([name], inference_mode=not trains)
     state.config = config
     state.active_adapter = name
     if trains != now:

@@ -7,7 +7,13 @@ mmpreproj makes at import, and it only adds: no existing member, mapping or peft
 Adding a member goes through the enum's internals (`_member_map_`, `_value2member_map_`, `_member_names_`),
 so it is guarded: outside the peft versions it was tested on (`TESTED_PEFT`, the bound in pyproject.toml), or
 on a Python whose enums lack those internals, `import mmpreproj` fails with one line naming the versions,
-never with a half-registered method.
+never with a half-registered method. The floor is the oldest peft whose whole peft test surface passes
+(`make test-peft-floor` runs a subset on it). peft 0.20 lacks the tuner's state-dict hooks (a shim routing peft's
+state-dict functions through them passed that subset, but not the rest: preproj_lora's stacked files, mixed-batch
+errors, add_adapter's record, FSDP2 saves; left for the layout of issue 45);
+0.19's `build_peft_weight_mapping` drops a GPT-NeoX adapter's weights in transformers' `load_adapter` (any
+method's), 0.18 has no such mapping, 0.16-0.17 do not import under transformers 5, 0.15 has no
+`BaseTunerLayer.set_requires_grad`, and `register_peft_method` is new in 0.15.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..hosts import HostSpec
+from ..hosts.auto_host import check_described
 from ..hosts.paths import check_path
 from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
 from ..hosts.spec import HostError, Site, get_path, resolve_sites
@@ -168,7 +169,8 @@ def peft_layers(model: nn.Module) -> list[str]:
 
 
 def _refuse_compiled_or_peft(model: nn.Module) -> None:
-    """inject comes before `torch.compile` and before peft: refuse the other order, naming the one that works."""
+    """inject comes before `torch.compile`, and goes into the model a `PeftModel` wraps, not the `PeftModel`:
+    refuse the other way, naming the one that works."""
     compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     found = [n for n, m in model.named_modules() if compiled is not None and isinstance(m, compiled)]
     if found:
@@ -178,12 +180,11 @@ def _refuse_compiled_or_peft(model: nn.Module) -> None:
             "mmpreproj.inject(model), then model = torch.compile(model)"
         )
     layers = peft_layers(model)
-    if layers:
-        what = "the model is a peft PeftModel" if layers[0] == "" else f"the model holds peft layers ({layers[0]!r})"
+    if layers and layers[0] == "":
         raise RuntimeError(
-            f"inject: {what}; injecting now would freeze the peft adapter's weights with the base. Inject first, "
-            "then add peft: mmpreproj.inject(model), then peft.get_peft_model(model, lora_config) (the order of "
-            "method 'preproj_lora', mmpreproj.train.apply_method)"
+            "inject: the model is a peft PeftModel; inject the model it wraps, mmpreproj.inject(peft_model.base_model"
+            ".model): its LoRA layers stay inside the attention and keep their requires_grad (the order of method "
+            "'preproj_lora', mmpreproj.train.apply_method)"
         )
 
 
@@ -240,7 +241,7 @@ def new_adapter_modules(
 
 def _name_or_path(model: nn.Module) -> str | None:
     """transformers' `name_or_path` (hub id or folder the model was loaded from); None when built in code."""
-    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "name_or_path", None)
     return str(name) if isinstance(name, (str, Path)) and str(name) else None
 
 
@@ -255,9 +256,13 @@ def config_host(model: nn.Module, config: PreProjConfig) -> str | dict | HostSpe
 
 def saved_host(model: nn.Module, desc: dict, path: Path) -> str | HostSpec:
     """The row (forced, by type or by structure) or described host an adapter was saved for, checked
-    against `model` (`hosts.registry.host_for_adapter`)."""
+    against `model` (`hosts.registry.host_for_adapter`); a described host is confirmed by the trace
+    (`auto_host.check_described`)."""
     try:
-        return host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+        host = host_for_adapter(model, desc.get("host"), desc.get("host_description"))
+        if isinstance(host, HostSpec):
+            check_described(model, host)
+        return host
     except HostError as e:
         raise ValueError(f"adapter at {path} was {e}") from None
 

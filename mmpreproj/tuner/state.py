@@ -51,6 +51,26 @@ class InjectionState:
     def __post_init__(self) -> None:
         self.adapter_configs.setdefault(self.active_adapter, self.config)
 
+    def follow_layers(self, owner: nn.Module) -> None:
+        """Take over what peft's record says (each wrapper's active adapter and adapter dicts, which peft's functional
+        API and transformers switch and delete directly): a name no wrapper holds any more is dropped, the wrappers'
+        active adapter is the active one. (A switch that would have to move `modules_to_save` values is refused by the
+        wrappers themselves: `PreProjAttention.values_aside`.)"""
+        wrappers = injected_modules(owner)
+        if not wrappers:
+            return
+        held = set(wrappers[0].adapter_names())
+        for name in [n for n in self.adapter_configs if n not in held]:
+            del self.adapter_configs[name]
+            self.stored_modules.pop(name, None)
+        active = wrappers[0].active_adapters
+        if len(active) == 1 and active[0] != self.active_adapter and active[0] in self.adapter_configs:
+            # no `modules_to_save` values to move (else refused): the two (empty) entries trade places
+            kept = self.stored_modules.pop(active[0], {})
+            if self.active_adapter in self.adapter_configs:
+                self.stored_modules[self.active_adapter] = kept
+            self.active_adapter, self.config = active[0], self.adapter_configs[active[0]]
+
     def describe(self) -> dict:
         """The JSON-able description saved beside adapter weights."""
         return {

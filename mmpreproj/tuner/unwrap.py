@@ -31,7 +31,11 @@ def injected_owner(model: nn.Module, what: str) -> tuple[nn.Module, Any]:
         names = [name or "<the model itself>" for name, _ in owners]
         raise ValueError(f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them")
     _, owner = owners[0]
-    return owner, vars(owner)[STATE_ATTR]
+    state = vars(owner)[STATE_ATTR]
+    follow = getattr(state, "follow_layers", None)  # peft's record is the truth (`InjectionState.follow_layers`)
+    if follow is not None:
+        follow(owner)
+    return owner, state
 
 
 def owner_prefix(model: nn.Module, owner: nn.Module) -> str:

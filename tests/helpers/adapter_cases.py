@@ -114,8 +114,6 @@ CASES = {
     "skip_rank_huge": (None, _cfg(skip_rank=10**12), False),
     "hidden_size_disagrees": (None, _cfg(**{"injection.hidden_size": 64}), False),
 }
-# what only the weights file shows: transformers' load_adapter gives our hooks no folder before it injects
-HF_WEIGHTS_ONLY = {"nan", "inf", "integer", "bool", "missing", "extra", "shape", "swapped_same_shape", "torn_pair"}
 
 
 def write_cases(root: Path, base_dir: Path, names=None) -> dict[str, Path]:
