@@ -87,7 +87,7 @@ TITLES = {
     "vlm": "(b) VLM: DINOv2-S (224 px) -> projector -> SmolLM2-135M",
     "smollm2": "(c) SmolLM2-135M, the paper's protocol: each method's LR picked on held-out rows",
 }
-KEY_PAIRS = ("class/proj", "class/proj+preproj_skip", "mosaic/2d+preproj_skip", "mosaic/1d+preproj_skip")
+KEY_PAIRS = ("class/proj", "class/proj+preproj_skip", "where/2d+preproj_skip", "where/1d+preproj_skip")
 SMALL_FILES = (".json", ".jsonl", ".md", ".png", ".log", ".txt")  # what evidence.tar.gz takes
 
 

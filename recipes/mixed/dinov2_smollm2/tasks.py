@@ -6,10 +6,13 @@ Two tasks, both answered by generation:
 |---|---|---|
 | class | What is in the picture? Answer with one word. | the CIFAR class name ("dog") |
 | mosaic | Where is the ship: top left, top right, bottom left or bottom right? | "top left", ... |
+| where | Where is the picture: top left, top right, bottom left or bottom right? | "top left", ... |
 
 A mosaic is four images of four different classes, each encoded alone by the tower (as LLaVA-NeXT's AnyRes
 tiles), pooled to g x g tokens and laid out as one 2g x 2g grid: where a tile is can only come from the
-positions the language model gives its tokens. The turn is SmolLM2's chat format without the system prompt:
+positions the language model gives its tokens. `where` is the same grid with one image and three empty tiles
+(zero features): the answer is where the content is, with no class to bind to a place (the mosaic asks both).
+The turn is SmolLM2's chat format without the system prompt:
 
     <|im_start|>user\\n[image tokens]\\n{question}<|im_end|>\\n<|im_start|>assistant\\n{answer}<|im_end|>
 
@@ -30,11 +33,12 @@ import torch.nn.functional as F
 
 from mmpreproj.rope import multimodal_positions
 
-TASKS = ("class", "mosaic")
+TASKS = ("class", "mosaic", "where")
 POSITIONS = ("2d", "1d")
 WHERE = ("top left", "top right", "bottom left", "bottom right")  # tile order in a mosaic item
 USER, ASSISTANT, END = "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"
 CLASS_QUESTION = "What is in the picture? Answer with one word."
+WHERE_QUESTION = "Where is the picture: top left, top right, bottom left or bottom right?"
 
 
 def mosaic_question(name: str) -> str:
@@ -43,11 +47,16 @@ def mosaic_question(name: str) -> str:
 
 @dataclass(frozen=True)
 class Item:
-    """One question: `images` index the split's features (1 for class; 4 for a mosaic, in `WHERE` order)."""
+    """One question: `images` index the split's features (1 for class and where; 4 for a mosaic, in `WHERE` order)."""
 
     images: tuple[int, ...]
     question: str
     answer: str
+
+    @property
+    def tile(self) -> int:
+        """Where a `where` item's one image sits (its answer's index in `WHERE`)."""
+        return WHERE.index(self.answer)
 
 
 def class_items(labels: torch.Tensor, indices: Sequence[int], classes: Sequence[str]) -> list[Item]:
@@ -78,29 +87,43 @@ def mosaic_items(
     return [mosaic_item(labels, by_class, classes, rng, i % 4) for i in range(n)]
 
 
+def where_items(indices: Sequence[int], n: int, seed: int) -> list[Item]:
+    """A fixed set of `n` `where` items from `indices`, each place n / 4 times (held-out and test sets)."""
+    rng = random.Random(seed)
+    return [Item((rng.choice(list(indices)),), WHERE_QUESTION, WHERE[i % 4]) for i in range(n)]
+
+
 def item_stream(
     task: str, labels: torch.Tensor, indices: Sequence[int], classes: Sequence[str], seed: int
 ) -> Iterator[Item]:
-    """Training questions forever: class items in shuffled epochs, or fresh random mosaics."""
+    """Training questions forever: class items in shuffled epochs, or fresh random mosaics / `where` items."""
     rng = random.Random(seed)
     if task == "class":
         order = list(indices)
         while True:
             rng.shuffle(order)
             yield from class_items(labels, order, classes)
+    if task == "where":
+        while True:
+            yield Item((rng.choice(list(indices)),), WHERE_QUESTION, WHERE[rng.randrange(4)])
     by_class = _by_class(labels, indices, len(classes))
     while True:
         yield mosaic_item(labels, by_class, classes, rng, rng.randrange(4))
 
 
 def image_tokens(task: str, feats: torch.Tensor, item: Item, tile: int) -> torch.Tensor:
-    """(H, W, D) image tokens of an item: the image's own grid, or the 2 x 2 tiles pooled to `tile` x `tile`."""
+    """(H, W, D) image tokens of an item: the image's own grid, or the 2 x 2 tiles pooled to `tile` x `tile`
+    (`where`: the image's tile at its place, zeros in the three others)."""
     if task == "class":
         return feats[item.images[0]]
     g = feats.shape[1]
     if g % tile:
         raise ValueError(f"tile {tile} must divide the cached grid {g}")
-    tiles = F.avg_pool2d(feats[list(item.images)].permute(0, 3, 1, 2), g // tile).permute(0, 2, 3, 1)  # (4, t, t, D)
+    tiles = F.avg_pool2d(feats[list(item.images)].permute(0, 3, 1, 2), g // tile).permute(0, 2, 3, 1)  # (k, t, t, D)
+    if task == "where":  # one image at its place, three empty tiles
+        empty = torch.zeros(4, *tiles.shape[1:], dtype=tiles.dtype)
+        empty[item.tile] = tiles[0]
+        tiles = empty  # (4, t, t, D)
     top, bottom = torch.cat([tiles[0], tiles[1]], 1), torch.cat([tiles[2], tiles[3]], 1)  # (t, 2t, D)
     return torch.cat([top, bottom], 0)  # (2t, 2t, D)
 
