@@ -102,6 +102,53 @@ def evaluate(
     `item_correct`), from which `mmpreproj.analysis.stats` bootstraps intervals.
     """
     tasks = list(tasks)
+    _check_arguments(tasks, protocol, data_source, limit, batch_size, max_length, doc_max_length)
+    results: dict[str, dict[str, Any]] = {}
+    harness = [t for t in tasks if protocol == "lm-eval" and t in LM_EVAL_TASK_NAMES]
+    for task in tasks:
+        if task in harness:
+            continue
+        try:
+            results[task] = _own_task(
+                model,
+                tokenizer,
+                task,
+                limit,
+                data_source,
+                ppl_split=ppl_split,
+                max_length=max_length,
+                doc_max_length=doc_max_length,
+                per_item=per_item,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        except DataUnavailableError as err:
+            _unavailable(results, task, err, skip_unavailable)
+    if harness:
+        _harness_tasks(
+            results,
+            model,
+            tokenizer,
+            harness,
+            limit=limit,
+            batch_size=batch_size,
+            doc_max_length=doc_max_length,
+            data_source=data_source,
+            skip_unavailable=skip_unavailable,
+        )
+    return {t: results[t] for t in tasks}
+
+
+def _check_arguments(
+    tasks: list[str],
+    protocol: str,
+    data_source: str,
+    limit: int | None,
+    batch_size: int,
+    max_length: int,
+    doc_max_length: int | None,
+) -> None:
+    """ValueError naming the allowed values for no task, an unknown name, or a count that is not an int >= 1."""
     if not tasks:
         raise ValueError(f"no task to evaluate; expected some of {', '.join(TASKS)}")
     for task in tasks:
@@ -118,70 +165,94 @@ def evaluate(
             raise ValueError(f"{name}={value!r}; must be {'None or ' if none_ok else ''}an int >= 1")
     _check_choice("protocol", protocol, PROTOCOLS)
     _check_choice("data source", data_source, DATA_SOURCES)
-    results: dict[str, dict[str, Any]] = {}
 
-    def unavailable(task: str, err: Exception) -> None:
-        if not skip_unavailable:
-            raise err
-        log.warning("%s: %s", task, err)
-        results[task] = {"unavailable": str(err)}
 
-    opts = {"batch_size": batch_size, "progress": progress}
-    harness = [t for t in tasks if protocol == "lm-eval" and t in LM_EVAL_TASK_NAMES]
-    for task in tasks:
-        if task in harness:
-            continue
-        try:
-            if task == "doc_ppl":
-                documents = wikitext_articles("test", data_source)[:limit]
-                results[task] = document_perplexity(
-                    model,
-                    tokenizer,
-                    documents,
-                    max_length=doc_max_length,
-                    detokenize=wikitext_detokenize,
-                    **opts,
-                )
-            else:
-                n = limit if limit is not None else PAPER_LIMITS[task]
-                results[task] = _paper_task(
-                    model,
-                    tokenizer,
-                    task,
-                    n,
-                    data_source,
-                    ppl_split=ppl_split,
-                    max_length=max_length,
-                    per_item=per_item,
-                    **opts,
-                )
-        except DataUnavailableError as err:
-            unavailable(task, err)
-    if harness:
-        if data_source == "local":
-            for task in [t for t in harness if LM_EVAL_TASK_NAMES[t] not in LM_EVAL_LOCAL_TASKS]:
-                harness.remove(task)
-                unavailable(
-                    task,
-                    LmEvalUnavailableError(
-                        f"lm-eval task {LM_EVAL_TASK_NAMES[task]!r} has no local "
-                        "data; use --data-source hub with network access"
-                    ),
-                )
-        try:
-            if harness:
-                names = [LM_EVAL_TASK_NAMES[t] for t in harness]
-                out = run_lm_eval(
-                    model,
-                    tokenizer,
-                    names,
-                    limit=limit,
-                    batch_size=batch_size,
-                    max_length=doc_max_length,
-                    data_source=data_source,
-                )
-                results.update({t: out[LM_EVAL_TASK_NAMES[t]] for t in harness})
-        except LmEvalUnavailableError as err:
-            for task in harness:
-                unavailable(task, err)
-    return {t: results[t] for t in tasks}
+def _unavailable(results: dict[str, dict[str, Any]], task: str, err: Exception, skip_unavailable: bool) -> None:
+    """Record `task` as unavailable (and log why) when `skip_unavailable`, else raise `err`."""
+    if not skip_unavailable:
+        raise err
+    log.warning("%s: %s", task, err)
+    results[task] = {"unavailable": str(err)}
+
+
+def _own_task(
+    model: nn.Module,
+    tokenizer,
+    task: str,
+    limit: int | None,
+    data_source: str,
+    *,
+    ppl_split: str,
+    max_length: int,
+    doc_max_length: int | None,
+    per_item: bool,
+    **opts: Any,
+) -> dict[str, Any]:
+    """One task by this library's evaluators: "doc_ppl" over whole articles, the others by the paper's protocol
+    (`opts`: batch_size, progress)."""
+    if task == "doc_ppl":
+        documents = wikitext_articles("test", data_source)[:limit]
+        return document_perplexity(
+            model,
+            tokenizer,
+            documents,
+            max_length=doc_max_length,
+            detokenize=wikitext_detokenize,
+            **opts,
+        )
+    n = limit if limit is not None else PAPER_LIMITS[task]
+    return _paper_task(
+        model,
+        tokenizer,
+        task,
+        n,
+        data_source,
+        ppl_split=ppl_split,
+        max_length=max_length,
+        per_item=per_item,
+        **opts,
+    )
+
+
+def _harness_tasks(
+    results: dict[str, dict[str, Any]],
+    model: nn.Module,
+    tokenizer,
+    harness: list[str],
+    *,
+    limit: int | None,
+    batch_size: int,
+    doc_max_length: int | None,
+    data_source: str,
+    skip_unavailable: bool,
+) -> None:
+    """The `harness` tasks in one lm-eval run, into `results`; unavailable: a task with no local data under
+    `data_source="local"`, or every one when lm-eval cannot run."""
+    if data_source == "local":
+        for task in [t for t in harness if LM_EVAL_TASK_NAMES[t] not in LM_EVAL_LOCAL_TASKS]:
+            harness.remove(task)
+            _unavailable(
+                results,
+                task,
+                LmEvalUnavailableError(
+                    f"lm-eval task {LM_EVAL_TASK_NAMES[task]!r} has no local "
+                    "data; use --data-source hub with network access"
+                ),
+                skip_unavailable,
+            )
+    try:
+        if harness:
+            names = [LM_EVAL_TASK_NAMES[t] for t in harness]
+            out = run_lm_eval(
+                model,
+                tokenizer,
+                names,
+                limit=limit,
+                batch_size=batch_size,
+                max_length=doc_max_length,
+                data_source=data_source,
+            )
+            results.update({t: out[LM_EVAL_TASK_NAMES[t]] for t in harness})
+    except LmEvalUnavailableError as err:
+        for task in harness:
+            _unavailable(results, task, err, skip_unavailable)

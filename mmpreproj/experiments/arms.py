@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,52 @@ def skip_rows(model: nn.Module, row: dict[str, Any], ratio_batches: Callable[[],
     """Add routing ratios `||W_skip x~|| / ||attn_out||` to `row` for a model with a skip."""
     if "skip_norms" in row and ratio_batches is not None:
         row["routing_ratios"] = list(routing_ratios(model, ratio_batches()).values())
+
+
+def _train_and_eval(
+    cfg: TrainConfig,
+    base: nn.Module,
+    tokenizer,
+    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
+    title: str,
+    *,
+    fresh: bool,
+    ratio_batches: Callable[[], Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An arm's `compute`: train `cfg` (`train_arm`), evaluate, add the routing ratios (with `ratio_batches`),
+    write the loss curve titled `title`; returns (row, per-item scores)."""
+    model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
+    metrics, its = run_eval(model)
+    row.update(metrics)
+    skip_rows(model, row, ratio_batches)
+    finish_curve(Path(cfg.out), row, cfg.steps, title)
+    return row, its
+
+
+def _run_or_diverged(
+    arm_dir: Path,
+    key: dict[str, Any],
+    compute: Callable[[bool], tuple[dict[str, Any], dict[str, Any]]],
+    facts: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """`run_arm`, where a diverged point (NaN loss) is a result, not a crash of the study: its row is `facts`
+    with no PPL and the error, not recorded (computed again next time)."""
+    try:
+        return run_arm(arm_dir, key, compute)
+    except Exception as err:
+        if type(err).__name__ != "NonFiniteLossError":
+            raise
+        return {**facts, "ppl.ppl": None, "diverged": str(err)}, {}, False
+
+
+def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
+    """The rows' own train + eval wall seconds, summed."""
+    return sum(_arm_seconds(r) for r in rows)
+
+
+def _arm_seconds(row: dict[str, Any]) -> float:
+    """One row's train + eval wall seconds."""
+    return (row.get("train_wall_seconds") or 0) + (row.get("eval_seconds") or 0)
 
 
 def finish_curve(run_dir: str | Path, row: dict[str, Any], steps: int, title: str) -> None:

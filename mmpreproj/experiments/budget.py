@@ -20,9 +20,12 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torch import nn
 
 from mmpreproj_cli.tables import BUDGET_METHODS, DEFAULT_BUDGETS
 from mmpreproj_cli.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
@@ -31,10 +34,11 @@ from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto
 from ..analysis.stats import compare, mean_std
 from ..train import get_preset, load_model_and_tokenizer
+from ..train.config import TrainConfig
 from ..train.methods import host_shape, lora_per_rank
 from ..train.presets import ppl_split_for
 from ..train.sizes import sizes_for_budget
-from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
+from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm
 from .report_md import format_budget_table
 from .sweep import SWEEP_EVAL
 
@@ -88,16 +92,7 @@ def budget_study(
 ) -> dict[str, Any]:
     """Run the study (see the module docstring); returns what budget.json holds."""
     budgets = parse_budgets(budgets)
-    bad = [m for m in methods if m not in BUDGET_METHODS]
-    if bad or not methods or len(set(methods)) != len(methods):
-        raise ValueError(f"methods={list(methods)!r}: distinct names from {list(BUDGET_METHODS)}")
-    seed_methods = list(methods if seed_methods is None else seed_methods)
-    if any(m not in methods for m in seed_methods):
-        raise ValueError(f"seed_methods={seed_methods!r}: must be among methods={list(methods)!r}")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds={seeds!r}; must be an int >= 1 (the preset's seed and the next seeds-1)")
-    if isinstance(max_extend, bool) or not isinstance(max_extend, int) or max_extend < 0:
-        raise ValueError(f"max_extend={max_extend!r}; must be an int >= 0")
+    seed_methods = _checked_seed_methods(methods, seed_methods, seeds, max_extend)
     if start_lrs is not None:
         start_lrs = check_lrs(start_lrs, "start_lrs")
     out = Path(out)
@@ -109,7 +104,6 @@ def budget_study(
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     dim, layers = host_shape(base)
     per_rank = lora_per_rank(base)
-    base_params = sum(p.numel() for p in base.parameters())
     seed_list = [base_cfg.seed + i for i in range(seeds)]
     t0 = time.time()
 
@@ -117,101 +111,174 @@ def budget_study(
         return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
 
     base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
-    state: dict[str, Any] = {
+    study = _Search(
+        preset=preset,
+        out=out,
+        overrides=overrides,
+        base_cfg=base_cfg,
+        base=base,
+        tokenizer=tokenizer,
+        run_eval=run_eval,
+        eval_key=eval_key,
+        seed_methods=seed_methods,
+        seeds=seeds,
+        max_extend=max_extend,
+        progress=progress,
+        read_only=read_only,
+        t0=t0,
+        state=_first_state(preset, command, base, (dim, layers), base_row, seed_list, settings["ppl_split"]),
+    )
+    for b in budgets:
+        target = round(b * study.state["base_params"])
+        for method in methods:
+            sizes = sizes_for_budget(method, target, dim=dim, layers=layers, lora_per_rank=per_rank)
+            if sizes is None:
+                log.info("b%g %s: out of reach (a skip rank would reach d=%d)", b, method, dim)
+                study.state["unreachable"].append(f"b{b:g} {method}")
+                continue
+            study.search(f"b{b:g}", method, sizes, start_lrs or START_LRS[method])
+    if paper_point:  # the paper's full-size modules, at their own budget
+        study.search("paper", "preproj_skip", {}, start_lrs or START_LRS["preproj_skip"])
+    study.write()
+    return json.loads((out / "budget.json").read_text())
+
+
+def _checked_seed_methods(
+    methods: Sequence[str], seed_methods: Sequence[str] | None, seeds: int, max_extend: int
+) -> list[str]:
+    """The methods whose other seeds train (all by default), once the methods and counts are checked."""
+    bad = [m for m in methods if m not in BUDGET_METHODS]
+    if bad or not methods or len(set(methods)) != len(methods):
+        raise ValueError(f"methods={list(methods)!r}: distinct names from {list(BUDGET_METHODS)}")
+    seed_methods = list(methods if seed_methods is None else seed_methods)
+    if any(m not in methods for m in seed_methods):
+        raise ValueError(f"seed_methods={seed_methods!r}: must be among methods={list(methods)!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds={seeds!r}; must be an int >= 1 (the preset's seed and the next seeds-1)")
+    if isinstance(max_extend, bool) or not isinstance(max_extend, int) or max_extend < 0:
+        raise ValueError(f"max_extend={max_extend!r}; must be an int >= 0")
+    return seed_methods
+
+
+def _first_state(
+    preset: str,
+    command: str | None,
+    base: nn.Module,
+    shape: tuple[int, int],
+    base_row: dict[str, Any],
+    seed_list: list[int],
+    ppl_split: str,
+) -> dict[str, Any]:
+    """What budget.json holds before the first point: the setting, the host's shape and the baseline."""
+    dim, layers = shape
+    return {
         "preset": preset,
         "command": command,
         "dim": dim,
         "layers": layers,
-        "base_params": base_params,
+        "base_params": sum(p.numel() for p in base.parameters()),
         "baseline": base_row,
         "seeds": seed_list,
-        "ppl_split": settings["ppl_split"],
+        "ppl_split": ppl_split,
         "points": [],
         "unreachable": [],
         "not_run": [],
         "reused": 0,
     }
-    items: dict[tuple, dict] = {}
 
-    def point(label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any] | None:
+
+@dataclass
+class _Search:
+    """One study's points (trained, or read back into `state` and `items`) and the LR search over them."""
+
+    preset: str
+    out: Path
+    overrides: dict[str, Any]
+    base_cfg: TrainConfig
+    base: nn.Module
+    tokenizer: Any
+    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]]
+    eval_key: dict[str, Any]
+    seed_methods: list[str]
+    seeds: int
+    max_extend: int
+    progress: bool
+    read_only: bool
+    t0: float
+    state: dict[str, Any]
+    items: dict[tuple, dict] = field(default_factory=dict)
+
+    def search(self, label: str, method: str, sizes: dict[str, Any], first: Sequence[float]) -> None:
+        """Search the LR from `first` on the first seed, train the other seeds at the best one, rewrite the report."""
+        tried = self._tried(label, method, sizes, first)
+        if not tried:  # read_only, nothing finished
+            self.state["not_run"].append(f"{label} {method}")
+            return
+        ok = {lr: v for lr, v in tried.items() if v is not None}
+        if ok and method in self.seed_methods:
+            best = min(ok, key=ok.get)
+            for seed in self.state["seeds"][1:]:
+                self.point(label, method, sizes, best, seed)
+        self.write()
+
+    def _tried(
+        self, label: str, method: str, sizes: dict[str, Any], first: Sequence[float]
+    ) -> dict[float, float | None]:
+        """{LR: PPL} of the first seed at `first`, then 2x past the edge where the best is (`max_extend` times)."""
+        seed = self.state["seeds"][0]
+        tried: dict[float, float | None] = {}
+        for lr in first:
+            row = self.point(label, method, sizes, lr, seed)
+            if row is not None:
+                tried[lr] = row.get("ppl.ppl")
+        for _ in range(self.max_extend if tried else 0):
+            nxt = _next_lr(tried)
+            row = None if nxt is None else self.point(label, method, sizes, nxt, seed)
+            if row is None:
+                break
+            tried[nxt] = row.get("ppl.ppl")
+        return tried
+
+    def point(self, label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any] | None:
         """The point's row (trained, or read back); None when `read_only` and it has not finished."""
-        cfg = get_preset(
-            preset,
+        cfg = self._config(label, method, sizes, lr, seed)
+        title = f"{method} {sizes}, LR {lr:g}, seed {seed}"
+
+        def compute(fresh: bool):
+            if self.read_only:
+                raise _NotRun
+            return _train_and_eval(cfg, self.base, self.tokenizer, self.run_eval, title, fresh=fresh)
+
+        facts = {"method": method, "lr": lr, "seed": seed}
+        try:
+            row, its, reused = _run_or_diverged(Path(cfg.out), arm_key(cfg, self.eval_key), compute, facts)
+        except _NotRun:
+            return None
+        self.state["reused"] += reused
+        row = {**row, "budget": label, "sizes": sizes}
+        self.state["points"].append(row)
+        self.items[(label, method, lr, seed)] = its
+        log.info("%s %s lr %g seed %d: %s", label, method, lr, seed, "read back" if reused else "trained")
+        return row
+
+    def _config(self, label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> TrainConfig:
+        """The point's training config: the preset, the overrides, then the point's method, LR, seed and sizes."""
+        return get_preset(
+            self.preset,
             **{
-                **overrides,
+                **self.overrides,
                 "method": method,
                 "lr": lr,
                 "seed": seed,
                 **sizes,
-                "out": str(out / label / method / f"lr-{lr:g}-seed-{seed}"),
-                "progress": progress,
+                "out": str(self.out / label / method / f"lr-{lr:g}-seed-{seed}"),
+                "progress": self.progress,
             },
         )
-        run_dir = Path(cfg.out)
 
-        def compute(fresh: bool):
-            if read_only:
-                raise _NotRun
-            model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-            metrics, its = run_eval(model)
-            row.update(metrics)
-            finish_curve(run_dir, row, cfg.steps, f"{method} {sizes}, LR {lr:g}, seed {seed}")
-            return row, its
-
-        try:
-            row, its, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
-        except _NotRun:
-            return None
-        except Exception as err:  # a diverged point is a result, not a crash of the study
-            if type(err).__name__ != "NonFiniteLossError":
-                raise
-            row, its, reused = (
-                {"method": method, "lr": lr, "seed": seed, "ppl.ppl": None, "diverged": str(err)},
-                {},
-                False,
-            )
-        state["reused"] += reused
-        row = {**row, "budget": label, "sizes": sizes}
-        state["points"].append(row)
-        items[(label, method, lr, seed)] = its
-        log.info("%s %s lr %g seed %d: %s", label, method, lr, seed, "read back" if reused else "trained")
-        return row
-
-    def search(label: str, method: str, sizes: dict[str, Any], first: Sequence[float]) -> None:
-        tried: dict[float, float | None] = {}
-        for lr in first:
-            row = point(label, method, sizes, lr, seed_list[0])
-            if row is not None:
-                tried[lr] = row.get("ppl.ppl")
-        for _ in range(max_extend if tried else 0):
-            nxt = _next_lr(tried)
-            row = None if nxt is None else point(label, method, sizes, nxt, seed_list[0])
-            if row is None:
-                break
-            tried[nxt] = row.get("ppl.ppl")
-        if not tried:  # read_only, nothing finished
-            state["not_run"].append(f"{label} {method}")
-            return
-        ok = {lr: v for lr, v in tried.items() if v is not None}
-        if ok and method in seed_methods:
-            best = min(ok, key=ok.get)
-            for seed in seed_list[1:]:
-                point(label, method, sizes, best, seed)
-        _write(out, state, items, base_cfg, seeds, time.time() - t0)
-
-    for b in budgets:
-        target = round(b * base_params)
-        for method in methods:
-            sizes = sizes_for_budget(method, target, dim=dim, layers=layers, lora_per_rank=per_rank)
-            if sizes is None:
-                log.info("b%g %s: out of reach (a skip rank would reach d=%d)", b, method, dim)
-                state["unreachable"].append(f"b{b:g} {method}")
-                continue
-            search(f"b{b:g}", method, sizes, start_lrs or START_LRS[method])
-    if paper_point:  # the paper's full-size modules, at their own budget
-        search("paper", "preproj_skip", {}, start_lrs or START_LRS["preproj_skip"])
-    _write(out, state, items, base_cfg, seeds, time.time() - t0)
-    return json.loads((out / "budget.json").read_text())
+    def write(self) -> None:
+        """budget.json, report.md and the figures of what the study has reached."""
+        _write(self.out, self.state, self.items, self.base_cfg, self.seeds, time.time() - self.t0)
 
 
 class _NotRun(Exception):
@@ -272,7 +339,7 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
 
 def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg, seeds: int, seconds: float) -> None:
     rows = _summary(state, items, seeds)
-    compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in state["points"])
+    compute_s = _compute_seconds(state["points"])
     doc = {k: v for k, v in state.items() if k != "points"}
     doc.update(seconds=seconds, compute_seconds=compute_s, summary=rows, points=state["points"])
     (out / "budget.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -155,3 +155,16 @@ def format_budget_table(rows: Sequence[Mapping[str, Any]], base_params: int) -> 
         )
     lines.append("\n`(edge)`: the best LR is the highest or lowest tried (the search stopped at its limit).")
     return "\n".join(lines)
+
+
+def _comparison_rows(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """The comparisons as JSON rows: their fields, whether beyond the noise, and the reading in words."""
+    return [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comparisons]
+
+
+def _figure_lines(figures: Sequence[tuple[str, str]]) -> list[str]:
+    """Each (file name, caption) as a markdown image and its caption."""
+    lines: list[str] = []
+    for name, caption in figures:
+        lines += [f"![{name}]({name})", "", caption, ""]
+    return lines

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from mmpreproj_cli.tables import METHODS, PAPER_METHODS
 from mmpreproj_cli.values import parse_seeds  # light: the command checks --seeds with it
@@ -32,13 +33,21 @@ from ..analysis.plot import read_losses
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from ..data import wikitext_lines
 from ..train import get_preset, load_model_and_tokenizer
+from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
 from ..tuner.config import PreProjConfig
-from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
+from .arms import _arm_seconds, _compute_seconds, _train_and_eval, arm_key, eval_arm, run_arm
 from .paper import PAPER_TABLE2
-from .report_md import METRIC_LABELS, format_comparisons, format_summary_table, noise_sentences
+from .report_md import (
+    METRIC_LABELS,
+    _comparison_rows,
+    _figure_lines,
+    format_comparisons,
+    format_summary_table,
+    noise_sentences,
+)
 
 log = logging.getLogger("mmpreproj.reproduce")
 
@@ -55,6 +64,21 @@ METRICS = ("lambada.acc", "hellaswag.acc", "arc_easy.acc", "ppl.ppl", "lambada.p
 REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared with these (when present)
 # Paper Figure-2 widths, to divide its norms by their init value (std 1e-4 * d for a d x d weight).
 PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
+# The training config fields report.md names.
+_TRAIN_FACTS = (
+    "model",
+    "data",
+    "num_lines",
+    "max_len",
+    "steps",
+    "warmup_steps",
+    "lr",
+    "schedule",
+    "batch_size",
+    "grad_accum",
+    "precision",
+    "max_grad_norm",
+)
 
 
 def format_table(rows: list[dict[str, Any]], preset: str) -> str:
@@ -159,18 +183,7 @@ def reproduce(
     settings["tasks"] = list(settings["tasks"])
     base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)
-    cfgs = {
-        (seed, method): get_preset(
-            preset,
-            method=method,
-            seed=seed,
-            out=str(out / method / f"seed-{seed}"),
-            progress=progress,
-            **sizes_for_method(method, train_overrides or {}),
-        )
-        for seed in seed_list
-        for method in methods
-    }  # every arm checked before the first one trains
+    cfgs = _configs(preset, out, methods, seed_list, train_overrides or {}, progress)
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     device = next(base.parameters()).device
@@ -185,23 +198,21 @@ def reproduce(
         row, its = run_eval(base)
         return {"method": "baseline", "seed": None, "params": 0, **row}, its
 
+    def ratio_batches():
+        return _ratio_batches(tokenizer, texts, base_cfg.max_len, device)
+
     row, its, reused = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
     log.info("baseline: %s", "read back" if reused else "evaluated")
     rows, items, reused_arms = [row], {("baseline", None): its}, []
     for seed in seed_list:
         for method in methods:
             cfg = cfgs[(seed, method)]
-            run_dir = Path(cfg.out)
+            title = f"{cfg.method}, seed {cfg.seed}, LR {cfg.lr:g}"
 
-            def compute(fresh: bool, cfg=cfg, run_dir=run_dir):
-                model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-                metrics, its = run_eval(model)
-                row.update(metrics)
-                skip_rows(model, row, lambda: _ratio_batches(tokenizer, texts, base_cfg.max_len, device))
-                finish_curve(run_dir, row, cfg.steps, f"{cfg.method}, seed {cfg.seed}, LR {cfg.lr:g}")
-                return row, its
+            def compute(fresh: bool, cfg=cfg, title=title):
+                return _train_and_eval(cfg, base, tokenizer, run_eval, title, fresh=fresh, ratio_batches=ratio_batches)
 
-            row, its, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
+            row, its, reused = run_arm(Path(cfg.out), arm_key(cfg, eval_key), compute)
             if reused:
                 reused_arms.append(f"{method}/seed-{seed}")
             log.info("%s seed %d: %s", method, seed, "read back" if reused else "trained and evaluated")
@@ -222,6 +233,29 @@ def reproduce(
         command=command,
     )
     return rows
+
+
+def _configs(
+    preset: str,
+    out: Path,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    overrides: dict[str, Any],
+    progress: bool,
+) -> dict[tuple[int, str], TrainConfig]:
+    """{(seed, method): the arm's training config}, every arm built (so checked) before the first one trains."""
+    return {
+        (seed, method): get_preset(
+            preset,
+            method=method,
+            seed=seed,
+            out=str(out / method / f"seed-{seed}"),
+            progress=progress,
+            **sizes_for_method(method, overrides),
+        )
+        for seed in seeds
+        for method in methods
+    }
 
 
 def _figures(
@@ -294,9 +328,7 @@ def _figures(
 def _arm_times(rows: list[dict[str, Any]]) -> str:
     """ "baseline eval 1.0 min; a trained arm 2.1-2.6 min" (train + eval wall per arm)."""
     base = next((r for r in rows if r["method"] == "baseline"), {})
-    arms = [
-        (r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows if r["method"] != "baseline"
-    ]
+    arms = [_arm_seconds(r) for r in rows if r["method"] != "baseline"]
     text = f"baseline eval {(base.get('eval_seconds') or 0) / 60:.1f} min"
     return text + (f"; a trained arm {min(arms) / 60:.1f}-{max(arms) / 60:.1f} min" if arms else "")
 
@@ -309,27 +341,20 @@ def _write_outputs(
     methods: Sequence[str],
     seeds: list[int],
     settings: dict[str, Any],
-    base_cfg,
-    base,
+    base_cfg: TrainConfig,
+    base: nn.Module,
     *,
     seconds: float,
     reused: list[str],
     command: str | None,
 ) -> None:
+    """table.md, results.json, the figures and report.md under `out`."""
     summary = summarize(rows, methods)
     comps = comparisons(rows, items, methods, seeds)
     table = format_summary_table(summary, preset)
     reading = [f"- {s}" for s in noise_sentences(comps)]
-    (out / "table.md").write_text(
-        table
-        + (
-            "\n\nLarger than the noise (95% paired intervals, see report.md):\n" + "\n".join(reading)
-            if reading
-            else ""
-        )
-        + "\n"
-    )
-    compute_s = sum((r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0) for r in rows)
+    _write_table(out, table, reading)
+    compute_s = _compute_seconds(rows)
     results = {
         "preset": preset,
         "seeds": seeds,
@@ -341,31 +366,53 @@ def _write_outputs(
         "command": command,
         "rows": rows,
         "summary": summary,
-        "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps],
+        "comparisons": _comparison_rows(comps),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     init_std = PreProjConfig().skip_init_std
     figs = _figures(out, preset, rows, methods, summary, int(base.config.hidden_size), init_std)
-    train = {
-        k: v
-        for k, v in base_cfg.to_dict().items()
-        if k
-        in (
-            "model",
-            "data",
-            "num_lines",
-            "max_len",
-            "steps",
-            "warmup_steps",
-            "lr",
-            "schedule",
-            "batch_size",
-            "grad_accum",
-            "precision",
-            "max_grad_norm",
+    lines = _setting_lines(preset, seeds, rows, settings, base_cfg, seconds, compute_s, reused, command)
+    lines += ["## Table", "", table, ""]
+    if comps:
+        lines += _noise_lines(comps, reading)
+    if figs:
+        lines += ["## Figures", "", *_figure_lines(figs)]
+    lines += _skip_lines(rows)
+    lines += [
+        "Each run folder (`<method>/seed-<s>/`) holds the adapter, `log.jsonl`, `metrics.json`, `eval.json` "
+        "(metrics and per-item scores) and `loss_curve.png`.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+
+
+def _write_table(out: Path, table: str, reading: list[str]) -> None:
+    """table.md: the table, and the differences larger than the noise under it."""
+    (out / "table.md").write_text(
+        table
+        + (
+            "\n\nLarger than the noise (95% paired intervals, see report.md):\n" + "\n".join(reading)
+            if reading
+            else ""
         )
-    }
-    lines = [
+        + "\n"
+    )
+
+
+def _setting_lines(
+    preset: str,
+    seeds: list[int],
+    rows: list[dict[str, Any]],
+    settings: dict[str, Any],
+    base_cfg: TrainConfig,
+    seconds: float,
+    compute_s: float,
+    reused: list[str],
+    command: str | None,
+) -> list[str]:
+    """report.md's title and setting: the command, the seeds, the time, the training and evaluation settings."""
+    train = {k: v for k, v in base_cfg.to_dict().items() if k in _TRAIN_FACTS}
+    return [
         f"# Reproduction: {preset}, {len(seeds)} seed(s)",
         "",
         f"Command: `{command or f'mmpreproj reproduce --preset {preset}'}`",
@@ -382,42 +429,37 @@ def _write_outputs(
         "",
         "Evaluation: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " (the paper's evaluators).",
         "",
-        "## Table",
+    ]
+
+
+def _noise_lines(comps: list[Comparison], reading: list[str]) -> list[str]:
+    """report.md's differences and noise: how the intervals are made, the reading, the comparisons table."""
+    return [
+        "## Differences and noise",
         "",
-        table,
+        "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
+        "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
+        "replicates). A difference is called beyond the noise when every interval excludes zero.",
+        "",
+        *reading,
+        "",
+        format_comparisons(comps),
         "",
     ]
-    if comps:
-        lines += [
-            "## Differences and noise",
-            "",
-            "Intervals are 95%: over seeds, a Student-t interval of the per-seed paired differences (none with "
-            "one seed); over items, a paired bootstrap over the evaluation items within each seed (2,000 "
-            "replicates). A difference is called beyond the noise when every interval excludes zero.",
-            "",
-        ]
-        lines += reading + ["", format_comparisons(comps), ""]
-    if figs:
-        lines += ["## Figures", ""]
-        for name, caption in figs:
-            lines += [f"![{name}]({name})", "", caption, ""]
+
+
+def _skip_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """report.md's table of skip norms and routing ratios per arm, for arms with a skip (none: no lines)."""
     skips = [r for r in rows if r.get("skip_norms")]
-    if skips:
-        lines += [
-            "## Skip norms and routing ratios (per seed)",
-            "",
-            "| method | seed | ||W_skip||_F per layer | ||W_skip x~|| / ||attn_out|| |",
-            "|---|---|---|---|",
-        ]
-        for r in skips:
-            ratios = ", ".join(f"{v:.2f}" for v in r.get("routing_ratios", []))
-            lines.append(
-                f"| {r['method']} | {r['seed']} | {', '.join(f'{v:.3f}' for v in r['skip_norms'])} | {ratios} |"
-            )
-        lines.append("")
-    lines += [
-        "Each run folder (`<method>/seed-<s>/`) holds the adapter, `log.jsonl`, `metrics.json`, `eval.json` "
-        "(metrics and per-item scores) and `loss_curve.png`.",
+    if not skips:
+        return []
+    lines = [
+        "## Skip norms and routing ratios (per seed)",
         "",
+        "| method | seed | ||W_skip||_F per layer | ||W_skip x~|| / ||attn_out|| |",
+        "|---|---|---|---|",
     ]
-    (out / "report.md").write_text("\n".join(lines))
+    for r in skips:
+        ratios = ", ".join(f"{v:.2f}" for v in r.get("routing_ratios", []))
+        lines.append(f"| {r['method']} | {r['seed']} | {', '.join(f'{v:.3f}' for v in r['skip_norms'])} | {ratios} |")
+    return [*lines, ""]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_skip_growth, plot_skip_norms
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
-from .report_md import METRIC_LABELS, format_comparisons, noise_sentences
+from .report_md import METRIC_LABELS, _comparison_rows, _figure_lines, format_comparisons, noise_sentences
 from .study import Step, Study, best_lr, read_baseline
 
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
@@ -275,61 +275,100 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     data = gather(s)
     gpu = gpu_run(s.out)
     comps = comparisons(data)
-    base_params, hidden = s.base_params, s.hidden
     doc = {
         "preset": s.preset,
         "baseline": data["baseline"],
         "groups": data["groups"],
-        "comparisons": [{**c.__dict__, "beyond_noise": c.beyond_noise, "reading": c.words()} for c in comps],
+        "comparisons": _comparison_rows(comps),
     }
     (s.out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    figs = []
+    figs = [*_lr_figure(s, data), *_skip_figures(s, data, gpu), *_routing_figure(s, data)]
+    lines = [*_head_lines(s, notes), *_table_lines(s, data)]
+    if comps:
+        lines += [
+            "## Differences and noise",
+            "",
+            *[f"- {t}" for t in noise_sentences(comps)],
+            "",
+            format_comparisons(comps),
+            "",
+        ]
+    lines += gpu_section(s.out, gpu)
+    lines += _figure_lines(figs)
+    lines += [
+        "Paper's claims at Pythia-160M for comparison: "
+        + "; ".join(f"{METRIC_LABELS.get(m, m)} {v}" for m, v in PAPER_CLAIMS.items())
+        + ".",
+        "",
+    ]
+    path = s.out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _lr_figure(s: Study, data: dict[str, Any]) -> list[tuple[str, str]]:
+    """lr_search.png (held-out PPL against the LR, each group's first seed); none before a first point."""
     curves = {
         g["label"]: [(float(lr), v["heldout"]) for lr, v in g["curve"].items() if v and v["heldout"]]
         for g in data["groups"]
     }
     curves = {k: v for k, v in curves.items() if v}
-    if curves:
-        plot_lr_sweep(
-            curves,
-            s.out / "lr_search.png",
-            baseline=(data["baseline"] or {}).get("select.ppl"),
-            title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})",
-        )
-        figs.append(("lr_search.png", f"Held-out line PPL against the peak LR, seed {s.seeds[0]} of each group."))
+    if not curves:
+        return []
+    plot_lr_sweep(
+        curves,
+        s.out / "lr_search.png",
+        baseline=(data["baseline"] or {}).get("select.ppl"),
+        title=f"{s.preset}: held-out line PPL vs peak LR (seed {s.seeds[0]})",
+    )
+    return [("lr_search.png", f"Held-out line PPL against the peak LR, seed {s.seeds[0]} of each group.")]
+
+
+def _skip_figures(s: Study, data: dict[str, Any], gpu: dict[str, Any]) -> list[tuple[str, str]]:
+    """skip_norms.png and skip_growth.png (the full d x d skips against the paper's Figure 2 and the GPU run)."""
     norms = {k: v for k, v in _per_layer(data, "skip_norms").items() if "/" not in k}  # full d x d skips
-    if norms:
-        init = 1e-4 * hidden  # ||N(0, 1e-4)||_F of a d x d matrix
-        plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
-        growth = {f"{k} (SmolLM2-135M, CPU study)": [v / init for v in vals] for k, vals in norms.items()}
-        growth.update(
-            {
-                f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
-                for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
-            }
-        )
-        for r in gpu.get("rows", []):
-            if r.get("skip_norms") and r["method"] in norms:
-                growth[f"{r['method']} (SmolLM2-135M, paper's protocol, GPU)"] = [v / init for v in r["skip_norms"]]
-        plot_skip_growth(growth, s.out / "skip_growth.png")
-        figs += [
-            ("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
-            (
-                "skip_growth.png",
-                f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
-                "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024) and, "
-                "where it is kept, the GPU run at the paper's protocol (LR 1e-5, 500 steps of 16 x 512).",
-            ),
-        ]
+    if not norms:
+        return []
+    init = 1e-4 * s.hidden  # ||N(0, 1e-4)||_F of a d x d matrix
+    plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
+    growth = {f"{k} (SmolLM2-135M, CPU study)": [v / init for v in vals] for k, vals in norms.items()}
+    growth.update(
+        {
+            f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
+            for p, w in (("pythia-160m", 768), ("pythia-410m", 1024))
+        }
+    )
+    for r in gpu.get("rows", []):
+        if r.get("skip_norms") and r["method"] in norms:
+            growth[f"{r['method']} (SmolLM2-135M, paper's protocol, GPU)"] = [v / init for v in r["skip_norms"]]
+    plot_skip_growth(growth, s.out / "skip_growth.png")
+    return [
+        ("skip_norms.png", "||W_skip||_F per layer after training (mean over seeds)."),
+        (
+            "skip_growth.png",
+            f"The same divided by its value at init (1e-4 x d = {init:g}), against relative "
+            "depth, beside the paper's Figure 2 (Pythia-160M and 410M, divided by 1e-4 x 768 and x 1024) and, "
+            "where it is kept, the GPU run at the paper's protocol (LR 1e-5, 500 steps of 16 x 512).",
+        ),
+    ]
+
+
+def _routing_figure(s: Study, data: dict[str, Any]) -> list[tuple[str, str]]:
+    """routing.png (the routing ratio per layer), for groups that measured it."""
     ratios = _per_layer(data, "routing_ratios")
-    if ratios:
-        plot_skip_norms(
-            ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer", ylabel="routing ratio"
-        )
-        figs.append(("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds)."))
+    if not ratios:
+        return []
+    plot_skip_norms(
+        ratios, s.out / "routing.png", title="||W_skip x~|| / ||attn_out|| per layer", ylabel="routing ratio"
+    )
+    return [("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds).")]
+
+
+def _head_lines(s: Study, notes: Sequence[str]) -> list[str]:
+    """report.md's title, how to continue the study, the setting, the notes and the compute so far."""
     spent = compute_seconds(s)
     hours = sum(spent.values()) / 3600
-    lines = [
+    return [
         f"# Table 2 on {s.preset}",
         "",
         "Written by `mmpreproj.experiments.study_report` from the finished steps "
@@ -348,33 +387,18 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
         f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps; training counts every invocation of a "
         "resumed arm (the per-step times in its log.jsonl).",
         "",
+    ]
+
+
+def _table_lines(s: Study, data: dict[str, Any]) -> list[str]:
+    """report.md's table at each group's best LR and the LR search behind it."""
+    return [
         "## Table",
         "",
-        summary_table(data, base_params),
+        summary_table(data, s.base_params),
         "",
         f"## Learning-rate search (seed {s.seeds[0]}; the pick is the lowest held-out PPL)",
         "",
         lr_table(data),
         "",
     ]
-    if comps:
-        lines += [
-            "## Differences and noise",
-            "",
-            *[f"- {t}" for t in noise_sentences(comps)],
-            "",
-            format_comparisons(comps),
-            "",
-        ]
-    lines += gpu_section(s.out, gpu)
-    for name, caption in figs:
-        lines += [f"![{name}]({name})", "", caption, ""]
-    lines += [
-        "Paper's claims at Pythia-160M for comparison: "
-        + "; ".join(f"{METRIC_LABELS.get(m, m)} {v}" for m, v in PAPER_CLAIMS.items())
-        + ".",
-        "",
-    ]
-    path = s.out / "report.md"
-    path.write_text("\n".join(lines))
-    return path

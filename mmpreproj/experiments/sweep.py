@@ -13,19 +13,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from torch import nn
 
 from mmpreproj_cli.tables import DEFAULT_LRS
 from mmpreproj_cli.values import check_lrs  # light: the command checks --lrs with the same rule
 
 from ..analysis import plot_lr_sweep
 from ..train import get_preset, load_model_and_tokenizer
+from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS, sizes_for_method
-from .arms import arm_key, baseline_arm, eval_arm, finish_curve, run_arm, train_arm
+from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm
 from .report_md import format_sweep_table
 
 log = logging.getLogger("mmpreproj.sweep")
@@ -57,18 +60,7 @@ def lr_sweep(
     if seed is not None:
         overrides["seed"] = seed
     base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    cfgs = {
-        (lr, method): get_preset(
-            preset,
-            method=method,
-            lr=lr,
-            out=str(out / method / f"lr-{lr:g}"),
-            progress=progress,
-            **sizes_for_method(method, overrides),
-        )
-        for lr in lrs
-        for method in methods
-    }
+    cfgs = _configs(preset, out, methods, lrs, overrides, progress)
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
@@ -82,51 +74,101 @@ def lr_sweep(
     reused_n = 0
     for lr in lrs:  # LR-major: a sweep cut short still compares the methods at the LRs it reached
         for method in methods:
-            cfg = cfgs[(lr, method)]
-            run_dir = Path(cfg.out)
-
-            def compute(fresh: bool, cfg=cfg, run_dir=run_dir):
-                model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-                metrics, its = run_eval(model)
-                row.update(metrics)
-                finish_curve(run_dir, row, cfg.steps, f"{cfg.method}, LR {cfg.lr:g}, seed {cfg.seed}")
-                return row, its
-
-            try:
-                row, _, reused = run_arm(run_dir, arm_key(cfg, eval_key), compute)
-            except Exception as err:  # a diverged point (NaN loss) is a result, not a crash of the sweep
-                if type(err).__name__ != "NonFiniteLossError":
-                    raise
-                row, reused = {"method": method, "lr": lr, "ppl.ppl": None, "diverged": str(err)}, False
+            row, reused = _point(cfgs[(lr, method)], base, tokenizer, run_eval, eval_key)
             reused_n += reused
-            log.info("%s lr %g: %s", method, lr, "read back" if reused else "trained and evaluated")
             points.setdefault(method, {})[lr] = row
     points = {m: dict(sorted(points[m].items())) for m in methods}
     seconds = time.time() - t0
+    _write(out, preset, lrs, points, base_row, base_cfg, settings, seconds=seconds, reused=reused_n, command=command)
+    return points
+
+
+def _configs(
+    preset: str,
+    out: Path,
+    methods: Sequence[str],
+    lrs: Sequence[float],
+    overrides: dict[str, Any],
+    progress: bool,
+) -> dict[tuple[float, str], TrainConfig]:
+    """{(lr, method): the point's training config}, every one built (so checked) before anything trains."""
+    return {
+        (lr, method): get_preset(
+            preset,
+            method=method,
+            lr=lr,
+            out=str(out / method / f"lr-{lr:g}"),
+            progress=progress,
+            **sizes_for_method(method, overrides),
+        )
+        for lr in lrs
+        for method in methods
+    }
+
+
+def _point(
+    cfg: TrainConfig,
+    base: nn.Module,
+    tokenizer,
+    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
+    eval_key: dict[str, Any],
+) -> tuple[dict[str, Any], bool]:
+    """(row, reused) of one point: trained and evaluated, or read back; a diverged point's row says so."""
+    run_dir = Path(cfg.out)
+    title = f"{cfg.method}, LR {cfg.lr:g}, seed {cfg.seed}"
+
+    def compute(fresh: bool):
+        return _train_and_eval(cfg, base, tokenizer, run_eval, title, fresh=fresh)
+
+    facts = {"method": cfg.method, "lr": cfg.lr}
+    row, _, reused = _run_or_diverged(run_dir, arm_key(cfg, eval_key), compute, facts)
+    log.info("%s lr %g: %s", cfg.method, cfg.lr, "read back" if reused else "trained and evaluated")
+    return row, reused
+
+
+def _write(
+    out: Path,
+    preset: str,
+    lrs: Sequence[float],
+    points: dict[str, dict[float, dict[str, Any]]],
+    base_row: dict[str, Any],
+    base_cfg: TrainConfig,
+    settings: dict[str, Any],
+    *,
+    seconds: float,
+    reused: int,
+    command: str | None,
+) -> None:
+    """sweep.md, sweep.json, lr_sweep.png and report.md under `out`."""
     baseline_ppl = base_row.get("ppl.ppl")
     table = format_sweep_table(points, baseline_ppl)
     (out / "sweep.md").write_text(table + "\n")
-    compute_s = sum(
-        (r.get("train_wall_seconds") or 0) + (r.get("eval_seconds") or 0)
-        for by_lr in points.values()
-        for r in by_lr.values()
-    )
-    (out / "sweep.json").write_text(
-        json.dumps(
-            {
-                "preset": preset,
-                "seed": base_cfg.seed,
-                "lrs": list(lrs),
-                "seconds": seconds,
-                "compute_seconds": compute_s,
-                "command": command,
-                "baseline": base_row,
-                "points": {m: {f"{lr:g}": r for lr, r in p.items()} for m, p in points.items()},
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    compute_s = _compute_seconds(r for by_lr in points.values() for r in by_lr.values())
+    doc = {
+        "preset": preset,
+        "seed": base_cfg.seed,
+        "lrs": list(lrs),
+        "seconds": seconds,
+        "compute_seconds": compute_s,
+        "command": command,
+        "baseline": base_row,
+        "points": {m: {f"{lr:g}": r for lr, r in p.items()} for m, p in points.items()},
+    }
+    (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(out, preset, points, baseline_ppl, base_cfg, settings["ppl_split"])
+    report = _report_lines(preset, table, base_cfg, settings["ppl_split"], seconds, compute_s, reused, command)
+    (out / "report.md").write_text("\n".join(report))
+
+
+def _plot(
+    out: Path,
+    preset: str,
+    points: dict[str, dict[float, dict[str, Any]]],
+    baseline_ppl: float | None,
+    base_cfg: TrainConfig,
+    ppl_split: str,
+) -> None:
+    """lr_sweep.png: each method's PPL against the LR, with the paper's and the preset's LR marked."""
     series = {
         m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()
     }
@@ -136,20 +178,32 @@ def lr_sweep(
         out / "lr_sweep.png",
         baseline=baseline_ppl,
         marks=marks,
-        title=f"{preset}: final line PPL ({settings['ppl_split']}) vs peak LR, "
-        f"{base_cfg.steps} steps, seed {base_cfg.seed}",
+        title=f"{preset}: final line PPL ({ppl_split}) vs peak LR, {base_cfg.steps} steps, seed {base_cfg.seed}",
     )
-    report = [
+
+
+def _report_lines(
+    preset: str,
+    table: str,
+    base_cfg: TrainConfig,
+    ppl_split: str,
+    seconds: float,
+    compute_s: float,
+    reused: int,
+    command: str | None,
+) -> list[str]:
+    """The lines of report.md."""
+    return [
         f"# Learning-rate sweep: {preset}",
         "",
         f"Command: `{command or 'mmpreproj sweep --preset ' + preset}`",
         "",
-        f"Time: {seconds / 60:.1f} min wall for this invocation ({reused_n} point(s) read back); "
+        f"Time: {seconds / 60:.1f} min wall for this invocation ({reused} point(s) read back); "
         f"{compute_s / 60:.1f} min summed over the points' own train + eval wall times.",
         "",
         f"Settings: the {preset} preset ({base_cfg.steps} steps, warmup {base_cfg.warmup_steps}, "
         f"{base_cfg.schedule} schedule, batch {base_cfg.effective_batch} x {base_cfg.max_len} tokens, "
-        f"seed {base_cfg.seed}), only the peak LR changes; PPL = the paper's line PPL on {settings['ppl_split']} "
+        f"seed {base_cfg.seed}), only the peak LR changes; PPL = the paper's line PPL on {ppl_split} "
         "rows.",
         "",
         table,
@@ -159,5 +213,3 @@ def lr_sweep(
         "Each point's run folder (`<method>/lr-<lr>/`) holds its `loss_curve.png`.",
         "",
     ]
-    (out / "report.md").write_text("\n".join(report))
-    return points

@@ -168,10 +168,44 @@ def _trace(
     model: nn.Module, args: tuple, kwargs: dict, verify: Verify | None, partial: bool, rng: torch.Tensor
 ) -> dict:
     what = type(model).__name__
+    named = dict(model.named_modules())
+    calls, handles = _hook_calls(named)
+    ref = probe_outputs(model, handles, args, kwargs, rng)
+    seams = {n: c for n, c in calls.items() if c["norm"] is not None}
+    parts, left = _seam_parts(model, named, seams, what)
+    _leave_out_the_rest(named, parts, left, calls, seams)
+    if not parts:
+        raise TraceError(
+            f"trace_seams: no attention module of {what} received a norm's output inside a numbered block"
+            f"{_listed(left)}; {DESCRIBE_BY_HAND}"
+        )
+    for part in parts.values():
+        _restrict_to_seams(model, part, what)
+    for part in parts.values():
+        _refuse_post_norm(model, args, kwargs, ref, named, part, what, rng)
+    for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
+        _set_output_index(model, args, kwargs, named, part, what, rng)
+    description = {"name": "traced", "parts": list(parts.values())}
+    missing = {n: why for n, why in left.items() if not why.startswith("attention pooling head")}
+    if missing and not partial:
+        raise TraceError(
+            f"trace_seams: the seams found in {what} leave {len(missing)} attention module(s) out{_listed(missing)}. "
+            "Run an example input that reaches every tower, or pass partial=True to trace_seams to take the "
+            f"description without them, or {DESCRIBE_BY_HAND}"
+        )
+    if verify is not None:
+        verify(model, description, args, kwargs, rng)
+    if left:
+        description["left_out"] = left
+    return description
+
+
+def _hook_calls(named: dict[str, nn.Module]) -> tuple[dict[str, dict], list]:
+    """Hooks that record, during the next forward, every norm's output and what each attention-like module's
+    first call received: ({attention name: its call}, the hook handles)."""
     norms: dict[int, tuple[torch.Tensor, str]] = {}  # id(output) -> (output kept alive, norm name)
     calls: dict[str, dict] = {}  # attention name -> what its first call received
     handles = []
-    named = dict(model.named_modules())
     for name, module in named.items():
         if _is_norm(name, module):
 
@@ -198,8 +232,14 @@ def _trace(
                     }
 
             handles.append(module.register_forward_pre_hook(seen, with_kwargs=True))
-    ref = probe_outputs(model, handles, args, kwargs, rng)
-    seams = {n: c for n, c in calls.items() if c["norm"] is not None}
+    return calls, handles
+
+
+def _seam_parts(
+    model: nn.Module, named: dict[str, nn.Module], seams: dict[str, dict], what: str
+) -> tuple[dict[tuple, dict], dict[str, str]]:
+    """The parts the seams make, keyed (blocks, attention, norm), each with its `_seams`; and the seams left
+    out (a norm outside the block), name -> reason. A post-norm seam (the normed input as `residual`) is refused."""
     left: dict[str, str] = {}
     parts: dict[tuple, dict] = {}
     for attn_name, seam in seams.items():
@@ -232,8 +272,19 @@ def _trace(
                 "_seams": [],
             }
         parts[key]["_seams"].append((block, attn_name, seam["norm"], seam["shape"]))
+    return parts, left
+
+
+def _leave_out_the_rest(
+    named: dict[str, nn.Module],
+    parts: dict[tuple, dict],
+    left: dict[str, str],
+    calls: dict[str, dict],
+    seams: dict[str, dict],
+) -> None:
+    """Add to `left` every attention-like module no part covers, with the reason."""
     covered = [s[1] for p in parts.values() for s in p["_seams"]]
-    for name, module in named.items():  # every attention-like module: described, or left out with the reason
+    for name, module in named.items():
         if not name or not _is_attention(name, module) or name in left:
             continue
         if any(name == c or name.startswith(c + ".") or c.startswith(name + ".") for c in covered):
@@ -241,50 +292,47 @@ def _trace(
         if any(name.startswith(o + ".") for o in left):
             continue
         left[name] = _why_left_out(module, calls.get(name), seams.get(name))
-    if not parts:
+
+
+def _refuse_post_norm(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    ref: list[torch.Tensor],
+    named: dict[str, nn.Module],
+    part: dict,
+    what: str,
+    rng: torch.Tensor,
+) -> None:
+    """TraceError when the norm's output of the part's first seam is also its block's residual stream."""
+    block, attn_name, norm_name, _ = part["_seams"][0]
+    if _residual_stream(model, args, kwargs, ref, named[block], named[norm_name], rng):
         raise TraceError(
-            f"trace_seams: no attention module of {what} received a norm's output inside a numbered block"
-            f"{_listed(left)}; {DESCRIBE_BY_HAND}"
+            f"trace_seams: the seam {norm_name!r} -> {attn_name!r} of {what} is post-norm: the output of "
+            f"{norm_name!r} is also the block's residual stream (it reaches the block's output other than as the "
+            "input of a module), so pre-projecting it would change what the residual carries; mmpreproj "
+            "pre-projects only pre-norm seams (the norm's output feeds modules only)"
         )
-    for part in parts.values():
-        _restrict_to_seams(model, part, what)
-    for part in parts.values():
-        block, attn_name, norm_name, _ = part["_seams"][0]
-        if _residual_stream(model, args, kwargs, ref, named[block], named[norm_name], rng):
-            raise TraceError(
-                f"trace_seams: the seam {norm_name!r} -> {attn_name!r} of {what} is post-norm: the output of "
-                f"{norm_name!r} is also the block's residual stream (it reaches the block's output other than as the "
-                "input of a module), so pre-projecting it would change what the residual carries; mmpreproj "
-                "pre-projects only pre-norm seams (the norm's output feeds modules only)"
-            )
-    seams_of = {id(part): part["_seams"][0] for part in parts.values()}
-    for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
-        probe = named[part.pop("_seams")[0][1]]
-        out = {}
-        h = probe.register_forward_hook(lambda m, a, o, out=out: out.setdefault("o", o))
-        probe_outputs(model, [h], args, kwargs, rng)
-        part["call"]["output_index"] = 0 if isinstance(out.get("o"), tuple) else None
-        got = out.get("o")[0] if isinstance(out.get("o"), tuple) else out.get("o")
-        if isinstance(got, torch.Tensor) and tuple(got.shape) != seams_of[id(part)][3]:
-            raise TraceError(
-                f"trace_seams: {seams_of[id(part)][1]!r} of {what} returns shape {tuple(got.shape)} "
-                "for an input of shape "
-                f"{seams_of[id(part)][3]} (a class attention that updates only the class token): the content skip "
-                f"cannot be added to its output; {DESCRIBE_BY_HAND}"
-            )
-    description = {"name": "traced", "parts": list(parts.values())}
-    missing = {n: why for n, why in left.items() if not why.startswith("attention pooling head")}
-    if missing and not partial:
+
+
+def _set_output_index(
+    model: nn.Module, args: tuple, kwargs: dict, named: dict[str, nn.Module], part: dict, what: str, rng: torch.Tensor
+) -> None:
+    """Drop the part's `_seams` and set its output layout (tuple -> index 0, tensor -> null) from one forward;
+    TraceError when the attention's output is not shaped as its input (a class attention)."""
+    _, attn_name, _, shape = part.pop("_seams")[0]
+    out = {}
+    h = named[attn_name].register_forward_hook(lambda m, a, o, out=out: out.setdefault("o", o))
+    probe_outputs(model, [h], args, kwargs, rng)
+    part["call"]["output_index"] = 0 if isinstance(out.get("o"), tuple) else None
+    got = out.get("o")[0] if isinstance(out.get("o"), tuple) else out.get("o")
+    if isinstance(got, torch.Tensor) and tuple(got.shape) != shape:
         raise TraceError(
-            f"trace_seams: the seams found in {what} leave {len(missing)} attention module(s) out{_listed(missing)}. "
-            "Run an example input that reaches every tower, or pass partial=True to trace_seams to take the "
-            f"description without them, or {DESCRIBE_BY_HAND}"
+            f"trace_seams: {attn_name!r} of {what} returns shape {tuple(got.shape)} "
+            "for an input of shape "
+            f"{shape} (a class attention that updates only the class token): the content skip "
+            f"cannot be added to its output; {DESCRIBE_BY_HAND}"
         )
-    if verify is not None:
-        verify(model, description, args, kwargs, rng)
-    if left:
-        description["left_out"] = left
-    return description
 
 
 def _multiplied(x: torch.Tensor | None, name: str, norms: dict) -> str | None:
