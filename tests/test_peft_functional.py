@@ -6,6 +6,8 @@ wrapper was peft's tuner layer (issue 45), the first three returned without doin
 
 from __future__ import annotations
 
+import tempfile
+
 import peft
 import peft.functional as pf
 import pytest
@@ -30,9 +32,17 @@ def _logits(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _two_adapters(method: str, route: str) -> torch.nn.Module:
-    """A tiny GPT-NeoX with adapters "a" and "b" of `method` (different weights), "a" active."""
+    """A tiny GPT-NeoX with adapters "a" and "b" of `method` (different weights), "a" active; route "ours" (ours
+    only): `mmpreproj.inject`, "b" read by `mmpreproj.load_adapter`."""
     make, prefix = METHODS[method]
-    if route == "inplace":
+    if route == "ours":
+        if method != "preproj":
+            pytest.skip("mmpreproj's own route injects ours only")
+        model = mmpreproj.inject(tiny_neox(), make(), adapter_name="a")
+        with tempfile.TemporaryDirectory() as tmp:
+            mmpreproj.save_adapter(mmpreproj.inject(tiny_neox(), make()), tmp)
+            mmpreproj.load_adapter(model, tmp, adapter_name="b")
+    elif route == "inplace":
         model = peft.inject_adapter_in_model(make(), tiny_neox(), adapter_name="a")
         model = peft.inject_adapter_in_model(make(), model, adapter_name="b")
     else:
@@ -52,7 +62,7 @@ def _weights(model: torch.nn.Module, method: str, name: str) -> dict[str, torch.
     return {n: p for n, p in model.named_parameters() if prefix in n and f".{name}." in n}
 
 
-ROUTES = ["inplace", "peftmodel"]
+ROUTES = ["inplace", "peftmodel", "ours"]
 
 
 @pytest.mark.parametrize("route", ROUTES)

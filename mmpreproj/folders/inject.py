@@ -22,6 +22,7 @@ from ..tuner.config import PreProjConfig
 from ..tuner.model import PreProjModel
 from ..tuner.named import Addition
 from ..tuner.plan import Plan, check_plain_model
+from ..tuner.unwrap import STATE_ATTR
 from .adapters import peft_record
 from .pretrained_save import install_save_pretrained
 
@@ -125,8 +126,9 @@ def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
 
 def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, request: Request) -> nn.Module:
     """peft's `inject_adapter_in_model(config, model, adapter_name)` with our `request`: the tuner is built over
-    `model` and dropped. peft's tuner also gives the model its `peft_config` dict; `inject` leaves only the
-    injection, so that attribute is put back as it was (absent, or a dict already there). A model that cannot take
+    `model` and dropped. peft's tuner also gives the model its `peft_config` dict: a first injection keeps it, as
+    peft's route does (peft's functions read it; `unload` takes it off), an addition puts back the one already there
+    (the tuner's own holds the new adapter alone), a failed call leaves it as it was. A model that cannot take
     a first injection is refused before (an addition goes onto the injected model itself): peft's constructor adds
     the config to a `peft_config` it finds on the model (a `PeftModel`'s own). A first injection then gets our
     round-tripping `save_pretrained` (`pretrained_save.install_save_pretrained`), which peft's routes do not."""
@@ -135,10 +137,16 @@ def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, r
     kept = vars(model).pop("peft_config", _ABSENT)
     try:
         PreProjModel(model, config, adapter_name, request=request)
-    finally:
+    except BaseException:
         vars(model).pop("peft_config", None)
         if kept is not _ABSENT:
             vars(model)["peft_config"] = kept
+        raise
+    made = vars(model).pop("peft_config", None)
+    if kept is not _ABSENT:  # an addition: the record already there (`add_planned` names the new adapter in it)
+        vars(model)["peft_config"] = kept
     if request.addition is None:
+        if made is not None:  # a first injection keeps peft's record, as `inject_adapter_in_model` does
+            model.peft_config = vars(model)[STATE_ATTR].instance_attrs["peft_config"] = made
         install_save_pretrained(model)
     return model
