@@ -55,12 +55,8 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     `PeftModel` when `model` is one, so peft's `active_adapter` follows; peft's own `PeftModel.set_adapter` follows
     peft's rule instead: trainable unless `inference_mode=True`).
 
-    Switch between steps, never inside one: RuntimeError ("set_adapter: a forward/backward is in flight")
-    while a forward of the injected model runs (a hook or observer inside it, another thread) or while an
-    autograd graph built through the active adapter's trainable weights has not been backwarded yet nor
-    freed. After `loss.backward()`, or once such outputs are dropped, the switch goes through. Not seen: a
-    forward under reentrant gradient checkpointing (it builds no graph through the adapter until backward)
-    and a forward of a `torch.compile`d model (its compiled code keeps no count).
+    Switch between steps (after `loss.backward()` and the optimizer step), as for LoRA: a switch between a
+    forward and its backward leaves that backward filling the gradients of the adapter switched away from.
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
     if record is not None:  # peft's rule (trains unless inference_mode), told what ours is

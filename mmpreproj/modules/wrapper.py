@@ -12,9 +12,6 @@ and, inside the pre-projection and the skip, each weight cast once to the comput
 (`modules.compute.WeightCasts`: a bf16 host would otherwise recast the fp32 weights on every decode step;
 on a CPU with oneDNN bf16 kernels the kept copy is prepacked, `modules.onednn`; rebuilt after any in-place
 update, never used while a gradient is needed or while torch.compile traces, never in a state dict).
-
-The wrappers of one injection share an `InFlight`: the number of autograd graphs through their trainable
-weights that are not backwarded yet, so that `set_adapter` can refuse a switch between forward and backward.
 """
 
 from __future__ import annotations
@@ -64,52 +61,6 @@ class AttentionCall:
     output_index: int | None = 0
 
 
-class InFlight:
-    """The autograd graphs through one injection's trainable weights that are not backwarded yet: `graphs`.
-
-    A wrapper arms a token on the tensor it makes when a graph starts there (its input needs no grad, or no
-    graph is counted yet): one small object per graph, nothing per block. The token ends when a backward
-    reaches that tensor (counted at the end of that backward) or when the graph is freed unbackwarded (the
-    outputs dropped), so an exception or a forward never backwarded cannot leave the count up. A copy
-    (deepcopy, pickle) starts at zero.
-    """
-
-    __slots__ = ("graphs",)
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def arm(self, t: torch.Tensor) -> None:
-        t.grad_fn.register_prehook(_GraphToken(self))
-
-    def __deepcopy__(self, memo: dict) -> InFlight:
-        return InFlight()
-
-    def __reduce__(self) -> tuple:
-        return (InFlight, ())
-
-
-class _GraphToken:
-    """Counted in its `InFlight` from creation until the backward reaches its tensor or its graph is freed."""
-
-    __slots__ = ("flight",)
-
-    def __init__(self, flight: InFlight) -> None:
-        self.flight: InFlight | None = flight
-        flight.graphs += 1
-
-    def __call__(self, grad_outputs: tuple) -> None:  # grad_fn pre-hook: this backward passes our output
-        torch.autograd.Variable._execution_engine.queue_callback(self.finish)  # runs when the backward ends
-
-    def finish(self) -> None:
-        flight, self.flight = self.flight, None
-        if flight is not None:
-            flight.graphs -= 1
-
-    def __del__(self) -> None:  # the graph was freed (the node held this hook)
-        self.finish()
-
-
 class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     """The host's attention, fed `x~` and joined by the content skip: peft's tuner layer of PREPROJ.
 
@@ -128,9 +79,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         part: the host part the block belongs to ("language", "vision", ...).
         seam_check: verifies on the first call that attention receives the pre-attention norm's output.
         adapter_name: the name of the first adapter (peft's "default").
-
-    Attributes:
-        flight: the injection's count of graphs awaiting backward (`InFlight`, set by inject), or None.
     """
 
     adapter_layer_names = ("preproj", "preproj_skip")  # peft's rule: each starts with the prefix
@@ -158,7 +106,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.block_index = block_index
         self.part = part
         self.seam_check = seam_check
-        self.flight: InFlight | None = None
         self.values_aside = False  # set by the injection while modules_to_save keep other adapters' values aside
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
@@ -309,12 +256,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
                 first, first_in = done[id(x)], x
         return tuple(args), kwargs, first_in, first
 
-    def _count_graph(self, x: torch.Tensor, made: torch.Tensor) -> None:
-        """Arm a token when a graph through our trainable weights starts at `made` (`InFlight`); called only
-        when `made` requires grad."""
-        if not torch.compiler.is_compiling() and (not x.requires_grad or self.flight.graphs == 0):
-            self.flight.arm(made)
-
     def _check_input(self, x: Any, pos: int, key: str) -> None:
         """The argument at `call.inputs` entry (pos, key) must be x^: a float tensor (..., N, d) of this block's
         width."""
@@ -346,8 +287,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             )
         out = self.base_layer(*args, **kwargs) if self._ran else self._first_call(args, kwargs)
         if skip is None:
-            if x_tilde.requires_grad and self.flight is not None and x_tilde is not x:
-                self._count_graph(x, x_tilde)
             return out
         skip = skip(x_tilde)  # (..., N, d), same layout as the attention output
         if not self._output_checked:
@@ -358,8 +297,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         for fn in self._observers.values():
             fn(self, attn, skip)
         y = attn + skip
-        if y.requires_grad and self.flight is not None:
-            self._count_graph(x, y)
         return y if tensor_out else (*out[:i], y, *out[i + 1 :])
 
     def _mixed_batch(self, adapter_names: list[str]) -> tuple[Callable | None, Callable | None]:

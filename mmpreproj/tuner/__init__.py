@@ -7,7 +7,7 @@ layout and the description saved with the weights), `legacy` (the one reader of 
 `state_dict()` keys, without the adapter name, are the file keys. One injection path: peft's
 `BaseTuner.inject_adapter` loop, whose hooks in `PreProjModel` take the steps of `apply` from the host plan.
 Bottom to top (each file imports only those before it): `state` (what an injection leaves on a model),
-`in_flight`, `state_dict`, `keys`, `plan` (validate and build), `trace` (`trace_seams`: the host trace checked by
+`state_dict`, `keys`, `plan` (validate and build), `trace` (`trace_seams`: the host trace checked by
 an identity injection), `apply` (plan, place, finish, freeze, roll back), `unload` (unload, `adapter_disabled`),
 `named` (several adapters), `model` (the tuner); beside them `unwrap`, `estimate` and the check `load_check`.
 

@@ -15,12 +15,8 @@ injection's sites: the same host row, parts, blocks and widths, the same
 preproj/skip presence and the same `modules_to_save` names. Its expansion, activation, init or compute
 dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
 
-No switch while a step is in flight (`in_flight.refuse_in_flight`): `set_adapter`, `delete_adapter` and
-`set_adapter_state_dict` raise while a forward of the injected model runs (found on the threads' call
-stacks, so nothing is counted on the hot path and nothing can stay counted after an exception) or while an
-autograd graph built through the active adapter's trainable weights awaits its backward (`InFlight`, one
-token per graph). Otherwise blocks before and after the switch would run different adapters, or the
-backward would fill gradients of an adapter the optimizer no longer steps.
+Switch between steps, as for LoRA: nothing here watches for a forward or backward in flight (peft's record of
+the active adapter is per layer, and peft's own calls switch it directly).
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ from torch import nn
 
 from ..modules import ContentSkip, PreProjAttention, PreProjection
 from .config import PreProjConfig
-from .in_flight import refuse_in_flight
 from .legacy import model_keys
 from .plan import new_adapter_modules
 from .state import InjectionState, adapter_params, adapter_trains, check_adapter_name, injected_modules, named_adapter
@@ -148,7 +143,6 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
     if name == old and trains == now:
         return
     if name != old:
-        refuse_in_flight(owner, "set_adapter")
         live = saved_module_tensors(owner, state.modules_to_save)
         kept = {k: v.detach().clone() for k, v in live.items()}
         with torch.no_grad():
@@ -170,7 +164,6 @@ def remove_adapter(owner: nn.Module, name: str) -> None:
     switching away from an active one as peft does)."""
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(state, check_adapter_name(name))
-    refuse_in_flight(owner, "delete_adapter")
     refuse_active(state, name)
     for w in injected_modules(owner):
         w.delete_adapter(name)

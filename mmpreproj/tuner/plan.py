@@ -18,7 +18,6 @@ from ..hosts.paths import check_path
 from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
 from ..hosts.spec import HostError, Site, get_path, resolve_sites
 from ..modules import ContentSkip, PreProjAttention, PreProjection
-from ..modules.wrapper import InFlight
 from .config import PreProjConfig
 from .state import InjectionState, check_adapter_name, is_injected
 
@@ -102,7 +101,6 @@ def plan_injection(
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
     placements, seams = [], []
-    flight = InFlight()  # shared by the wrappers: graphs awaiting backward (set_adapter refuses a switch then)
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
@@ -110,7 +108,6 @@ def plan_injection(
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, part=site.part, adapter_name=adapter_name
         )
-        wrapper.flight = flight
         wrapper.seam = (
             f"host {spec.name!r}, block {site.part_index} of part {site.part!r}: norm {site.norm_path!r} -> "
             f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}"

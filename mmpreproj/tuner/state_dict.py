@@ -19,7 +19,6 @@ from torch import nn
 
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
-from .in_flight import refuse_in_flight
 from .legacy import OLD_SLOTS, model_keys
 from .state import InjectionState, adapter_params, named_adapter
 from .unwrap import STATE_ATTR, injected_owner
@@ -225,8 +224,7 @@ def set_adapter_state_dict(
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and
     shape is checked, and non-finite values refused, before the first copy: on error nothing changed.
     `adapter_name` writes a stored (inactive) adapter instead of the active one.
-    Not for FSDP2-sharded models (their weights are DTensors). Refused while a step is in flight (a forward
-    running, or a graph through the adapter awaiting backward: `in_flight.refuse_in_flight`).
+    Not for FSDP2-sharded models (their weights are DTensors).
     """
     copy_adapter_weights(checked_adapter_copies(model, tensors, adapter_name, "set_adapter_state_dict"))
     return model
@@ -240,7 +238,6 @@ def checked_adapter_copies(
     `what` otherwise); nothing is copied here, so a caller may check before it changes anything else."""
     owner, state = injected_owner(model, what)
     name, _ = named_adapter(state, adapter_name)
-    refuse_in_flight(owner, what)
     tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)
     expected = named_adapter_tensors(owner, name)
     check_tensors_match(expected, tensors, f"{what}: the weights do not match this injection")
