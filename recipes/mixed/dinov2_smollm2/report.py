@@ -10,6 +10,7 @@ step and scored batch of every invocation, finished or not) and of the feature p
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ def _where_parts(generated: list[str], answers: list[str]) -> tuple[float, float
     return rows / len(answers), cols / len(answers)
 
 
+EARLY = slice(25, 100)  # the training steps whose loss says how fast a place task is learnt (after the warm-up)
+
+
 def group_results(s: VlmStudy, g: Group) -> dict[str, Any]:
     """What is finished of group `g`: the LRs tried (held-out answer PPL), the best, and per seed its rows."""
     tried, settled = s.selected(g)
@@ -81,14 +85,16 @@ def group_results(s: VlmStudy, g: Group) -> dict[str, Any]:
         }
         if g.task in ("mosaic", "where"):
             seeds[seed]["row_col"] = _where_parts(test["generated"], test["answer"])
+            early = [v for v in sel.get("losses", [])[EARLY] if math.isfinite(v)]
+            seeds[seed]["early_loss"] = sum(early) / len(early) if early else float("nan")
     return {"tried": tried, "settled": settled, "best": best, "seeds": seeds}
 
 
-def _pm(values: list[float], scale: float = 100.0) -> str:
+def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     if not values:
         return "-"
     m, sd, n = mean_std(values)
-    return f"{scale * m:.1f}" if n == 1 else f"{scale * m:.1f} ± {scale * sd:.1f}"
+    return f"{scale * m:.{digits}f}" if n == 1 else f"{scale * m:.{digits}f} ± {scale * sd:.{digits}f}"
 
 
 def write_report(s: VlmStudy, notes: tuple[str, ...] = ()) -> str:
@@ -124,6 +130,21 @@ def write_report(s: VlmStudy, notes: tuple[str, ...] = ()) -> str:
         lines.append(
             f"| {g.label} | {g.method} | {pos} | {params} | {lr} | {tried or '-'} | {len(seeds)}/{g.seeds} | {held} | {test} | {rc} | {cpu} |"  # noqa: E501
         )
+    early = [(g, res[g.label]["seeds"]) for g in s.groups if g.task in ("mosaic", "where") and res[g.label]["seeds"]]
+    if early:
+        lines += [
+            "",
+            f"How fast the place is learnt: the mean training loss over steps {EARLY.start + 1}-{EARLY.stop} (per "
+            "answer token: the two words and the end; chance 0.46), at the picked LR, mean ± std over seeds:",
+            "",
+            "| group | positions | training loss, early steps |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {g.label} | {g.positions if g.positions == '1d' else f'2d ({g.layout})'} | "
+            f"{_pm([v['early_loss'] for v in seeds.values()], scale=1.0, digits=3)} |"
+            for g, seeds in early
+        ]
     lines += ["", "Paired differences of test accuracy (points; 95% intervals over seeds and over items):", ""]
     lines += [
         "| method | reference | seeds | difference | over seeds | over items | verdict |",
