@@ -124,9 +124,9 @@ def build(cfg: Config, arm: str, seed: int) -> tuple[Probe, Backbone, dict]:
     else:
         trained = apply_method(backbone.model, arm)  # LoRA: a PeftModel around the same, modified modules
         info["adapter_params"] = count_trainable(trained)
-        cfg_lora = getattr(trained, "peft_config", {}).get("default")
-        if cfg_lora is not None:
-            info["lora_r"] = cfg_lora.r
+        cfg = getattr(trained, "peft_config", {}).get("default")  # ours leaves peft's record too: a LoRA's has `r`
+        if getattr(cfg, "r", None) is not None:
+            info["lora_r"] = cfg.r
     torch.manual_seed(HEAD_SEED + seed)  # the same head init in every arm at one seed (pairing)
     return Probe(backbone.model, backbone.dim, num_classes=5), backbone, info
 
