@@ -22,10 +22,11 @@ from torch import nn
 from ..analysis import plot_loss_curve, routing_ratios, skip_norms
 from ..eval import evaluate
 from ..sizing.report import trainable_report
-from ..train import train
+from ..train import get_preset, train
 from ..train.checkpoint import CHECKPOINT_NAME
 from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
 from ..train.runlog import write_json
+from ..train.sizes import sizes_for_method
 
 ARM_FILE = "eval.json"
 
@@ -199,3 +200,28 @@ def finish_curve(run_dir: str | Path, row: dict[str, Any], steps: int, title: st
     """The run folder's loss curve with the held-out mean row loss at the last step (when measured)."""
     held = row.get("ppl.mean_loss")
     plot_loss_curve(run_dir, heldout=(steps, held) if held is not None else None, title=title)
+
+
+def preset_grid(
+    preset: str,
+    out: Path,
+    methods: Iterable[str],
+    field: str,
+    values: Iterable[Any],
+    overrides: dict[str, Any],
+    progress: bool,
+) -> dict[tuple[Any, str], TrainConfig]:
+    """{(value, method): the point's config}: the preset with `field` (`lr`, `seed`) at each value, out at
+    `out/{method}/{field}-{value:g}`; every one built (so checked) before anything trains."""
+    return {
+        (value, method): get_preset(
+            preset,
+            method=method,
+            out=str(out / method / f"{field}-{value:g}"),
+            progress=progress,
+            **{field: value},
+            **sizes_for_method(method, overrides),
+        )
+        for value in values
+        for method in methods
+    }

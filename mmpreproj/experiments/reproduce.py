@@ -36,9 +36,9 @@ from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
-from ..train.sizes import SIZE_FIELDS, sizes_for_method
+from ..train.sizes import SIZE_FIELDS
 from ..tuner.config import PreProjConfig
-from .arms import _arm_seconds, _compute_seconds, _train_and_eval, arm_key, eval_arm, run_arm
+from .arms import _arm_seconds, _compute_seconds, _train_and_eval, arm_key, eval_arm, preset_grid, run_arm
 from .paper import PAPER_TABLE2
 from .report_md import (
     METRIC_LABELS,
@@ -183,7 +183,7 @@ def reproduce(
     settings["tasks"] = list(settings["tasks"])
     base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)
-    cfgs = _configs(preset, out, methods, seed_list, train_overrides or {}, progress)
+    cfgs = preset_grid(preset, out, methods, "seed", seed_list, train_overrides or {}, progress)
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     device = next(base.parameters()).device
@@ -233,29 +233,6 @@ def reproduce(
         command=command,
     )
     return rows
-
-
-def _configs(
-    preset: str,
-    out: Path,
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    overrides: dict[str, Any],
-    progress: bool,
-) -> dict[tuple[int, str], TrainConfig]:
-    """{(seed, method): the arm's training config}, every arm built (so checked) before the first one trains."""
-    return {
-        (seed, method): get_preset(
-            preset,
-            method=method,
-            seed=seed,
-            out=str(out / method / f"seed-{seed}"),
-            progress=progress,
-            **sizes_for_method(method, overrides),
-        )
-        for seed in seeds
-        for method in methods
-    }
 
 
 def _figures(

@@ -27,8 +27,8 @@ from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
-from ..train.sizes import SIZE_FIELDS, sizes_for_method
-from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm
+from ..train.sizes import SIZE_FIELDS
+from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm, preset_grid
 from .report_md import format_sweep_table
 
 log = logging.getLogger("mmpreproj.sweep")
@@ -60,7 +60,7 @@ def lr_sweep(
     if seed is not None:
         overrides["seed"] = seed
     base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    cfgs = _configs(preset, out, methods, lrs, overrides, progress)
+    cfgs = preset_grid(preset, out, methods, "lr", lrs, overrides, progress)
     out.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     eval_key = {**settings, "protocol": "paper", "data_source": data_source}
@@ -81,29 +81,6 @@ def lr_sweep(
     seconds = time.time() - t0
     _write(out, preset, lrs, points, base_row, base_cfg, settings, seconds=seconds, reused=reused_n, command=command)
     return points
-
-
-def _configs(
-    preset: str,
-    out: Path,
-    methods: Sequence[str],
-    lrs: Sequence[float],
-    overrides: dict[str, Any],
-    progress: bool,
-) -> dict[tuple[float, str], TrainConfig]:
-    """{(lr, method): the point's training config}, every one built (so checked) before anything trains."""
-    return {
-        (lr, method): get_preset(
-            preset,
-            method=method,
-            lr=lr,
-            out=str(out / method / f"lr-{lr:g}"),
-            progress=progress,
-            **sizes_for_method(method, overrides),
-        )
-        for lr in lrs
-        for method in methods
-    }
 
 
 def _point(
