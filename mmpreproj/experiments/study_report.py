@@ -269,9 +269,9 @@ def _text(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
+def write_report(s: Study, notes: Sequence[str] = (), rerun: str | None = None) -> Path:
     """Write study.json, report.md and the figures under `s.out`; returns the report's path. `notes`: lines
-    said under the setting (how the run differs from the paper's)."""
+    said under the setting (how the run differs from the paper's); `rerun`: the command that continues the study."""
     data = gather(s)
     gpu = gpu_run(s.out)
     comps = comparisons(data)
@@ -283,7 +283,7 @@ def write_report(s: Study, notes: Sequence[str] = ()) -> Path:
     }
     (s.out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     figs = [*_lr_figure(s, data), *_skip_figures(s, data, gpu), *_routing_figure(s, data)]
-    lines = [*_head_lines(s, notes), *_table_lines(s, data)]
+    lines = [*_head_lines(s, notes, rerun), *_table_lines(s, data)]
     if comps:
         lines += [
             "## Differences and noise",
@@ -364,7 +364,7 @@ def _routing_figure(s: Study, data: dict[str, Any]) -> list[tuple[str, str]]:
     return [("routing.png", "Routing ratio per layer on 32 test rows (mean over seeds).")]
 
 
-def _head_lines(s: Study, notes: Sequence[str]) -> list[str]:
+def _head_lines(s: Study, notes: Sequence[str], rerun: str | None) -> list[str]:
     """report.md's title, how to continue the study, the setting, the notes and the compute so far."""
     spent = compute_seconds(s)
     hours = sum(spent.values()) / 3600
@@ -372,9 +372,9 @@ def _head_lines(s: Study, notes: Sequence[str]) -> list[str]:
         f"# Table 2 on {s.preset}",
         "",
         "Written by `mmpreproj.experiments.study_report` from the finished steps "
-        "under `arms/`. Continue the study with `make smollm2 && .venv/bin/python recipes/smollm2/table2.py "
-        "--workers 2 --commit` (finished steps are read back, never trained again); rewrite this report alone "
-        "with `--report`. Unfinished groups are marked as such in the table.",
+        f"under `arms/`. Continue the study with {f'`{rerun}`' if rerun else 'the command that ran it'} (finished "
+        "steps are read back, never trained again); rewrite this report alone with `--report`. Unfinished groups are "
+        "marked as such in the table.",
         "",
         "## Setting",
         "",

@@ -21,20 +21,42 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# How this run differs from the paper's (arXiv 2604.10791, Sec. 3), said in the report.
-NOTES = (
-    "Model: SmolLM2-135M-Instruct (Llama layout: 30 layers, d=576, 9 query / 3 KV heads, RoPE on every head "
-    "dim, tied embeddings), not Pythia-160M; its weights come from a 4-bit Q4_1 GGUF file dequantised to fp32, a "
-    "slightly degraded copy of the released Instruct model.",
-    "Training: 100 steps of 4 lines x 128 positions (51k positions, about 42k real tokens: the lines are padded) "
-    "on WikiText-103 validation lines, fp32; the paper: 500 steps of 16 x 512 (4.1M positions, about 1.2M real "
-    "tokens in our GPU run of its protocol) on train lines, bf16, LR 1e-5 for every method. Here each method has "
-    "its own LR (1e-5 moves ~0.01-sized weights nowhere in 100 steps).",
-    "Evaluation: HellaSwag on 200 examples (the paper: 500) to fit the CPU budget; line PPL on test rows (the "
-    "paper: validation rows, which are trained on here); ARC-Easy not scored (not shipped offline).",
-    "LoRA targets q, k, v, o (Llama's attention projections, the set the paper's Pythia targets "
-    "`query_key_value` + `dense` cover); the paper's rank rule gives r = int(1.25 d) / 2 = 360 at d = 576.",
-)
+# How each preset's run differs from the paper's (arXiv 2604.10791, Sec. 3), said in the report.
+NOTES = {
+    "smollm2-135m-cpu": (
+        "Model: SmolLM2-135M-Instruct (Llama layout: 30 layers, d=576, 9 query / 3 KV heads, RoPE on every head "
+        "dim, tied embeddings), not Pythia-160M; its weights come from a 4-bit Q4_1 GGUF file dequantised to fp32, "
+        "a slightly degraded copy of the released Instruct model.",
+        "Training: 100 steps of 4 lines x 128 positions (51k positions, about 42k real tokens: the lines are "
+        "padded) on WikiText-103 validation lines, fp32; the paper: 500 steps of 16 x 512 (4.1M positions, about "
+        "1.2M real tokens in our GPU run of its protocol) on train lines, bf16, LR 1e-5 for every method. Here each "
+        "method has its own LR (1e-5 moves ~0.01-sized weights nowhere in 100 steps).",
+        "Evaluation: HellaSwag on 200 examples (the paper: 500) to fit the CPU budget; line PPL on test rows (the "
+        "paper: validation rows, which are trained on here); ARC-Easy not scored (not shipped offline).",
+        "LoRA targets q, k, v, o (Llama's attention projections, the set the paper's Pythia targets "
+        "`query_key_value` + `dense` cover); the paper's rank rule gives r = int(1.25 d) / 2 = 360 at d = 576.",
+    ),
+    "mini": (
+        "Model: `assets/mini-pythia`, a 7.4M-parameter GPT-NeoX with Pythia's architecture (4 layers, d=256, 25% "
+        "rotary) that this project pretrained on Project Gutenberg books (assets/mini-pythia/TRAINING.md), not "
+        "Pythia-160M: its numbers say how the methods behave on a CPU, not at the paper's scale.",
+        "Training: 200 steps of 8 lines x 128 positions on WikiText-103 validation lines, fp32; the paper: 500 "
+        "steps of 16 x 512 on train lines, bf16, LR 1e-5 for every method. Here each method has its own LR.",
+        "Evaluation: HellaSwag on 200 examples (the paper: 500); line PPL on test rows (the paper: validation "
+        "rows, which are trained on here); LAMBADA's accuracy is at or near 0 on a model this small, its target "
+        "PPL still ranks the arms; ARC-Easy not scored (not shipped offline).",
+        "LoRA targets GPT-NeoX's `query_key_value` and `dense`, as the paper's Pythia runs; the paper's rank rule "
+        "gives r = int(1.25 d) / 2 = 160 at d = 256.",
+    ),
+}
+
+
+def rerun_command(preset: str, out: str) -> str:
+    """The command that continues the study at `out` (the SmolLM2 preset needs `make smollm2` first)."""
+    flags = "" if preset == "smollm2-135m-cpu" else f" --preset {preset}"
+    flags += "" if out == "docs/evidence/smollm2-135m" else f" --out {out}"
+    first = "make smollm2 && " if preset.startswith("smollm2") else ""
+    return f"{first}.venv/bin/python recipes/smollm2/table2.py{flags} --workers 2 --commit"
 
 
 def commit(paths: list[Path], message: str) -> None:
@@ -114,7 +136,9 @@ def main() -> None:
     if args.report:
         print(
             write_report(
-                open_study(args.preset, out, runs, base, groups=groups, overrides=overrides, limit=args.limit), NOTES
+                open_study(args.preset, out, runs, base, groups=groups, overrides=overrides, limit=args.limit),
+                NOTES.get(args.preset, ()),
+                rerun_command(args.preset, args.out),
             )
         )
         return
@@ -123,11 +147,11 @@ def main() -> None:
         if args.commit:
             what = "baseline" if step is None else f"{step.kind} {step.arm}"
             where = out / "baseline.json" if step is None else out / "arms" / step.arm
-            commit([where], f"smollm2 study: {what}")
+            commit([where], f"{args.preset} study: {what}")
 
     del base
     s = study(args.preset, out, runs, groups=groups, overrides=overrides, on_finish=on_finish, limit=args.limit)
-    print(write_report(s, NOTES))
+    print(write_report(s, NOTES.get(args.preset, ()), rerun_command(args.preset, args.out)))
 
 
 if __name__ == "__main__":
