@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from recipes import headline
 
 
@@ -42,3 +44,23 @@ def test_the_numbers_page_lists_every_block_and_claim():
     assert all(f"`{name}`" in listed for blocks in headline.BLOCKS.values() for name in blocks)
     assert set(headline.BLOCK_SOURCES) == {name for blocks in headline.BLOCKS.values() for name in blocks}
     assert listed.count("checked sentence") == len(headline.CLAIMS)
+
+
+def test_demo_time_is_the_median_run_with_every_run_and_the_load(tmp_path):
+    """Three demo runs: the sentence gives the middle one's wall and CPU time, lists all three, and the load range."""
+    steps = [
+        {"step": "set-up", "wall_s": 120.0, "cpu_s": 100.0, "load_1min_before": 0.1, "load_1min_after": 0.9},
+        *(
+            {"step": "demo", "repeat": i, "wall_s": w, "cpu_s": c, "load_1min_before": lb, "load_1min_after": la}
+            for i, (w, c, lb, la) in enumerate(
+                [(400.0, 700.0, 0.5, 1.9), (361.0, 690.0, 1.2, 2.1), (372.4, 660.0, 1.0, 1.8)]
+            )
+        ),
+    ]
+    path = tmp_path / "first_hour.json"
+    path.write_text(json.dumps({"cores": 2, "date": "2026-12-06 22:00 UTC", "steps": steps}))
+    text = headline.demo_time_block(path)
+    assert text.startswith(
+        "`make demo` took 6 min 12 s (11.0 CPU-min), the median of 3 runs (6 min 01 s, 6 min 12 s, 6 min 40 s)"
+    )
+    assert "load average 0.5-2.1 around them" in text
