@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from mmpreproj.analysis.stats import mean_std  # noqa: E402
+from mmpreproj.analysis.stats import mean_std, t_interval  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
 PROBE_ARMS = ("linear", "preproj_skip", "lora", "preproj_skip_1pct", "lora_1pct", "preproj_skip_timm")
@@ -171,8 +171,8 @@ TEXT_COLUMNS = (  # metric, digits, higher is better, relative change to the unt
 )
 
 
-def _study() -> dict:
-    return json.loads((SMOLLM2 / "study.json").read_text())
+def _study(folder: Path = SMOLLM2) -> dict:
+    return json.loads((folder / "study.json").read_text())
 
 
 def _lr(lr: float) -> str:
@@ -185,38 +185,131 @@ def _millions(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n < 1e7 else f"{n / 1e6:.1f}M"
 
 
+def _num(v: float, digits: int) -> str:
+    """`v` with `digits` decimals; in powers of ten from 1e5 on (a 7M model's LAMBADA target PPL runs to millions)."""
+    return f"{v:.2e}" if abs(v) >= 1e5 else f"{v:.{digits}f}"
+
+
 def _cell(values: list[float], base: float, digits: int, rel: bool) -> str:
     m, sd, n = mean_std(values)
-    text = f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
-    return text + (f" ({100 * (m / base - 1):+.0f}%)" if rel else "")
+    text = f"{_num(m, digits)} ± {_num(sd, digits)}" if n > 1 else _num(m, digits)
+    return text + (f" ({100 * (m / base - 1):+.0f}%)" if rel and base else "")
 
 
-def smollm2_table_block() -> str:
-    """README's SmolLM2 CPU table: every trained group of study.json at its picked LR, mean ± std over seeds."""
-    data = _study()
+def study_table(folder: Path, labels: dict[str, str]) -> str:
+    """A study's table: every trained group of its study.json named in `labels`, at its picked LR, mean ± std
+    over seeds (the best of each column in bold)."""
+    data = _study(folder)
     base = data["baseline"]
-    groups = [g for g in data["groups"] if g["label"] in TEXT_LABELS]
+    groups = [g for g in data["groups"] if g["label"] in labels and g["seeds"]]
     means = {
         g["label"]: {k: mean_std([s[k] for s in g["seeds"].values()])[0] for k, *_ in TEXT_COLUMNS} for g in groups
     }
-    best = {k: (max if up else min)(means, key=lambda label, k=k: means[label][k]) for k, _, up, _ in TEXT_COLUMNS}
+    best = {  # the best group of each column, none where every group ties (a 7M model's LAMBADA accuracy: all 0)
+        k: (max if up else min)(means, key=lambda label, k=k: means[label][k])
+        for k, _, up, _ in TEXT_COLUMNS
+        if len({means[label][k] for label in means}) > 1
+    }
     n_items = {k: base[k.split(".")[0] + ".total"] for k in ("lambada.acc", "hellaswag.acc")}
     lines = [
         f"| method (trainable) | LR | seeds | test line PPL | LAMBADA ({n_items['lambada.acc']}) | LAMBADA target PPL "
         f"| HellaSwag ({n_items['hellaswag.acc']}) |",
         "|---|---|---|---|---|---|---|",
-        f"| untrained | - | - | {base['ppl.ppl']:.1f} | {base['lambada.acc']:.3f} | {base['lambada.ppl']:.1f} "
+        f"| untrained | - | - | {base['ppl.ppl']:.1f} | {base['lambada.acc']:.3f} | {_num(base['lambada.ppl'], 1)} "
         f"| {base['hellaswag.acc']:.3f} |",
     ]
     for g in groups:
         seeds = list(g["seeds"].values())
         sizes = "".join(f", `{k}={v}`" for k, v in g["sizes"].items() if k != "expansion")
-        name = f"{TEXT_LABELS[g['label']]}{sizes} ({_millions(seeds[0]['params'])})"
+        name = f"{labels[g['label']]}{sizes} ({_millions(seeds[0]['params'])})"
         cells = []
         for k, digits, _, rel in TEXT_COLUMNS:
             cell = _cell([s[k] for s in seeds], base[k], digits, rel and g["budget"] is None)
-            cells.append(f"**{cell}**" if best[k] == g["label"] else cell)
-        lines.append(f"| {name} | {_lr(g['best_lr'])} | {len(seeds)} | " + " | ".join(cells) + " |")
+            cells.append(f"**{cell}**" if best.get(k) == g["label"] else cell)
+        lr = _lr(g["best_lr"]) + (" (edge)" if g["edge"] else "")  # the best LR tried was the last rung tried
+        lines.append(f"| {name} | {lr} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def smollm2_table_block() -> str:
+    """README's SmolLM2 CPU table (docs/evidence/smollm2-135m/study.json)."""
+    return study_table(SMOLLM2, TEXT_LABELS)
+
+
+# The mini study: the same runner on the shipped 7.4M-parameter mini-pythia (recipes/smollm2/table2.py --preset mini)
+MINI = EVIDENCE / "mini-study"
+MINI_LABELS = {**TEXT_LABELS, "lora": "`lora` r=160, the paper's rule"}
+MINI_PAIRS = (  # (group, reference, how the reading names the pair), line PPL on test rows
+    ("preproj_skip", "lora", "pre-projection + skip against LoRA (the paper's rule, r=160)"),
+    ("preproj_skip", "lora_matched", "pre-projection + skip against LoRA of the same size (`lora_matched`)"),
+    ("b0.01/preproj_skip", "b0.01/lora", "at 1% of the base's weights, pre-projection + a rank-r skip against LoRA"),
+    ("skip", "lora", "the skip alone against LoRA"),
+)
+
+
+def mini_table_block() -> str:
+    """The mini study's table (docs/evidence/mini-study/study.json), in the README and docs/results.md."""
+    return study_table(MINI, MINI_LABELS)
+
+
+def mini_reading_block() -> str:
+    """The mini study's paired differences in test line PPL (`MINI_PAIRS`)."""
+    return study_reading(MINI, MINI_PAIRS)
+
+
+def study_reading(folder: Path, pairs: tuple[tuple[str, str, str], ...]) -> str:
+    """A study's paired differences in test line PPL, one line per pair found in its study.json: the difference,
+    its intervals over seeds (where there are several) and over test rows, and its reading."""
+    data = _study(folder)
+    lines = []
+    for method, reference, name in pairs:
+        found = [c for c in data["comparisons"] if (c["method"], c["reference"], c["metric"]) == (method, reference,
+                 "ppl.ppl")]  # fmt: skip
+        if not found:
+            continue
+        c = found[0]
+        over_seeds = f"[{c['seeds'][0]:+.1f}, {c['seeds'][1]:+.1f}] over seeds, " if c["seeds"] else ""
+        verdict = (
+            "within the noise"
+            if not c["beyond_noise"]
+            else ("better" if c["diff"] < 0 else "worse") + (", beyond the noise")
+        )
+        lines.append(f"- {name[0].upper()}{name[1:]}: {c['diff']:+.1f} line PPL ({over_seeds}"
+                     f"[{c['items'][0]:+.1f}, {c['items'][1]:+.1f}] over test rows): {verdict}.")  # fmt: skip
+    return "\n".join(lines)
+
+
+# The mini budget study (mmpreproj budget): its two runs' JSON, each with every point and a per-budget summary
+MINI_BUDGET = EVIDENCE / "mini-budget"
+BUDGET_NAMES = {"lora": "`lora`", "preproj_skip": "`preproj_skip`", "skip": "`skip`", "preproj": "`preproj`"}
+
+
+def mini_budget_block() -> str:
+    """The budget table: each method at each budget at its own best LR (3 seeds), and its paired difference in
+    test line PPL to LoRA at the same budget with a t interval over seeds (budget.json, budget-1pct.json)."""
+    rows = [
+        r for f in ("budget-1pct.json", "budget.json") for r in json.loads((MINI_BUDGET / f).read_text())["summary"]
+    ]
+    rows.sort(key=lambda r: (round(r["percent"], 1), list(BUDGET_NAMES).index(r["method"])))
+    lines = [
+        "| budget | method (sizes) | trainable | best LR | test line PPL (3 seeds) | − LoRA at that budget |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lora = next((x for x in rows if x["budget"] == r["budget"] and x["method"] == "lora"), None)
+        seeds = sorted(set(r["ppl"]) & set(lora["ppl"])) if lora and r is not lora else []
+        diff = "-"
+        if seeds:
+            diffs = [r["ppl"][s] - lora["ppl"][s] for s in seeds]
+            lo, hi = t_interval(diffs)
+            diff = f"{sum(diffs) / len(diffs):+.1f} [{lo:+.1f}, {hi:+.1f}]"
+        budget = "paper's size" if r["budget"] == "paper" else f"{100 * float(r['budget'][1:]):g}%"
+        sizes = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["sizes"].items())
+        name = BUDGET_NAMES[r["method"]] + (f" ({sizes})" if sizes else "")
+        lines.append(
+            f"| {budget} | {name} | {r['params']:,} ({r['percent']:.1f}%) | {r['best_lr']:g} "
+            f"| {r['mean']:.1f} ± {r['std']:.1f} | {diff} |"
+        )
     return "\n".join(lines)
 
 
@@ -285,13 +378,25 @@ def smollm2_gpu_block() -> str:
     return "\n".join(lines)
 
 
+def study_hours(folder: Path) -> float:
+    """A study's CPU-hours as its report sums them (every invocation of a resumed arm, from the per-arm files)."""
+    text = (folder / "report.md").read_text()
+    return float(re.search(r"Compute so far: ([0-9.]+) CPU-hours", text).group(1))
+
+
 def smollm2_hours_block() -> str:
-    """The CPU-hours of the SmolLM2 study, as its report sums them (every invocation of a resumed arm)."""
-    text = (SMOLLM2 / "report.md").read_text()
-    hours = float(re.search(r"Compute so far: ([0-9.]+) CPU-hours", text).group(1))
+    """The CPU-hours of the SmolLM2 study."""
     return (
-        f"runs Table 2 on it on two CPU cores (restartable; {hours:.1f} CPU-hours in all, summed from every run's "
-        "files):"
+        f"runs Table 2 on it on two CPU cores (restartable; {study_hours(SMOLLM2):.1f} CPU-hours in all, summed from "
+        "every run's files):"
+    )
+
+
+def mini_hours_block() -> str:
+    """The CPU-hours of the mini study."""
+    return (
+        f"The study took {study_hours(MINI):.1f} CPU-hours in all (one thread per worker, two workers on two cores; "
+        "summed from every run's files)."
     )
 
 
@@ -303,9 +408,17 @@ BLOCKS = {  # file -> {block name: generator}
         "smollm2-norms": smollm2_norms_block,
         "smollm2-gpu": smollm2_gpu_block,
         "demo-time": demo_time_block,
+        "mini-table": mini_table_block,
+        "mini-reading": mini_reading_block,
     },
     ROOT / "docs" / "getting-started.md": {"demo-time": demo_time_block},
-    ROOT / "docs" / "results.md": {"real-models": results_block},
+    ROOT / "docs" / "results.md": {
+        "real-models": results_block,
+        "mini-table": mini_table_block,
+        "mini-reading": mini_reading_block,
+        "mini-hours": mini_hours_block,
+        "mini-budget": mini_budget_block,
+    },
     ROOT / "docs" / "performance.md": {"bench-latest": bench_latest_block},
     ROOT / "docs" / "numbers.md": {"numbers": lambda: numbers_block()},
 }
@@ -356,6 +469,7 @@ def _gpu_gains() -> dict[str, float]:
 
 
 STUDY_JSON = "docs/evidence/smollm2-135m/study.json"
+MINI_JSON = "docs/evidence/mini-study/study.json"
 GPU_JSON = "docs/evidence/smollm2-135m/gpu/results.json"
 CLAIMS = (
     Claim(
@@ -392,7 +506,11 @@ BLOCK_SOURCES = {  # block name -> the committed files its numbers come from
         "docs/evidence/vlm-dinov2-smollm2/arms/",
         "docs/evidence/video-dinov2-clip-order/metrics.json",
     ),
-    "demo-time": ("bench/results/first_hour.json (the demo step of bench/first_hour.py)",),
+    "demo-time": ("bench/results/first_hour.json (the demo runs of bench/first_hour.py)",),
+    "mini-table": (MINI_JSON,),
+    "mini-reading": (MINI_JSON + " (its comparisons)",),
+    "mini-hours": ("docs/evidence/mini-study/report.md (from arms/*/*/select.json, full.json, log.jsonl)",),
+    "mini-budget": ("docs/evidence/mini-budget/budget.json", "docs/evidence/mini-budget/budget-1pct.json"),
     "bench-latest": ("bench/results/latest.md (written with latest.json by bench/run_all.py)",),
     "numbers": ("recipes/headline.py (this list)",),
 }

@@ -44,7 +44,7 @@ from .sweep import SWEEP_EVAL
 
 log = logging.getLogger("mmpreproj.budget")
 
-# Where each method's search starts on mini: 2x around its best LR at the full size (docs/evidence/mini-lr-sweep:
+# Where each method's search starts on mini: 2x around its best LR at the full size (0.5.0's six-LR sweep on mini:
 # LoRA 3e-3, pre-projection + skip 1e-2, skip 3e-2; pre-projection alone unmeasured, started as preproj_skip).
 START_LRS: Mapping[str, tuple[float, ...]] = {
     "lora": (1.5e-3, 3e-3, 6e-3),

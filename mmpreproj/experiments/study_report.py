@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_skip_growth, plot_skip_norms
+from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .report_md import METRIC_LABELS, _comparison_rows, _figure_lines, format_comparisons, noise_sentences
 from .study import Step, Study, best_lr, read_baseline
@@ -282,7 +282,7 @@ def write_report(s: Study, notes: Sequence[str] = (), rerun: str | None = None) 
         "comparisons": _comparison_rows(comps),
     }
     (s.out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    figs = [*_lr_figure(s, data), *_skip_figures(s, data, gpu), *_routing_figure(s, data)]
+    figs = [*_results_figure(s, data), *_lr_figure(s, data), *_skip_figures(s, data, gpu), *_routing_figure(s, data)]
     lines = [*_head_lines(s, notes, rerun), *_table_lines(s, data)]
     if comps:
         lines += [
@@ -304,6 +304,24 @@ def write_report(s: Study, notes: Sequence[str] = (), rerun: str | None = None) 
     path = s.out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _results_figure(s: Study, data: dict[str, Any]) -> list[tuple[str, str]]:
+    """results.png: each metric per finished group at its picked LR (mean, std over seeds) beside the baseline."""
+    done = [g for g in data["groups"] if g["seeds"]]
+    panels = {}
+    for metric in METRICS:
+        values = {g["label"]: mean_std([r[metric] for r in g["seeds"].values()])[:2] for g in done}
+        if data["baseline"] and data["baseline"].get(metric) is not None:
+            values = {"baseline": (data["baseline"][metric], 0.0), **values}
+        if len(values) > 1 and not (metric == "lambada.acc" and all(m == 0 for m, _ in values.values())):
+            panels[METRIC_LABELS[metric]] = values
+    if not panels:
+        return []
+    seeds = max(len(g["seeds"]) for g in done)
+    title = f"{s.preset}: each group at its picked LR, mean over up to {seeds} seed(s), error bars = std"
+    plot_results(panels, s.out / "results.png", title=title)
+    return [("results.png", "Each metric per group at its held-out-picked LR; error bars: std over seeds.")]
 
 
 def _lr_figure(s: Study, data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -331,7 +349,8 @@ def _skip_figures(s: Study, data: dict[str, Any], gpu: dict[str, Any]) -> list[t
         return []
     init = 1e-4 * s.hidden  # ||N(0, 1e-4)||_F of a d x d matrix
     plot_skip_norms(norms, s.out / "skip_norms.png", title=f"||W_skip||_F per layer ({s.preset}, mean over seeds)")
-    growth = {f"{k} (SmolLM2-135M, CPU study)": [v / init for v in vals] for k, vals in norms.items()}
+    model = Path(s.base_cfg.model).name
+    growth = {f"{k} ({model}, CPU study)": [v / init for v in vals] for k, vals in norms.items()}
     growth.update(
         {
             f"paper {p.removeprefix('pythia-')}": [v / (1e-4 * w) for v in PAPER_SKIP_NORMS[p]]
