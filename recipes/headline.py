@@ -9,6 +9,8 @@ Sources: docs/evidence/smollm2-135m/study.json (text), the cells of docs/evidenc
 `recipes/mixed/dinov2_smollm2/report.group_results`), docs/evidence/video-dinov2-clip-order/metrics.json
 (video). A row whose study has not finished says "not run yet" for what is missing.
 Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; `tests/test_headline.py` runs `--check`.
+The blocks and checked sentences of docs/results.md's toy-model sections and of docs/performance.md live in
+`recipes/numbers_pages.py` and are added to this module's BLOCKS, BLOCK_SOURCES and CLAIMS.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from mmpreproj.analysis.stats import mean_std, t_interval  # noqa: E402
+from recipes import numbers_pages  # noqa: E402
+from recipes.claim import Claim  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
 PROBE_ARMS = ("linear", "preproj_skip", "lora", "preproj_skip_1pct", "lora_1pct", "preproj_skip_timm")
@@ -422,20 +424,12 @@ BLOCKS = {  # file -> {block name: generator}
     ROOT / "docs" / "performance.md": {"bench-latest": bench_latest_block},
     ROOT / "docs" / "numbers.md": {"numbers": lambda: numbers_block()},
 }
+for _path, _blocks in numbers_pages.BLOCKS.items():  # the toy-model results and performance (recipes/numbers_pages.py)
+    BLOCKS.setdefault(_path, {}).update(_blocks)
 
 
-# Numbers in prose: each claim is a template that, filled from the files, must appear verbatim in its page
-@dataclass(frozen=True)
-class Claim:
-    """`template.format(**values())` must occur in `page`; `sources` are the files `values` reads."""
-
-    page: str
-    template: str
-    values: Callable[[], dict[str, float | str]]
-    sources: tuple[str, ...]
-
-    def text(self) -> str:
-        return self.template.format(**self.values())
+# Numbers in prose: each claim (recipes/claim.py) is a template that, filled from the files, must appear verbatim
+# in its page
 
 
 def _comparison(data: dict, method: str, reference: str, metric: str) -> dict:
@@ -492,6 +486,7 @@ CLAIMS = (
         _gpu_gains,
         (GPU_JSON,),
     ),
+    *numbers_pages.CLAIMS,
 )
 
 
@@ -512,7 +507,8 @@ BLOCK_SOURCES = {  # block name -> the committed files its numbers come from
     "mini-hours": ("docs/evidence/mini-study/report.md (from arms/*/*/select.json, full.json, log.jsonl)",),
     "mini-budget": ("docs/evidence/mini-budget/budget.json", "docs/evidence/mini-budget/budget-1pct.json"),
     "bench-latest": ("bench/results/latest.md (written with latest.json by bench/run_all.py)",),
-    "numbers": ("recipes/headline.py (this list)",),
+    "numbers": ("recipes/headline.py, recipes/numbers_pages.py (this list)",),
+    **numbers_pages.BLOCK_SOURCES,
 }
 
 

@@ -36,6 +36,7 @@ def test_a_sentence_whose_number_was_typed_by_hand_is_caught(tmp_path, monkeypat
     text = (headline.ROOT / claim.page).read_text()
     page.write_text(text.replace(claim.text(), claim.text().replace("[0.3", "[0.2"), 1))
     monkeypatch.setattr(headline, "ROOT", tmp_path)
+    monkeypatch.setattr(headline, "CLAIMS", (claim,))  # the one page copied
     assert headline.stale_claims() == [f"{claim.page}: {claim.text()!r}"]
 
 
@@ -64,3 +65,27 @@ def test_demo_time_is_the_median_run_with_every_run_and_the_load(tmp_path):
         "`make demo` took 6 min 12 s (11.0 CPU-min), the median of 3 runs (6 min 01 s, 6 min 12 s, 6 min 40 s)"
     )
     assert "load average 0.5-2.1 around them" in text
+
+
+def test_a_toy_result_sentence_fails_when_its_file_changes(tmp_path, monkeypatch):
+    """The mini-ViT sentence is filled from summary.json: a changed comparison there makes the page's words stale."""
+    from recipes import numbers_pages
+
+    for name in ("summary.json", "summary_open_clip.json"):
+        (tmp_path / name).write_text((numbers_pages.MINI_VIT / name).read_text())
+    claim = next(c for c in numbers_pages.CLAIMS if "LoRA beats pre-projection + skip" in c.template)
+    assert headline.stale_claims() == []
+    data = json.loads((tmp_path / "summary.json").read_text())
+    data["summary"]["preproj_skip"]["vs_lora"]["diff"] = -0.05  # 5.0 points behind LoRA instead of 3.9
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    monkeypatch.setattr(numbers_pages, "MINI_VIT", tmp_path)
+    assert "by 5.0 points" in claim.text()
+    assert headline.stale_claims() == [f"{claim.page}: {claim.text()!r}"]
+
+
+def test_the_mini_vit_block_is_the_table_the_probe_wrote():
+    """numbers_pages rebuilds the probe's table from its per-seed summary; it equals the one the recipe stored."""
+    from recipes import numbers_pages
+
+    stored = json.loads((numbers_pages.MINI_VIT / "summary.json").read_text())["table"]
+    assert numbers_pages.mini_vit_table_block() == stored
