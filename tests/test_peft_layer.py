@@ -1,6 +1,7 @@
 """The wrapper as peft's tuner layer: the model's own `state_dict()` keys are the file keys (the adapter name
 removed, as peft does for LoRA), peft's state-dict hook builds its result from the state dict it is handed (so a
-sharded model's passes through untouched), and the old in-memory block-index keys still load bit-exact."""
+sharded model's passes through untouched), and the old in-memory block-index keys still load bit-exact (an old
+whole-model state dict through `set_adapter_state_dict`, not `load_state_dict`)."""
 
 from __future__ import annotations
 
@@ -65,12 +66,22 @@ def test_the_old_in_memory_block_index_keys_load_bit_exact():
         assert torch.equal(fresh(tokens).logits, model(tokens).logits)
 
 
-def test_a_full_state_dict_in_the_old_key_layout_loads_into_the_active_adapter():
-    """`model.load_state_dict` of a checkpoint written before the slots were keyed by adapter name."""
+def test_a_full_state_dict_in_the_old_key_layout_is_refused_by_load_state_dict_and_loads_split():
+    """A whole-model checkpoint written before the slots were keyed by adapter name (0.4). `inject` registers no
+    `load_state_dict` pre-hook (issue 45), so `model.load_state_dict` of it fails loudly (torch's strict check
+    names the old keys) and leaves the adapter as it was; its adapter part (today's adapter file keys) goes in
+    through `set_adapter_state_dict`, the rest through `load_state_dict(strict=False)`, bit-exact."""
     model = _trained(mmpreproj.inject(tiny_neox()))
     sd = {k.replace(".default.", "."): v.clone() for k, v in model.state_dict().items()}
     fresh = mmpreproj.inject(tiny_neox())
-    fresh.load_state_dict(sd)
+    init = {k: v.clone() for k, v in mmpreproj.adapter_state_dict(fresh).items()}
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: .*\.preproj\.up\.weight"):
+        fresh.load_state_dict(sd)
+    assert all(torch.equal(v, init[k]) for k, v in mmpreproj.adapter_state_dict(fresh).items())
+    adapter = {k: v for k, v in sd.items() if ".preproj." in k or ".preproj_skip." in k}
+    mmpreproj.set_adapter_state_dict(fresh, adapter)
+    result = fresh.load_state_dict({k: v for k, v in sd.items() if k not in adapter}, strict=False)
+    assert not result.unexpected_keys and all(".default." in k for k in result.missing_keys)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
 
 

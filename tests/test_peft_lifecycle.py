@@ -18,7 +18,7 @@ datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 peft = pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM, Trainer  # noqa: E402
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback  # noqa: E402
 
 import mmpreproj  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
@@ -190,16 +190,29 @@ def test_trainer_load_best_model_at_end_restores_the_best_checkpoints_adapter(tm
     assert any(not torch.equal(got[k], last[k]) for k in last)
 
 
-def test_trainer_resuming_an_injected_model_is_refused_naming_get_peft_model(tmp_path, base_dir, lm_data):
-    """A plain Trainer on an `inject`ed model (not a PeftModel) checkpoints the base; its resume would load that
-    into the model and go on from the initial adapter. The load is refused before anything changes, naming the
-    call to make (transformers gives no hook to refuse at `Trainer(...)`, so it is refused at the resume)."""
-    _fit(tmp_path / "cut", mmpreproj.inject(_base(base_dir)), lm_data, callbacks=[StopAfterSave(2)])
-    fresh = mmpreproj.inject(_base(base_dir))
-    before = {k: v.clone() for k, v in fresh.state_dict().items()}
-    with pytest.raises(RuntimeError, match=r"plain transformers Trainer .*peft\.get_peft_model"):
-        _fit(tmp_path / "cut", fresh, lm_data, resume=True)
-    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+def test_trainer_resuming_goes_on_from_the_checkpoints_adapter_never_the_fresh_init(tmp_path, base_dir, lm_data):
+    """A plain Trainer on an `inject`ed model (not a PeftModel) is unsupported (issue 45: nothing on the instance
+    saves the base or refuses its resume any more); the route is `peft.get_peft_model`. Its resume, after a cut,
+    loads the checkpoint's adapter into the fresh model before the first step goes on, leaving the base as it
+    was: never the adapter the fresh model started with."""
+    _fit(tmp_path / "cut", _peft(base_dir), lm_data, callbacks=[StopAfterSave(2)])
+    saved = load_file(tmp_path / "cut" / "checkpoint-2" / "adapter_model.safetensors")
+    fresh = _peft(base_dir, seed=7)
+    init = _adapter(fresh)
+    assert not any(torch.equal(v, saved[k]) for k, v in init.items())  # the test can tell the two apart
+    base = {k: v.clone() for k, v in fresh.state_dict().items() if ".preproj" not in k}
+    at_start = {}
+
+    class AtStart(TrainerCallback):  # the Trainer loads the checkpoint before on_train_begin
+        def on_train_begin(self, args, state, control, **kwargs):
+            at_start.update(_adapter(fresh))
+            at_start["base_unchanged"] = all(
+                torch.equal(v, base[k]) for k, v in fresh.state_dict().items() if k in base
+            )
+
+    _fit(tmp_path / "cut", fresh, lm_data, resume=True, callbacks=[AtStart()])
+    assert at_start.pop("base_unchanged") is True
+    assert at_start.keys() == saved.keys() and all(torch.equal(at_start[k], saved[k]) for k in saved)
 
 
 # -- 2. TRL SFTTrainer with a model folder and peft_config --------------------------------------------------

@@ -1,7 +1,8 @@
-"""A model mmpreproj changed pickles whole (`torch.save(model)`, what Ray, multiprocessing and some launchers do): the
-instance attributes it installs (`inject`'s `save_pretrained`, `add_rope`'s `forward_features`) are partials of
-module functions, which pickle; bound methods of module functions do not (pickle writes them as a `getattr` of a
-name the model lacks)."""
+"""A model mmpreproj changed pickles whole (`torch.save(model)`, what Ray, multiprocessing and some launchers do): what
+it installs (`add_rope`'s `forward_features` instance attribute, `inject`'s input-embedding forward hook) are
+partials of module functions, which pickle; bound methods of module functions do not (pickle writes them as a
+`getattr` of a name the model lacks). `inject` installs no `save_pretrained` on the instance (issue 45): on either
+route the copy is saved whole by the function."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _perturb(model: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("through", ["inject", "peft"])
 @torch.no_grad()
-def test_an_injected_transformers_model_pickles_whole_and_its_copy_saves_itself(through, tmp_path):
+def test_an_injected_transformers_model_pickles_whole_and_its_copy_saves_whole(through, tmp_path):
     base = BUILDERS["llama"]()
     model = mmpreproj.inject(base) if through == "inject" else get_peft_model(base, PreProjConfig())
     _perturb(model)
@@ -42,17 +43,13 @@ def test_an_injected_transformers_model_pickles_whole_and_its_copy_saves_itself(
     want = model.eval()(ids).logits
     copy = _round_trip(model)
     assert torch.equal(copy(ids).logits, want)
-    if through == "inject":
-        inner = copy
-        inner.save_pretrained(tmp_path / "copy")  # the installed save, bound to the copy, not to the original
-    else:  # peft's route installs nothing on the model (a PeftModel saves itself): the function saves it whole
-        inner = copy.get_base_model()
-        assert "save_pretrained" not in vars(inner)
-        mmpreproj.save_pretrained(inner, tmp_path / "copy")
+    inner = copy if through == "inject" else copy.get_base_model()
+    assert "save_pretrained" not in vars(inner)  # neither route installs one (a PeftModel saves itself)
+    mmpreproj.save_pretrained(inner, tmp_path / "copy")  # the copy's own wrappers and weights, not the original's
     reloaded = mmpreproj.from_pretrained(tmp_path / "copy")
     assert torch.equal(reloaded.eval()(ids).logits, want)
     mmpreproj.unload(inner)
-    assert "save_pretrained" not in vars(inner)  # unload still finds and removes what inject installed
+    assert "save_pretrained" not in vars(inner) and not mmpreproj.is_injected(inner)
 
 
 @torch.no_grad()

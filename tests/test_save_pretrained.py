@@ -229,30 +229,33 @@ def test_from_pretrained_with_an_adapter_folder_elsewhere(tmp_path):
         mmpreproj.from_pretrained(tmp_path / "base", adapter=tmp_path / "base")
 
 
-def test_a_base_checkpoint_into_an_injected_model_is_refused_before_anything_loads(tmp_path):
-    """What a plain transformers Trainer does on resume of an inject()ed model: `load_state_dict(model.safetensors,
-    strict=False)`; going on would keep the adapter the run started with, so it is refused, naming the call."""
+def test_load_state_dict_of_an_injected_model_is_torchs_own(tmp_path):
+    """inject registers no `load_state_dict` pre-hook (issue 45): the injected model loads a state dict keyed as
+    its own `state_dict()` keys it, silently and exactly; a base checkpoint (keys as before inject, what
+    `mmpreproj.save_pretrained` writes at the top) is not translated into the wrapped modules. A strict load says
+    so (torch's RuntimeError naming the wrapped keys it lacks); `strict=False` returns the same keys and leaves
+    every injected weight as it was (never the checkpoint's adapter: it has none). The caller's dict is never
+    renamed. A Trainer that resumes goes through `peft.get_peft_model` (test_peft_lifecycle.py)."""
     import warnings
-
-    from mmpreproj.folders.pretrained_save import load_base_keys
-
-    def base_key_hooks(model) -> list:
-        return [h for h in model._load_state_dict_pre_hooks.values() if getattr(h, "hook", h) is load_base_keys]
 
     _, model, out = _trained(CASES[1])
     mmpreproj.save_pretrained(model, tmp_path)
     base_sd = load_file(str(tmp_path / "model.safetensors"))
     other = mmpreproj.inject(BUILDERS["llama"](seed=3), PreProjConfig(skip_init_std=0.05))
-    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert not any(m._load_state_dict_pre_hooks for m in other.modules())
+    injected = {k: v.clone() for k, v in mmpreproj.adapter_state_dict(other).items()}
     keys = sorted(base_sd)
-    with pytest.raises(RuntimeError, match=r"base checkpoint .*peft\.get_peft_model\(model, PreProjConfig\(\)\)"):
-        other.load_state_dict(base_sd, strict=False)
-    assert sorted(base_sd) == keys  # the caller's dict is not renamed either
-    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: .*\.base_layer\."):
+        other.load_state_dict(base_sd)
+    result = other.load_state_dict(base_sd, strict=False)
+    assert any(".base_layer." in k for k in result.missing_keys) and any(".preproj." in k for k in result.missing_keys)
+    assert result.unexpected_keys and not any(".base_layer." in k for k in result.unexpected_keys)
+    assert sorted(base_sd) == keys  # the caller's dict is not renamed
+    now = mmpreproj.adapter_state_dict(other)
+    assert all(torch.equal(now[k], v) for k, v in injected.items())  # not the trained adapter: the base has none
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a full injected state dict loads silently, as before
         other.load_state_dict(model.state_dict())
     assert torch.equal(lm_forward(other), out)
-    assert len(base_key_hooks(other)) == 1
     mmpreproj.unload(other)
-    assert not base_key_hooks(other)
+    assert not any(m._load_state_dict_pre_hooks for m in other.modules())

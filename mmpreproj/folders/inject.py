@@ -1,8 +1,8 @@
 """`mmpreproj.inject`: put the modules into a host model, in place, through peft's injection loop: the tuner
 `PreProjModel`, whose hooks take each step of `tuner/apply.py` (plan, place, finish, freeze), the path of
-`peft.inject_adapter_in_model` and `peft.get_peft_model` too. What our API adds to peft's path: the model keeps no
-tuner (as `inject_adapter_in_model` leaves it) and gets the round-tripping `save_pretrained`
-(`pretrained_save.py`), which `unload` takes off.
+`peft.inject_adapter_in_model` and `peft.get_peft_model` too. Like `inject_adapter_in_model`, the model keeps no
+tuner and gets nothing on its instance but peft's `peft_config` record; its whole-model folder is written by the
+function `mmpreproj.save_pretrained(model, DIR)` (`pretrained_save.py`), never by `model.save_pretrained`.
 
 Every call validates first (`tuner/plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
 The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `tuner/state.py`), never in globals.
@@ -24,7 +24,6 @@ from ..tuner.named import Addition
 from ..tuner.plan import Plan, check_plain_model
 from ..tuner.unwrap import STATE_ATTR
 from .adapters import peft_record
-from .pretrained_save import install_save_pretrained
 
 _ABSENT = object()
 
@@ -68,8 +67,10 @@ def inject(
     Returns the same model object. Injected weights are float32 on the device of their block.
     It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
     (`mmpreproj.tuner.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
-    wraps the result in a `PeftModel`. Beyond peft's path, the model's `save_pretrained` writes the base and the
-    adapter (`mmpreproj.save_pretrained`), so a Trainer saving the model itself keeps the base loadable.
+    wraps the result in a `PeftModel`. Like peft's in-place route, nothing is installed on the instance:
+    `model.save_pretrained` stays the class's own, which writes the wrapped keys; save the base and the adapter
+    with `mmpreproj.save_pretrained(model, DIR)`. A plain `transformers.Trainer` on an injected model is not
+    supported: give it `peft.get_peft_model(model, config)` instead.
     """
     _check_arguments(model, config)
     config = config or PreProjConfig()
@@ -130,8 +131,7 @@ def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, r
     peft's route does (peft's functions read it; `unload` takes it off), an addition puts back the one already there
     (the tuner's own holds the new adapter alone), a failed call leaves it as it was. A model that cannot take
     a first injection is refused before (an addition goes onto the injected model itself): peft's constructor adds
-    the config to a `peft_config` it finds on the model (a `PeftModel`'s own). A first injection then gets our
-    round-tripping `save_pretrained` (`pretrained_save.install_save_pretrained`), which peft's routes do not."""
+    the config to a `peft_config` it finds on the model (a `PeftModel`'s own)."""
     if request.addition is None:
         check_plain_model(model)
     kept = vars(model).pop("peft_config", _ABSENT)
@@ -145,8 +145,6 @@ def _through_tuner(model: nn.Module, config: PreProjConfig, adapter_name: str, r
     made = vars(model).pop("peft_config", None)
     if kept is not _ABSENT:  # an addition: the record already there (`add_planned` names the new adapter in it)
         vars(model)["peft_config"] = kept
-    if request.addition is None:
-        if made is not None:  # a first injection keeps peft's record, as `inject_adapter_in_model` does
-            model.peft_config = vars(model)[STATE_ATTR].instance_attrs["peft_config"] = made
-        install_save_pretrained(model)
+    if request.addition is None and made is not None:  # a first injection keeps peft's record, as peft's route
+        model.peft_config = vars(model)[STATE_ATTR].instance_attrs["peft_config"] = made
     return model

@@ -19,13 +19,10 @@ machinery (tied weights, shards, quantizer, weight-name conversions); everything
 also when the save fails. The trained `modules_to_save` values go to the adapter. A `state_dict=` the
 caller passes (the Trainer does, under some launchers) is translated the same way (`split_state_dict`).
 
-`mmpreproj.inject` and `mmpreproj.load_adapter` (our API, not peft's routes: a `PeftModel` saves itself) still
-install the same save as the instance's `model.save_pretrained` (the Trainer calls it) and `unload` takes it off;
-the class and every other model are untouched. It stays until the class's own method can
-save an injected model: transformers 5.24 writes a model's adapters (`_hf_peft_config_loaded`, peft's format)
-only with peft >= 0.22 (`check_peft_version` in `get_adapter_state_dict` / `active_adapters`), and the class's
-method of an unregistered injected model would write the wrapper's keys (`base_layer.`), which a plain
-`from_pretrained` misreads.
+Only this function writes such a folder: `inject` and `load_adapter` put nothing on the model instance (as peft's
+`inject_adapter_in_model` does not), so an injected model's own `model.save_pretrained` is its class's, which
+writes the wrapped model's keys (`base_layer.`, the adapter's) that a plain `from_pretrained` does not read as
+the base. A `PeftModel` (`peft.get_peft_model`) saves itself, adapter only; that is the model for a `Trainer`.
 
 The two halves are two writes (transformers', then ours), so each records which save it belongs to: a fresh
 token goes into the base's `config.json` (`mmpreproj_save_token`, written with the config, before the
@@ -37,11 +34,9 @@ base beside an old adapter; `load_adapter(model, DIR)` and `from_pretrained(DIR)
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import secrets
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +46,6 @@ from torch import nn
 from ..adapter_files.file_check import BASE_FILES, refuse_links
 from ..hosts.spec import get_path
 from ..modules import PreProjAttention
-from ..tuner.legacy import named_slot_key
 from ..tuner.state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
 from ..tuner.unwrap import STATE_ATTR
 from ..util.io import set_new_file_modes
@@ -60,58 +54,6 @@ from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
 _WRAPPER_OWN = tuple(f"{slot}." for slot in SLOTS)  # wrapper state that is not the base's
-
-
-def install_save_pretrained(model: nn.Module) -> None:
-    """Give a model our own API injected (`inject`, `load_adapter`) the round-tripping `save_pretrained`, if its
-    class has one and the instance does not override it, and a `load_state_dict` pre-hook that reads a base
-    checkpoint (`load_base_keys`). Both are recorded in the injection state, by which `unload` takes them off;
-    the peft routes (`get_peft_model`, `inject_adapter_in_model`, `PeftModel.from_pretrained`) get neither."""
-    state = vars(model)[STATE_ATTR]
-    if callable(getattr(type(model), "save_pretrained", None)) and "save_pretrained" not in vars(model):
-        # a partial pickles (torch.save(model)): a bound method of a module function would be pickled as
-        # getattr(model, "_save_pretrained") and fail to load
-        model.save_pretrained = state.instance_attrs["save_pretrained"] = partial(_save_pretrained, model)
-    state.hooks.append(model.register_load_state_dict_pre_hook(load_base_keys))
-
-
-def load_base_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """`load_state_dict` pre-hook of an injected model: a base checkpoint (keys as before `inject`, e.g. what
-    `save_pretrained` writes and transformers' Trainer reads back on resume) loads into the wrapped modules.
-
-    Under a wrapper `P`, `P.X` becomes `P.base_layer.X`, and an injected weight in the layout before adapters
-    were keyed by name, `P.preproj.up.weight` / `P.skip.proj.weight`, becomes the active adapter's
-    `P.preproj.{name}.up.weight` / `P.preproj_skip.{name}.proj.weight` (a 0.4 checkpoint resumed by a Trainer). A dict
-    with base keys of wrapped attention and none of the injected weights is refused (RuntimeError, nothing
-    loaded): a plain Trainer resumed from its own checkpoint would otherwise go on with the adapter it started
-    from.
-    """
-    wrappers = {f"{prefix}{name}.": w for name, w in module.named_modules() if isinstance(w, PreProjAttention)}
-    if not wrappers:
-        return
-    renames, adapter_keys = {}, 0
-    for key in state_dict:
-        wrapper_prefix = next((p for p in wrappers if key.startswith(p)), None)
-        if wrapper_prefix is None:
-            continue
-        rest = key[len(wrapper_prefix) :]
-        named = named_slot_key(rest, wrappers[wrapper_prefix])  # today's layout, or an older one (`tuner/legacy.py`)
-        if named is not None:
-            adapter_keys += 1
-            if named != rest:
-                renames[key] = f"{wrapper_prefix}{named}"
-        elif not rest.startswith(("base_layer.", *_WRAPPER_OWN)):
-            renames[key] = f"{wrapper_prefix}base_layer.{rest}"
-    if renames and not adapter_keys:  # refused before anything is renamed or loaded
-        raise RuntimeError(
-            "load_state_dict: a base checkpoint (no injected weights in it) is being loaded into a model with "
-            "mmpreproj modules injected, e.g. a plain transformers Trainer resuming an inject()ed model: that would "
-            "go on from the adapter the run started with. Train a PeftModel instead, "
-            "peft.get_peft_model(model, PreProjConfig()) (adapter-only checkpoints that resume exactly); to load "
-            "base weights on purpose, load them before inject (or mmpreproj.unload first); nothing was loaded"
-        )
-    for key, new_key in renames.items():
-        state_dict[new_key] = state_dict.pop(key)
 
 
 def _wrappers_by_name(model: nn.Module) -> dict[str, PreProjAttention]:
@@ -282,34 +224,6 @@ def save_pretrained(
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask
         set_new_file_modes(folder, tuple(p.name for p in folder.glob("model*.safetensors")))
         save_adapter(model, folder / PRETRAINED_ADAPTER_DIR, state_dict=adapter_sd, readme=True, base_save_token=token)
-
-
-def _save_pretrained(
-    self: nn.Module,
-    save_directory: str | Path,
-    is_main_process: bool = True,
-    state_dict: dict[str, Any] | None = None,
-    *args: Any,
-    adapter_only: bool = False,
-    **kwargs: Any,
-) -> None:
-    """The instance's `save_pretrained` that `inject` installs: `save_pretrained(self, ...)` above (the class's
-    own, after an unload by hand). Kept while the class's method cannot save an injected model right (transformers
-    5.24 saves a model's adapters only with peft >= 0.22, which mmpreproj does not support yet)."""
-    cls_save = type(self).save_pretrained
-    if STATE_ATTR not in vars(self):  # unloaded by hand: the plain method
-        return cls_save(self, save_directory, is_main_process, state_dict, *args, **kwargs)
-    if args:  # the class's positional parameters after state_dict, by name
-        bound = inspect.signature(cls_save).bind_partial(self, save_directory, is_main_process, state_dict, *args)
-        kwargs = {**dict(list(bound.arguments.items())[4:]), **kwargs}
-    return save_pretrained(
-        self,
-        save_directory,
-        adapter_only=adapter_only,
-        state_dict=state_dict,
-        is_main_process=is_main_process,
-        **kwargs,
-    )
 
 
 def _refuse_torchao_base(model: nn.Module) -> None:

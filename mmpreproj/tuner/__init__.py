@@ -13,7 +13,7 @@ an identity injection), `apply` (plan, place, finish, freeze, roll back), `unloa
 
 Nothing here writes an adapter folder itself (peft does, with `PreProjConfig.save_pretrained` for the config)
 or patches a model instance. Above the tuner, our own API over it
-(`mmpreproj.folders`): `inject` (peft's `inject_adapter_in_model` plus the round-tripping `save_pretrained`), the
+(`mmpreproj.folders`): `inject` (peft's `inject_adapter_in_model` with our host plan), the
 writers and readers of adapter and whole-model folders, the one loader of any trained folder, `preproj_lora`'s
 folder, `from_pretrained`. Below it: the checks of a folder's files alone (`digest`, `file_check`) and its model
 card in `mmpreproj.adapter_files`, the counts `budget` and `report` in `mmpreproj.sizing`, the trace itself, its

@@ -36,9 +36,9 @@ class InjectionState:
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
     frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
     thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
-    # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`, the base-key load hook of
-    # `folders/pretrained_save.py`) and attributes set on the instance by the API above the tuner (`mmpreproj.inject`'s
-    # `save_pretrained`: name -> the object set): unload and roll_back take exactly these off
+    # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`) and attributes set on the
+    # instance by the API above the tuner (`mmpreproj.inject`'s `peft_config`, as peft's `inject_adapter_in_model`
+    # leaves it: name -> the object set): unload and roll_back take exactly these off
     hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
     instance_attrs: dict[str, Any] = field(default_factory=dict, repr=False)
     # several adapters on one base (named.py): each wrapper holds them all (one ModuleDict per slot); the

@@ -5,8 +5,9 @@ argv: SIDE MODE. MODE "peft": `get_peft_model(tiny_neox(), PreProjConfig())`; MO
 Each rank shards the model with FSDP2 (`fully_shard` per layer, then the whole model), as accelerate does, and
 trains 2 AdamW steps on its own batch. Then the save a Trainer makes under FSDP2: every rank gathers the full
 model and optimizer state dicts (rank 0 gets them: `cpu_offload=True`), and rank 0 alone calls
-`save_pretrained(SIDE/saved, state_dict=full)` while rank 1 waits at a barrier (a collective inside the save
-would never return), and the gathered optimizer state beside it (SIDE/optimizer.pt, as the Trainer's checkpoint).
+`save_pretrained(SIDE/saved, state_dict=full)` (MODE "inject": `mmpreproj.save_pretrained(model, ...)`) while
+rank 1 waits at a barrier (a collective inside the save would never return), and the gathered optimizer state
+beside it (SIDE/optimizer.pt, as the Trainer's checkpoint).
 Both ranks then train a third step (`continued`), and a fresh sharded model resumes from the two files and trains
 the same third step (`resumed`); MODE "peft" also loads the saved file with peft's `set_peft_model_state_dict` on
 every rank into a fresh sharded model (`loaded`). MODE "peft" also saves without `state_dict=` on every rank
@@ -97,7 +98,10 @@ def main() -> None:
     full = get_model_state_dict(model, options=FULL)  # every rank takes part; rank 0 gets it all
     optim = get_optimizer_state_dict(model, opt, options=FULL)
     if rank == 0:  # the main process alone, as Trainer._save (and its optimizer.pt: the state as it is now)
-        model.save_pretrained(os.path.join(side, "saved"), state_dict=full)
+        if mode == "peft":
+            model.save_pretrained(os.path.join(side, "saved"), state_dict=full)
+        else:  # inject puts no save_pretrained on the instance (issue 45): the function saves base + adapter
+            mmpreproj.save_pretrained(model, os.path.join(side, "saved"), state_dict=full)
         torch.save(optim, os.path.join(side, "optimizer.pt"))
     dist.barrier()
     gathered = adapter_part(full)
