@@ -426,13 +426,54 @@ def cli_startup_block() -> str:
     )
 
 
+def _cli_share() -> dict[str, float]:
+    """The slowest refused command's time over `import torch` (and the --help), measured side by side."""
+    ratios = _read(BENCH / "cli_startup.json")["over_import_torch"]
+    return {"share": max(v for k, v in ratios.items() if "import torch" not in k)}
+
+
 def _cli_load() -> dict[str, float]:
     load = _read(BENCH / "cli_startup.json")["loadavg"]
     return {"before": load["before"][0], "after": load["after"][0]}
 
 
+def sizes_block() -> str:
+    """docs/peft-guide.md's size table: `mmpreproj.estimate` of two configs on three named shapes (computed, not
+    measured: the trainable count and 16 bytes per trainable weight for fp32 weights, gradients and AdamW)."""
+    from mmpreproj import PreProjConfig, estimate  # the library's own count (imports torch)
+
+    shapes = {"mini-pythia": "mini-pythia (7M)", "pythia-160m": "Pythia-160M", "llama-3-8b": "Llama-3-8B"}
+    configs = {
+        "`PreProjConfig()` (the paper's)": PreProjConfig(),
+        "`PreProjConfig(expansion=1/16, skip_rank=16)`": PreProjConfig(expansion=1 / 16, skip_rank=16),
+    }
+    lines = ["| config | " + " | ".join(shapes.values()) + " |", "|---" * (len(shapes) + 1) + "|"]
+    for name, config in configs.items():
+        cells = []
+        for shape in shapes:
+            e = estimate(config, shape)
+            train = f", {e.train_bytes / 1e9:.3g} GB to train" if shape == "llama-3-8b" else ""
+            share = f"{e.percent:.1f}" if e.percent >= 10 else f"{e.percent:.2f}"
+            cells.append(f"{e.params:,} ({share}%{train})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _estimates() -> dict[str, float]:
+    """The paper's default and a small config on Llama-3-8B (`mmpreproj.estimate`), as getting-started quotes them."""
+    from mmpreproj import PreProjConfig, estimate
+
+    big, small = (
+        estimate(PreProjConfig(), "llama-3-8b"),
+        estimate(PreProjConfig(expansion=1 / 16, skip_rank=16), "llama-3-8b"),
+    )
+    return {"big": big.params, "big_pct": big.percent, "big_gb": big.train_bytes / 1e9, "small": small.params,
+            "small_pct": small.percent, "small_gb": small.train_bytes / 1e9}  # fmt: skip
+
+
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
     ROOT / RESULTS: {"mini-vit-probe": mini_vit_table_block},
+    ROOT / "docs" / "peft-guide.md": {"sizes": sizes_block},
     ROOT / PERFORMANCE: {
         "decode-table": decode_table_block,
         "gpu-h200": gpu_table_block,
@@ -445,6 +486,7 @@ BLOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "decode-table": (DECODE_JSON, LATEST_JSON + " (decode160, decode_llama)"),
     "gpu-h200": (GPU_JSON,),
     "cli-startup": (CLI_JSON,),
+    "sizes": ("mmpreproj.estimate (computed from the configs and the named shapes, mmpreproj/tuner/estimate.py)",),
 }
 
 CLAIMS: tuple[Claim, ...] = (
@@ -560,14 +602,13 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         PERFORMANCE,
-        "| bf16 host | 13,824 B/token/layer (18.0 bytes x d) | {bytes:,.0f} B ({per_d:.1f} bytes x d) |",
+        "| bf16 host | {bytes:,.0f} B ({per_d:.1f} bytes x d) |",
         _train_memory("bf16 host, compute input"),
         (LATEST_JSON,),
     ),
     Claim(
         PERFORMANCE,
-        "| fp32 host under bf16 autocast (the trainer's default) | 6,912 B (9.0 bytes x d) | {bytes:,.0f} B "
-        "({per_d:.1f} bytes x d) |",
+        "| fp32 host under bf16 autocast (the trainer's default) | {bytes:,.0f} B ({per_d:.1f} bytes x d) |",
         _train_memory("fp32 host + bf16 autocast, compute input"),
         (LATEST_JSON,),
     ),
@@ -624,4 +665,12 @@ CLAIMS: tuple[Claim, ...] = (
         (SMOLLM2_BENCH_JSON,),
     ),
     Claim(PERFORMANCE, "1-minute load average {before:.1f} before and {after:.1f} after", _cli_load, (CLI_JSON,)),
+    Claim(
+        "docs/getting-started.md",
+        "the paper's default on Llama-3-8B is {big:,} ({big_pct:.1f}%, {big_gb:.1f} GB); "
+        "`PreProjConfig(expansion=1/16, skip_rank=16)` is {small:,} ({small_pct:.2f}%, {small_gb:.2f} GB)",
+        _estimates,
+        ("mmpreproj.estimate (computed)",),
+    ),
+    Claim("docs/cli.md", "at most {share:.2f} of the time `import torch` alone takes", _cli_share, (CLI_JSON,)),
 )
