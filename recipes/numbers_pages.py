@@ -459,6 +459,15 @@ def sizes_block() -> str:
     return "\n".join(lines)
 
 
+def _smollm2_sizes() -> dict[str, float]:
+    """Trainable weights of the paper's size and of the 1% budget on SmolLM2-135M, from the study's arms."""
+    groups = {g["label"]: g for g in _read(ROOT / "docs" / "evidence" / "smollm2-135m" / "study.json")["groups"]}
+    params = {
+        k: next(iter(groups[k]["seeds"].values()))["params"] / 1e6 for k in ("preproj_skip", "b0.01/preproj_skip")
+    }
+    return {"paper": params["preproj_skip"], "one": params["b0.01/preproj_skip"]}
+
+
 def _estimates() -> dict[str, float]:
     """The paper's default and a small config on Llama-3-8B (`mmpreproj.estimate`), as getting-started quotes them."""
     from mmpreproj import PreProjConfig, estimate
@@ -474,6 +483,7 @@ def _estimates() -> dict[str, float]:
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
     ROOT / RESULTS: {"mini-vit-probe": mini_vit_table_block},
     ROOT / "docs" / "peft-guide.md": {"sizes": sizes_block},
+    ROOT / "README.md": {"sizes": sizes_block},
     ROOT / PERFORMANCE: {
         "decode-table": decode_table_block,
         "gpu-h200": gpu_table_block,
@@ -671,6 +681,12 @@ CLAIMS: tuple[Claim, ...] = (
         "`PreProjConfig(expansion=1/16, skip_rank=16)` is {small:,} ({small_pct:.2f}%, {small_gb:.2f} GB)",
         _estimates,
         ("mmpreproj.estimate (computed)",),
+    ),
+    Claim(
+        "README.md",
+        "on SmolLM2-135M it trains {one:.2f}M weights, where `PreProjConfig()` trains {paper:.1f}M",
+        _smollm2_sizes,
+        ("docs/evidence/smollm2-135m/study.json",),
     ),
     Claim("docs/cli.md", "at most {share:.2f} of the time `import torch` alone takes", _cli_share, (CLI_JSON,)),
 )
