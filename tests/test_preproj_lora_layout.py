@@ -192,7 +192,8 @@ def test_load_adapter_reads_our_folder_only_into_the_loaded_model(tmp_path):
         model.load_adapter(str(tmp_path / PREPROJ_SUBDIR), "other")
     _assert_unchanged(model, before)
 
-    model.load_adapter(str(tmp_path / PREPROJ_SUBDIR), PREPROJ_SUBDIR)  # a Trainer's resume names the subfolder
+    result = model.load_adapter(str(tmp_path / PREPROJ_SUBDIR), PREPROJ_SUBDIR)  # a Trainer's resume: the subfolder
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])  # the fields peft's load_adapter returns
     want, got = mmpreproj.adapter_state_dict(source), mmpreproj.adapter_state_dict(model)
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert "preproj" not in model.peft_config  # ours is no LoRA adapter

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ import torch
 from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 from safetensors.torch import load_file
 from torch import nn
-from torch.nn.modules.module import _IncompatibleKeys
 
 from ..adapter_files.file_check import PEFT_PREFIX
 from ..modules.wrapper import PreProjAttention
@@ -48,6 +48,9 @@ from ..tuner.unload import unload as unload_ours
 from ..tuner.unwrap import injected_owner, injected_owners, owner_prefix
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
 from .inject import inject
+
+# The fields of what torch's `load_state_dict` and peft's `load_adapter` return (torch's own class is private)
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 PREPROJ_SUBDIR = "preproj"  # our adapter's folder below peft's LoRA (peft's folder for an adapter of that name)
 
@@ -122,7 +125,7 @@ class _Stacked:
                     "loaded"
                 )
             copy_adapter_weights(_checked_ours(self, folder))
-            return _IncompatibleKeys([], [])  # what peft's load_adapter returns: nothing missing
+            return IncompatibleKeys([], [])  # what peft's load_adapter returns: nothing missing
         below = folder / PREPROJ_SUBDIR
         copies = None
         if _holds_ours(below):

@@ -101,7 +101,8 @@ def enable_checkpointing(model: nn.Module, reentrant: bool = False) -> None:
             host.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         raise ValueError(f"{type(host).__name__} does not support activation checkpointing")
-    if reentrant and not hasattr(host, "_require_grads_hook") and hasattr(host, "enable_input_require_grads"):
+    if reentrant and hasattr(host, "enable_input_require_grads"):
+        host.disable_input_require_grads()  # once only: a hook transformers already added goes first (public calls)
         host.enable_input_require_grads()  # LoRA-only runs have no mmpreproj hook; older transformers skip this
     if not reentrant and hasattr(host, "disable_input_require_grads"):
         host.disable_input_require_grads()  # transformers 5 adds it always; non-reentrant needs none (2.7%/step)
