@@ -459,6 +459,20 @@ def sizes_block() -> str:
     return "\n".join(lines)
 
 
+def _one_call_sweep() -> dict[str, int]:
+    """The one call over every causal-LM class built tiny (bench/results/one_call_sweep.jsonl, one row per class):
+    injected with the base's logits at identity init and others once perturbed, refused, not buildable."""
+    rows = [json.loads(line) for line in (BENCH / "one_call_sweep.jsonl").read_text().splitlines() if line.strip()]
+    ok = [r for r in rows if r["stage"] == "ok"]
+    exact = sum(1 for r in ok if r.get("identity_equal") and r.get("perturbed_differs"))
+    return {
+        "ok": exact if exact == len(ok) else f"{exact} of {len(ok)}",  # a silently wrong row shows in the page
+        "refused": sum(1 for r in rows if r["stage"] == "refused"),
+        "cannot": sum(1 for r in rows if r["stage"] in ("build", "base-forward")),
+        "total": len(rows),
+    }
+
+
 def _smollm2_sizes() -> dict[str, float]:
     """Trainable weights of the paper's size and of the 1% budget on SmolLM2-135M, from the study's arms."""
     groups = {g["label"]: g for g in _read(ROOT / "docs" / "evidence" / "smollm2-135m" / "study.json")["groups"]}
@@ -687,6 +701,21 @@ CLAIMS: tuple[Claim, ...] = (
         "on SmolLM2-135M it trains {one:.2f}M weights, where `PreProjConfig()` trains {paper:.1f}M",
         _smollm2_sizes,
         ("docs/evidence/smollm2-135m/study.json",),
+    ),
+    Claim(
+        "docs/hosts.md",
+        "the one call injects {ok} (each one\nreturning the base's logits at identity init, and other logits once "
+        "perturbed) and refuses {refused} with the reason;\ntransformers itself cannot build or run the tiny config "
+        "of {cannot} (`bench/one_call_sweep.py`, {total} classes",
+        _one_call_sweep,
+        ("bench/results/one_call_sweep.jsonl",),
+    ),
+    Claim(
+        "README.md",
+        "over all {total} causal-LM classes of transformers, {ok} inject exactly and {refused} are\nrefused with the "
+        "reason",
+        _one_call_sweep,
+        ("bench/results/one_call_sweep.jsonl",),
     ),
     Claim("docs/cli.md", "at most {share:.2f} of the time `import torch` alone takes", _cli_share, (CLI_JSON,)),
 )
