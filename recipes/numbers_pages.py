@@ -459,6 +459,37 @@ def sizes_block() -> str:
     return "\n".join(lines)
 
 
+def quant_memory_block() -> str:
+    """docs/peft-guide.md's memory table: the medians of bench/results/quant.json (`bench/bench_quant.py --json`)."""
+    data = _read(BENCH / "quant.json")
+    med, mib = data["medians"], 2**20
+    names = {"float32": "float32", "int8": "int8 (torchao)", "nf4": "nf4 (bitsandbytes)"}
+    keys = ("base_param_bytes", "steady_rss", "step_peak_rss", "step_extra_rss")
+    lines = [
+        "| base | base params MiB | steady RSS MiB | step peak RSS MiB | peak - steady MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for v in data["args"]["variants"]:
+        cells = [f"{med[v][k] / mib:,.0f}" + ("" if v == "float32" else f" ({med[v][k] / med['float32'][k]:.2f}x)")
+                 for k in keys]  # fmt: skip
+        lines.append(f"| {names[v]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _quant_load() -> dict[str, float]:
+    """The load around the memory bench: only its memory figures matter, the load says how busy the machine was."""
+    data = _read(BENCH / "quant.json")
+    before, after = (float(data[k][0]) for k in ("loadavg_before", "loadavg_after"))  # the bench writes them as text
+    return {"before": before, "after": after, "repeats": data["args"]["repeats"]}
+
+
+def _quantized_recipe() -> dict[str, float]:
+    """The int8 recipe's line PPLs and reload check (docs/evidence/quantized-base/metrics.json)."""
+    m = _read(ROOT / "docs" / "evidence" / "quantized-base" / "metrics.json")
+    return {"float": m["ppl_float_base"], "int8": m["ppl_before"], "after": m["ppl_after"],
+            "exact": "bit-exact" if m["reload_bit_exact"] else "NOT bit-exact"}  # fmt: skip
+
+
 def _one_call_sweep() -> dict[str, int]:
     """The one call over every causal-LM class built tiny (bench/results/one_call_sweep.jsonl, one row per class):
     injected with the base's logits at identity init and others once perturbed, refused, not buildable."""
@@ -496,7 +527,7 @@ def _estimates() -> dict[str, float]:
 
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
     ROOT / RESULTS: {"mini-vit-probe": mini_vit_table_block},
-    ROOT / "docs" / "peft-guide.md": {"sizes": sizes_block},
+    ROOT / "docs" / "peft-guide.md": {"sizes": sizes_block, "quant-memory": quant_memory_block},
     ROOT / "README.md": {"sizes": sizes_block},
     ROOT / PERFORMANCE: {
         "decode-table": decode_table_block,
@@ -510,6 +541,7 @@ BLOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "decode-table": (DECODE_JSON, LATEST_JSON + " (decode160, decode_llama)"),
     "gpu-h200": (GPU_JSON,),
     "cli-startup": (CLI_JSON,),
+    "quant-memory": ("bench/results/quant.json (bench/bench_quant.py --repeats 3 --json)",),
     "sizes": ("mmpreproj.estimate (computed from the configs and the named shapes, mmpreproj/tuner/estimate.py)",),
 }
 
@@ -716,6 +748,20 @@ CLAIMS: tuple[Claim, ...] = (
         "reason",
         _one_call_sweep,
         ("bench/results/one_call_sweep.jsonl",),
+    ),
+    Claim(
+        "docs/peft-guide.md",
+        "--repeats {repeats} --json bench/results/quant.json`; 1-minute load average "
+        "{before:.1f}\nbefore, {after:.1f} after, 2 CPUs)",
+        _quant_load,
+        ("bench/results/quant.json",),
+    ),
+    Claim(
+        "docs/peft-guide.md",
+        "line\nPPL on 100 test rows: float32 base {float:.1f}, int8 base {int8:.1f}, after training {after:.1f}; the "
+        "reload is {exact}",
+        _quantized_recipe,
+        ("docs/evidence/quantized-base/metrics.json",),
     ),
     Claim("docs/cli.md", "at most {share:.2f} of the time `import torch` alone takes", _cli_share, (CLI_JSON,)),
 )
