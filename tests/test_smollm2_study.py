@@ -173,3 +173,33 @@ def test_gpu_script_picks_each_methods_lr_on_heldout_rows(tiny_gguf, tmp_path):
     assert "(picked)" in report.read_text()
     with pytest.raises(SystemExit, match="--lrs: 'x' is not a positive learning rate"):
         gpu_table2.main([*argv, "--lrs", "1e-4,x"])
+
+
+def test_commit_takes_only_its_paths_and_returns_at_once_when_they_are_unchanged(tmp_path, monkeypatch, caplog):
+    """The study runners' `commit`: a finished step's files alone (never what else is staged), and nothing to do
+    (no retries, no warning) when they are as committed, even beside untracked files."""
+    import subprocess
+
+    from recipes.smollm2 import table2
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "kept.json").write_text("{}")
+    git("add", "kept.json")
+    git("commit", "-q", "-m", "first")
+    (tmp_path / "untracked.txt").write_text("x")
+    (tmp_path / "staged.txt").write_text("y")
+    git("add", "staged.txt")
+    monkeypatch.setattr(table2, "ROOT", tmp_path)
+    monkeypatch.setattr(table2.time, "sleep", lambda s: pytest.fail("commit retried an unchanged file"))
+    table2.commit([tmp_path / "kept.json"], "unchanged")
+    table2.commit([tmp_path / "missing.json"], "nothing there")
+    assert git("rev-list", "--count", "HEAD").strip() == "1" and "could not commit" not in caplog.text
+    (tmp_path / "new.json").write_text("{}")
+    table2.commit([tmp_path / "new.json"], "a step")
+    assert git("show", "--name-only", "--format=", "HEAD").split() == ["new.json"]
+    assert "staged.txt" in git("diff", "--cached", "--name-only")  # what else was staged stays staged

@@ -62,8 +62,13 @@ def rerun_command(preset: str, out: str) -> str:
 def commit(paths: list[Path], message: str) -> None:
     """`git add` + `git commit -- paths` (only these paths), retried while another git holds the index."""
     rel = [str(p.relative_to(ROOT)) for p in paths if p.exists()]
+    if not rel:  # `git commit --` without paths would commit whatever else is staged
+        return
     for _ in range(20):
         add = subprocess.run(["git", "add", "--", *rel], cwd=ROOT, capture_output=True, text=True)
+        staged = subprocess.run(["git", "diff", "--cached", "--quiet", "--", *rel], cwd=ROOT)
+        if add.returncode == 0 and staged.returncode == 0:
+            return  # these files are as committed: nothing to commit (git's wording varies with untracked files)
         if add.returncode == 0:
             done = subprocess.run(
                 ["git", "commit", "-q", "-m", message, "--", *rel], cwd=ROOT, capture_output=True, text=True
