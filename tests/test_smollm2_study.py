@@ -175,6 +175,7 @@ def test_gpu_script_picks_each_methods_lr_on_heldout_rows(tiny_gguf, tmp_path):
         gpu_table2.main([*argv, "--lrs", "1e-4,x"])
 
 
+@pytest.mark.slow  # runs git
 def test_commit_takes_only_its_paths_and_returns_at_once_when_they_are_unchanged(tmp_path, monkeypatch, caplog):
     """The study runners' `commit`: a finished step's files alone (never what else is staged), and nothing to do
     (no retries, no warning) when they are as committed, even beside untracked files."""
