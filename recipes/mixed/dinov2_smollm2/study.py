@@ -56,7 +56,7 @@ class Group:
     seeds: int = 1
 
 
-# The key pairs first, with 3 seeds; the rest 1. The positional question is asked twice. `mosaic` (where is the
+# The key pairs with 3 seeds (class/proj+lora, the matched LoRA, got its seeds after the others); the rest 1. The positional question is asked twice. `mosaic` (where is the
 # <class>?) binds a class to a place: with the LM frozen, a per-token projector cannot learn to name a tile's place
 # (mosaic/2d, the projector alone, scored 26.6% against 25% chance and 50% / 51% on row / column, seed 0), and with
 # pre-projection + skip in the LM neither positions learnt it in 250 steps (2d, seed 0: 24.2% test; 1d, seed 0 at
@@ -69,7 +69,7 @@ GROUPS = (
     Group("where/2d+preproj_skip", "proj+preproj_skip", "where", "2d", seeds=3),
     Group("where/1d+preproj_skip", "proj+preproj_skip", "where", "1d", seeds=3),
     Group("where/2d-il+preproj_skip", "proj+preproj_skip", "where", "2d", "interleaved"),
-    Group("class/proj+lora", "proj+lora", "class"),
+    Group("class/proj+lora", "proj+lora", "class", seeds=3),
     Group("mosaic/2d+preproj_skip", "proj+preproj_skip", "mosaic", "2d"),
     Group("mosaic/1d+preproj_skip", "proj+preproj_skip", "mosaic", "1d"),
     Group("mosaic/2d-il+preproj_skip", "proj+preproj_skip", "mosaic", "2d", "interleaved"),
