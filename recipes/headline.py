@@ -194,7 +194,8 @@ def _num(v: float, digits: int) -> str:
 
 def _cell(values: list[float], base: float, digits: int, rel: bool) -> str:
     m, sd, n = mean_std(values)
-    text = f"{_num(m, digits)} ± {_num(sd, digits)}" if n > 1 else _num(m, digits)
+    fmt = ".2e" if abs(m) >= 1e5 else f".{digits}f"  # the spread is written as the mean is (see `_num`)
+    text = f"{m:{fmt}} ± {sd:{fmt}}" if n > 1 else f"{m:{fmt}}"
     return text + (f" ({100 * (m / base - 1):+.0f}%)" if rel and base else "")
 
 
