@@ -201,3 +201,6 @@ def test_quick_run_finishes_and_a_restart_trains_nothing(tmp_path):
     assert len(times) == 2 * 4 and all(lines.values())
     out = subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert "select " not in out.stderr and {p: len(p.read_text().splitlines()) for p in times} == lines
+    one = [*cmd[:-1], "class/proj"]  # a run of one group trains nothing here and keeps every finished row
+    subprocess.run(one, check=True, env=env, cwd=REPO, capture_output=True, timeout=HANG_GUARD_S)
+    assert (tmp_path / "ev" / "report.md").read_text() == report

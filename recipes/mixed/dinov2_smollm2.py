@@ -159,6 +159,7 @@ def main() -> None:
         "pool": args.pool,
     }
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    every = list(groups)  # the report reads back every group, whichever ones this run trains
     if args.groups:
         wanted = args.groups.split(",")
         unknown = [w for w in wanted if w not in [g.label for g in groups]]
@@ -175,7 +176,7 @@ def main() -> None:
         key = features_key(out)
         if key is None:
             ap.error(f"--report: no finished feature pass in {out} (features.json)")
-        print(write_report(open_study(cfg, out, runs, groups, key), notes))
+        print(write_report(open_study(cfg, out, runs, every, key), notes))
         return
 
     def on_finish(step) -> None:
@@ -190,8 +191,8 @@ def main() -> None:
 
     base, tok = load_lm(cfg.lm)
     base.to(resolve_device(args.device))  # the tower follows it (`run`)
-    s = run(cfg, out, runs, groups, base, tok, on_finish=on_finish)
-    print(write_report(s, notes))
+    run(cfg, out, runs, groups, base, tok, on_finish=on_finish)
+    print(write_report(open_study(cfg, out, runs, every, features_key(out)), notes))  # a --groups run drops no row
     if args.commit:
         commit([out / "report.md"], "vlm-dinov2-smollm2: report")
 
