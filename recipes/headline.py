@@ -88,6 +88,53 @@ def vlm_rows() -> dict[str, list[float]]:
     return {g.label: [r["test.acc"] for r in group_results(s, g)["seeds"].values()] for g in GROUPS}
 
 
+def _seeded(kind: str) -> dict[str, dict[int, float]]:
+    """arm or group -> {seed: test accuracy in %} of the probe ("probe") or the VLM ("vlm"), for paired differences."""
+    if kind == "probe":
+        from recipes.vision import dinov2_probe as probe
+
+        arms = probe.collect(probe.Config(out=str(EVIDENCE / "dinov2-probe")))["arms"]
+        return {
+            n: {int(s): 100 * r["test_accuracy"] for s, r in a["seeds"].items() if r.get("test_accuracy") is not None}
+            for n, a in arms.items()
+        }
+    from recipes.mixed.dinov2_smollm2.report import group_results
+    from recipes.mixed.dinov2_smollm2.study import GROUPS, Config, features_key, open_study
+
+    out = EVIDENCE / "vlm-dinov2-smollm2"
+    s = open_study(Config(), out, ROOT / "runs" / "vlm-dinov2-smollm2", list(GROUPS), features_key(out))
+    return {g.label: {int(k): 100 * r["test.acc"] for k, r in group_results(s, g)["seeds"].items()} for g in GROUPS}
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float]:
+    """Mean of the per-seed differences a - b and its 95% Student-t interval over seeds."""
+    diffs = [a[k] - b[k] for k in sorted(set(a) & set(b))]
+    lo, hi = t_interval(diffs)
+    return sum(diffs) / len(diffs), lo, hi
+
+
+def _mean(v: dict[int, float]) -> float:
+    return sum(v.values()) / len(v)
+
+
+def _probe_finding() -> dict[str, float]:
+    rows = _seeded("probe")
+    (d1, lo1, hi1), (d2, lo2, hi2) = (
+        _paired(rows["preproj_skip"], rows["linear"]),
+        _paired(rows["preproj_skip"], rows["lora"]),
+    )
+    return {"lin": _mean(rows["linear"]), "ps": _mean(rows["preproj_skip"]), "lora": _mean(rows["lora"]),
+            "d1": d1, "lo1": lo1, "hi1": hi1, "d2": d2, "lo2": lo2, "hi2": hi2}  # fmt: skip
+
+
+def _vlm_class_finding() -> dict[str, float]:
+    rows = _seeded("vlm")
+    ps, proj, lora = rows["class/proj+preproj_skip"], rows["class/proj"], rows["class/proj+lora"]
+    (d1, lo1, hi1), (d2, lo2, hi2) = _paired(ps, proj), _paired(ps, lora)
+    return {"ps": _mean(ps), "lora": _mean(lora), "proj": _mean(proj),
+            "d1": d1, "lo1": lo1, "hi1": hi1, "d2": d2, "lo2": lo2, "hi2": hi2}  # fmt: skip
+
+
 def video_rows() -> dict[str, list[float]]:
     """variant -> test accuracies of its seeds, from the video study's metrics.json."""
     data = json.loads((EVIDENCE / "video-dinov2-clip-order" / "metrics.json").read_text())
@@ -463,6 +510,8 @@ def _gpu_gains() -> dict[str, float]:
     }
 
 
+PROBE_FILES = "docs/evidence/dinov2-probe/*/*/*.json"
+VLM_FILES = "docs/evidence/vlm-dinov2-smollm2/arms/"
 STUDY_JSON = "docs/evidence/smollm2-135m/study.json"
 MINI_JSON = "docs/evidence/mini-study/study.json"
 GPU_JSON = "docs/evidence/smollm2-135m/gpu/results.json"
@@ -486,6 +535,22 @@ CLAIMS = (
         "line PPL ({vs_lora:+.1f}, beyond the noise)",
         _gpu_gains,
         (GPU_JSON,),
+    ),
+    Claim(
+        "docs/results.md",
+        "lifts the linear probe from {lin:.1f} to {ps:.1f}% ({d1:+.1f} points\n  [{lo1:+.1f}, {hi1:+.1f}]), and LoRA "
+        "at the same trainable count reaches {lora:.1f}% (pre-projection + skip − LoRA: {d2:+.1f}\n  [{lo2:+.1f}, "
+        "{hi2:+.1f}]",
+        _probe_finding,
+        (PROBE_FILES,),
+    ),
+    Claim(
+        "docs/results.md",
+        "on the class name, neither pre-projection + skip nor LoRA of the same size in the LM adds anything over the\n"
+        "  projector alone ({ps:.1f} and {lora:.1f} vs {proj:.1f}%; pre-projection + skip − projector {d1:+.1f} "
+        "[{lo1:+.1f}, {hi1:+.1f}],\n  − LoRA {d2:+.1f} [{lo2:+.1f}, {hi2:+.1f}])",
+        _vlm_class_finding,
+        (VLM_FILES,),
     ),
     *numbers_pages.CLAIMS,
 )
