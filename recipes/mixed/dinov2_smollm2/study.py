@@ -56,13 +56,13 @@ class Group:
     seeds: int = 1
 
 
-# The key pairs with 3 seeds (class/proj+lora, the matched LoRA, got its seeds after the others); the rest 1. The positional question is asked twice. `mosaic` (where is the
-# <class>?) binds a class to a place: with the LM frozen, a per-token projector cannot learn to name a tile's place
-# (mosaic/2d, the projector alone, scored 26.6% against 25% chance and 50% / 51% on row / column, seed 0), and with
-# pre-projection + skip in the LM neither positions learnt it in 250 steps (2d, seed 0: 24.2% test; 1d, seed 0 at
-# LR 3e-4: 23.0% held-out; both with the training loss flat at chance, 0.46, from step 50 on), so its seeds are not
-# spent. `where` (where is the one picture among empty tiles?) asks the place alone: design changed after those
-# runs; the mosaic cells stay as they are.
+# The key pairs with 3 seeds (class/proj+lora, the matched LoRA, got its seeds after the others); the rest 1. The
+# positional question is asked twice. `mosaic` (where is the <class>?) binds a class to a place: with the LM frozen,
+# a per-token projector cannot learn to name a tile's place (mosaic/2d, the projector alone, scored 26.6% against 25%
+# chance and 50% / 51% on row / column, seed 0), and with pre-projection + skip in the LM neither positions learnt it
+# in 250 steps (2d, seed 0: 24.2% test; 1d, seed 0 at LR 3e-4: 23.0% held-out; both with the training loss flat at
+# chance, 0.46, from step 50 on), so its seeds are not spent. `where` (where is the one picture among empty tiles?)
+# asks the place alone: design changed after those runs; the mosaic cells stay as they are.
 GROUPS = (
     Group("class/proj", "proj", "class", seeds=3),
     Group("class/proj+preproj_skip", "proj+preproj_skip", "class", seeds=3),
