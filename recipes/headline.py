@@ -64,46 +64,39 @@ def text_rows() -> dict[str, str]:
     return out
 
 
-def probe_rows() -> dict[str, list[float]]:
-    """arm -> test accuracies of its finished seeds, from the probe's cells."""
-    from recipes.vision import dinov2_probe as probe
-
-    results = probe.collect(probe.Config(out=str(EVIDENCE / "dinov2-probe")))
-    return {
-        name: [s["test_accuracy"] for s in arm["seeds"].values() if s.get("test_accuracy") is not None]
-        for name, arm in results["arms"].items()
-    }
-
-
-def vlm_rows() -> dict[str, list[float]]:
-    """group -> exact-match test accuracies of its finished seeds, from the VLM study's steps."""
-    from recipes.mixed.dinov2_smollm2.report import group_results
-    from recipes.mixed.dinov2_smollm2.study import GROUPS, Config, features_key, open_study
-
-    out = EVIDENCE / "vlm-dinov2-smollm2"
-    key = features_key(out)
-    if key is None:
-        return {g.label: [] for g in GROUPS}
-    s = open_study(Config(), out, ROOT / "runs" / "vlm-dinov2-smollm2", list(GROUPS), key)
-    return {g.label: [r["test.acc"] for r in group_results(s, g)["seeds"].values()] for g in GROUPS}
-
-
 def _seeded(kind: str) -> dict[str, dict[int, float]]:
-    """arm or group -> {seed: test accuracy in %} of the probe ("probe") or the VLM ("vlm"), for paired differences."""
+    """arm or group -> {seed: test accuracy} (a fraction) of the probe ("probe") or the VLM ("vlm"), from its cells."""
     if kind == "probe":
         from recipes.vision import dinov2_probe as probe
 
         arms = probe.collect(probe.Config(out=str(EVIDENCE / "dinov2-probe")))["arms"]
         return {
-            n: {int(s): 100 * r["test_accuracy"] for s, r in a["seeds"].items() if r.get("test_accuracy") is not None}
+            n: {int(s): r["test_accuracy"] for s, r in a["seeds"].items() if r.get("test_accuracy") is not None}
             for n, a in arms.items()
         }
     from recipes.mixed.dinov2_smollm2.report import group_results
     from recipes.mixed.dinov2_smollm2.study import GROUPS, Config, features_key, open_study
 
     out = EVIDENCE / "vlm-dinov2-smollm2"
-    s = open_study(Config(), out, ROOT / "runs" / "vlm-dinov2-smollm2", list(GROUPS), features_key(out))
-    return {g.label: {int(k): 100 * r["test.acc"] for k, r in group_results(s, g)["seeds"].items()} for g in GROUPS}
+    key = features_key(out)
+    if key is None:
+        return {g.label: {} for g in GROUPS}
+    s = open_study(Config(), out, ROOT / "runs" / "vlm-dinov2-smollm2", list(GROUPS), key)
+    return {g.label: {int(k): r["test.acc"] for k, r in group_results(s, g)["seeds"].items()} for g in GROUPS}
+
+
+def probe_rows() -> dict[str, list[float]]:
+    """arm -> test accuracies of its finished seeds, from the probe's cells."""
+    return {name: list(seeds.values()) for name, seeds in _seeded("probe").items()}
+
+
+def vlm_rows() -> dict[str, list[float]]:
+    """group -> exact-match test accuracies of its finished seeds, from the VLM study's steps."""
+    return {label: list(seeds.values()) for label, seeds in _seeded("vlm").items()}
+
+
+def _percent(kind: str) -> dict[str, dict[int, float]]:
+    return {k: {s: 100 * v for s, v in seeds.items()} for k, seeds in _seeded(kind).items()}
 
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float]:
@@ -118,7 +111,7 @@ def _mean(v: dict[int, float]) -> float:
 
 
 def _probe_finding() -> dict[str, float]:
-    rows = _seeded("probe")
+    rows = _percent("probe")
     (d1, lo1, hi1), (d2, lo2, hi2) = (
         _paired(rows["preproj_skip"], rows["linear"]),
         _paired(rows["preproj_skip"], rows["lora"]),
@@ -128,7 +121,7 @@ def _probe_finding() -> dict[str, float]:
 
 
 def _vlm_class_finding() -> dict[str, float]:
-    rows = _seeded("vlm")
+    rows = _percent("vlm")
     ps, proj, lora = rows["class/proj+preproj_skip"], rows["class/proj"], rows["class/proj+lora"]
     (d1, lo1, hi1), (d2, lo2, hi2) = _paired(ps, proj), _paired(ps, lora)
     return {"ps": _mean(ps), "lora": _mean(lora), "proj": _mean(proj),
