@@ -63,9 +63,9 @@ test-floor: $(STAMP)
 	$(PY) -c "import transformers as t; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; print('transformers', t.__version__, 'from', t.__file__)"; \
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
-# The oldest peft we claim (pyproject.toml, tuner/peft_type.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)
+# The oldest peft we claim (pyproject.toml, method/config.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)
 # and put first on PYTHONPATH, as test-floor does for transformers. Why that is the floor (and how far 0.20 got):
-# mmpreproj/tuner/peft_type.py.
+# mmpreproj/method/config.py.
 PEFT_FLOOR ?= .peft-floor
 FLOOR_PEFT ?= 0.21.0
 PEFT_FLOOR_TESTS ?= tests/test_peft_tuner.py tests/test_peft_lifecycle.py tests/test_core_adapter_io.py \

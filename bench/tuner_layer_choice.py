@@ -38,7 +38,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mmpreproj.tuner.peft_type import add_peft_type  # noqa: E402  (the enum member, as mmpreproj adds PREPROJ)
+from mmpreproj.method.config import add_peft_type  # noqa: E402  (the enum member, as mmpreproj adds PREPROJ)
 
 
 class Pre(nn.Module):

@@ -6,7 +6,7 @@
     mmpreproj.save_pretrained(model, "run/full")                    # the base + adapter/ (whole-model folder)
     print(mmpreproj.estimate(mmpreproj.PreProjConfig(skip_rank=16), "llama-3-8b"))  # cost before loading
 
-Importing mmpreproj registers peft_type "PREPROJ" with peft (`tuner.register`), so peft's loaders
+Importing mmpreproj registers peft_type "PREPROJ" with peft (`method/register.py`), so peft's loaders
 (`PeftModel.from_pretrained`, `AutoPeftModelForCausalLM`, transformers' `load_adapter`) read its adapters.
 
 Importing it also drops two known messages of its dependencies' loggers by their exact text (`util.quiet`).
@@ -17,22 +17,22 @@ from .util import quiet as _quiet
 _quiet.install()  # before peft imports torchao / bitsandbytes, which log them
 
 from . import hosts, rope
-from .folders.adapters import active_adapter, adapter_names, delete_adapter, set_adapter
-from .folders.files import save_adapter
-from .folders.inject import inject
-from .folders.load import load_adapter
-from .folders.pretrained_load import from_pretrained
-from .folders.pretrained_save import save_pretrained
-from .folders.resume import last_whole_checkpoint
-from .modules import ContentSkip, PreProjAttention, PreProjection
+from .method import PreProjModel
+from .method.adapters import active_adapter, adapter_names, delete_adapter, set_adapter
+from .method.apply import adapter_disabled, unload
+from .method.config import PreProjConfig
+from .method.estimate import Estimate, TrainableReport, estimate, trainable_report
+from .method.files import save_adapter
+from .method.inject import inject
+from .method.layer import PreProjAttention
+from .method.load import load_adapter
+from .method.pretrained_load import from_pretrained
+from .method.pretrained_save import save_pretrained
+from .method.resume import last_whole_checkpoint
+from .method.state import injected_modules, is_injected
+from .method.state_dict import adapter_state_dict, set_adapter_state_dict
+from .modules import ContentSkip, PreProjection
 from .rope import MultimodalRoPE, RoPE1D, RoPE2D, RoPE3D, RotaryEncoder, grid_positions, multimodal_positions
-from .sizing.report import TrainableReport, trainable_report
-from .tuner import PreProjModel
-from .tuner.config import PreProjConfig
-from .tuner.estimate import Estimate, estimate
-from .tuner.state import injected_modules, is_injected
-from .tuner.state_dict import adapter_state_dict, set_adapter_state_dict
-from .tuner.unload import adapter_disabled, unload
 from .version import __version__
 
 __all__ = [

@@ -86,7 +86,7 @@ def _loss_curve_png(run: str) -> None:
 
 def _eval(args: argparse.Namespace) -> str:
     from .eval import adapters_table, evaluate, evaluate_adapters
-    from .folders.load import load_adapter
+    from .method.load import load_adapter
     from .train import load_model_and_tokenizer
     from .train.config import TrainConfig
     from .util.io import atomic_write
@@ -129,7 +129,7 @@ def _eval(args: argparse.Namespace) -> str:
 def _analyze(args: argparse.Namespace) -> str:
     from .analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
     from .experiments.reproduce import _ratio_batches, _ratio_texts
-    from .folders.load import load_adapter
+    from .method.load import load_adapter
     from .train import load_model_and_tokenizer, run_adapter_dir
     from .train.config import TrainConfig
 

@@ -2,7 +2,7 @@
 (`resolve_path`, honouring `MMPREPROJ_ASSETS`) and the rules that tell a local path from a hub id.
 
 Plain standard library, so the command checks its path arguments before torch loads; the library reads the
-same functions (`data.assets`, `data.model_source`, `train.sources`, `folders.files`).
+same functions (`data.assets`, `data.model_source`, `train.sources`, `method.files`).
 """
 
 from __future__ import annotations

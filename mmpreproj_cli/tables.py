@@ -64,9 +64,9 @@ SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
 PARALLEL = ("ddp", "fsdp")  # how several processes (torchrun / accelerate launch) share the work
 # The size fields and their defaults (the paper's modules); `arms.arm_key` leaves a field at its default out.
 SIZE_DEFAULTS: dict[str, Any] = {"expansion": 1.25, "skip_rank": None, "layers": None, "parts": None}
-MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d; tuner/config.py)
+MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d; method/config.py)
 
-# --- file names of a run or adapter folder (folders/files.py, train/adapters.py) ---
+# --- file names of a run or adapter folder (method/files.py, train/adapters.py) ---
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's file: what an adapter folder holds beside its weights
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # peft's weights file, the one a PREPROJ folder holds

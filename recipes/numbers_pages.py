@@ -542,7 +542,7 @@ BLOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "gpu-h200": (GPU_JSON,),
     "cli-startup": (CLI_JSON,),
     "quant-memory": ("bench/results/quant.json (bench/bench_quant.py --repeats 3 --json)",),
-    "sizes": ("mmpreproj.estimate (computed from the configs and the named shapes, mmpreproj/tuner/estimate.py)",),
+    "sizes": ("mmpreproj.estimate (computed from the configs and the named shapes, mmpreproj/method/estimate.py)",),
 }
 
 CLAIMS: tuple[Claim, ...] = (

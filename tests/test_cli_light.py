@@ -249,9 +249,9 @@ def test_the_rules_the_command_checks_are_the_librarys_own():
     objects the library checks with."""
     from mmpreproj.data import assets, gguf_source, hub, model_source, onnx_source
     from mmpreproj.experiments import budget, reproduce, sweep
-    from mmpreproj.folders import files
+    from mmpreproj.method import config as tuner_config
+    from mmpreproj.method import files
     from mmpreproj.train import adapters, config, sources
-    from mmpreproj.tuner import config as tuner_config
 
     assert tuner_config.MAX_EXPANSION is tables.MAX_EXPANSION and config.TRAIN_BOUNDS is values.TRAIN_BOUNDS
     assert sweep.check_lrs is budget.check_lrs is values.check_lrs and budget.parse_budgets is values.parse_budgets

@@ -1,5 +1,5 @@
 """`PreProjConfig.for_budget(model, fraction)`: the size a LoRA user expects, sized as the budget study sizes
-its `preproj_skip` points (one formula, `sizing/budget.py`), checked against peft's own count."""
+its `preproj_skip` points (one formula, `method/config.py`), checked against peft's own count."""
 
 from __future__ import annotations
 

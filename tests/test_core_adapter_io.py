@@ -153,7 +153,7 @@ def test_set_adapter_state_dict_copies_in_place_and_refuses_mismatches(trained_a
     path, trained_logits = trained_adapter
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(skip_init_std=0.05))
     params = [p for w in mmpreproj.injected_modules(model) for p in w.parameters()]
-    _, tensors = mmpreproj.folders.files.read_adapter(path)
+    _, tensors = mmpreproj.method.files.read_adapter(path)
     snap = snapshot(model)
     bad = dict(tensors)
     bad.pop(next(iter(bad)))

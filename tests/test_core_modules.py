@@ -91,7 +91,8 @@ def test_config_json_round_trip_and_tolerant_load(tmp_path):
 def test_wrapper_forwards_plain_attribute_writes_to_the_wrapped_module():
     from torch import nn
 
-    from mmpreproj.modules import AttentionCall, PreProjAttention
+    from mmpreproj.hosts.spec import AttentionCall
+    from mmpreproj.method.layer import PreProjAttention
 
     class Attn(nn.Linear):
         def __init__(self):

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj.tuner import trace_seams
-from mmpreproj.tuner.config import PreProjConfig
+from mmpreproj.method import trace_seams
+from mmpreproj.method.config import PreProjConfig
 from tests.helpers.adapter_json import load_desc
 
 D, N, B = 16, 5, 2
@@ -247,7 +247,7 @@ def test_a_seam_failing_at_the_first_forward_names_the_block_and_the_seam():
     model = Stack(BufferBlock)
     mmpreproj.inject(model, PreProjConfig(), host=HOST)
     with pytest.raises(
-        mmpreproj.modules.seam.SeamError,
+        mmpreproj.method.layer.SeamError,
         match=r"part 'blocks', block 0\) \(host 'buffer', block 0 of part 'blocks': norm 'norm' -> "
         r"attention 'attn'\): the host attention failed on its first call .*shape",
     ):
@@ -259,7 +259,7 @@ def test_inject_with_example_input_unloads_when_the_first_forward_fails():
     torch.manual_seed(0)
     model = Stack(BufferBlock)
     model.train()
-    with pytest.raises(mmpreproj.modules.seam.SeamError, match="first call"):
+    with pytest.raises(mmpreproj.method.layer.SeamError, match="first call"):
         mmpreproj.inject(model, PreProjConfig(), host=HOST, example_input=_x())
     assert not mmpreproj.is_injected(model) and model.training
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -13,7 +13,7 @@ from torch import nn
 import mmpreproj
 from mmpreproj.hosts import HOSTS
 from mmpreproj.hosts.example_input import example_input
-from mmpreproj.tuner import trace_seams
+from mmpreproj.method import trace_seams
 from tests.helpers.host_contract import IDENTITY, flat, one_call_contract
 from tests.helpers.snapshots import assert_same_snapshot, snapshot
 from tests.helpers.trace_zoo import build

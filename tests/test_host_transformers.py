@@ -342,7 +342,7 @@ def test_vlm_parts_are_selectable_recorded_and_checked_on_load(tmp_path):
 @pytest.mark.parametrize("name", ["llama", "gpt2", "opt", "gemma2"])
 def test_trace_seams_finds_the_description_that_the_row_has(name):
     model = BUILDERS[name]()
-    found = mmpreproj.tuner.trace_seams(model, *tokens())  # check=True: identity injection reproduces the model
+    found = mmpreproj.method.trace_seams(model, *tokens())  # check=True: identity injection reproduces the model
     row = mmpreproj.hosts.HOSTS[name].describe(model)["parts"][0]
     (part,) = found["parts"]
     assert (part["blocks"], part["attention"], part["norm"]) == (row["blocks"], row["attention"], row["norm"])
@@ -353,7 +353,7 @@ def test_trace_seams_finds_the_description_that_the_row_has(name):
 
 
 def test_trace_seams_on_a_vlm_finds_both_towers():
-    found = mmpreproj.tuner.trace_seams(
+    found = mmpreproj.method.trace_seams(
         qwen2_vl(),
         *vl_inputs()[:1],
         pixel_values=vl_inputs()[1],

@@ -23,9 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("util",),
     ("data",),
     ("modules", "rope"),
-    ("hosts", "timm_rope", "models", "adapter_files", "sizing"),
-    ("tuner",),
-    ("folders",),
+    ("hosts", "timm_rope", "models"),
+    ("method",),
     ("train",),
     ("eval", "analysis"),
     ("experiments",),
@@ -168,21 +167,21 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     "files,expected",
     [
         (
-            {"hosts/row.py": "from ..tuner.inject import inject\n", "tuner/inject.py": ""},
-            "hosts/row.py:1: mmpreproj.hosts.row (hosts, layer 4) imports mmpreproj.tuner.inject (tuner, layer 5)",
+            {"hosts/row.py": "from ..method.inject import inject\n", "method/inject.py": ""},
+            "hosts/row.py:1: mmpreproj.hosts.row (hosts, layer 4) imports mmpreproj.method.inject (method, layer 5)",
         ),
         (
             {"eval/a.py": "from ..analysis import plot\n", "analysis/plot.py": ""},
-            "eval/a.py:1: mmpreproj.eval.a (eval, layer 8) imports mmpreproj.analysis.plot (analysis, layer 8)",
+            "eval/a.py:1: mmpreproj.eval.a (eval, layer 7) imports mmpreproj.analysis.plot (analysis, layer 7)",
         ),
         (
-            {"train/a.py": "def f():\n    from ..tuner import state\n", "tuner/state.py": ""},
-            "train/a.py:2: imports mmpreproj.tuner.state inside a function",
+            {"train/a.py": "def f():\n    from ..method import state\n", "method/state.py": ""},
+            "train/a.py:2: imports mmpreproj.method.state inside a function",
         ),
         (
-            {"tuner/a.py": "import mmpreproj.experiments.arms\n", "experiments/arms.py": ""},
-            "tuner/a.py:1: mmpreproj.tuner.a (tuner, layer 5) imports mmpreproj.experiments.arms "
-            "(experiments, layer 9)",
+            {"method/a.py": "import mmpreproj.experiments.arms\n", "experiments/arms.py": ""},
+            "method/a.py:1: mmpreproj.method.a (method, layer 5) imports mmpreproj.experiments.arms "
+            "(experiments, layer 8)",
         ),
     ],
     ids=["up", "peer", "in-a-function", "plain-import-up"],
@@ -196,18 +195,18 @@ def test_the_scanner_accepts_downward_and_cli_deferred_imports(tmp_path):
     root = _package(
         tmp_path,
         {
-            "tuner/inject.py": "from ..hosts import row\nfrom . import state\n",
-            "tuner/state.py": "",
+            "method/inject.py": "from ..hosts import row\nfrom . import state\n",
+            "method/state.py": "",
             "hosts/row.py": "from ..util.io import x\n",
             "util/io.py": "",
-            "cli.py": "def main():\n    from .tuner import inject\n",
+            "cli.py": "def main():\n    from .method import inject\n",
         },
     )
     graph, bad = scan(root)
-    assert bad == [] and "mmpreproj.hosts.row" in graph["mmpreproj.tuner.inject"]
+    assert bad == [] and "mmpreproj.hosts.row" in graph["mmpreproj.method.inject"]
 
 
 def test_the_circle_finder_finds_a_circle_within_a_folder(tmp_path):
-    root = _package(tmp_path, {"tuner/a.py": "from .b import f\n", "tuner/b.py": "from .a import g\n"})
+    root = _package(tmp_path, {"method/a.py": "from .b import f\n", "method/b.py": "from .a import g\n"})
     graph, _ = scan(root)
-    assert circles(graph) == [["mmpreproj.tuner.a", "mmpreproj.tuner.b", "mmpreproj.tuner.a"]]
+    assert circles(graph) == [["mmpreproj.method.a", "mmpreproj.method.b", "mmpreproj.method.a"]]

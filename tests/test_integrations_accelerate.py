@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("accelerate")
 pytest.importorskip("datasets")
 
-from mmpreproj.folders.files import read_adapter  # noqa: E402
+from mmpreproj.method.files import read_adapter  # noqa: E402
 from tests.helpers.adamw import assert_adamw_runs_agree  # noqa: E402
 from tests.helpers.procs import HANG_GUARD_S
 

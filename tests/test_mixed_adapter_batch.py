@@ -189,7 +189,9 @@ def test_the_wrapper_is_peft_s_layer_one_module_dict_per_slot(two_adapters):
 
 
 def test_a_mixed_batch_through_a_sequence_first_attention_is_refused_not_misread():
-    from mmpreproj.modules import AttentionCall, ContentSkip, PreProjAttention, PreProjection
+    from mmpreproj.hosts.spec import AttentionCall
+    from mmpreproj.method.layer import PreProjAttention
+    from mmpreproj.modules import ContentSkip, PreProjection
 
     mha = torch.nn.MultiheadAttention(16, 2, batch_first=False)
     call = AttentionCall(inputs=((0, "query"), (1, "key"), (2, "value")), output_index=0)

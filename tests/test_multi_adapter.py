@@ -1,4 +1,4 @@
-"""Several adapters on one base (`mmpreproj.tuner.named`): with adapter A active the model computes what a
+"""Several adapters on one base (`mmpreproj.method.adapters`): with adapter A active the model computes what a
 model holding only A computes, bit for bit; switching, disabling, saving a named one, deleting, unloading;
 refused additions leave the model unchanged; `mmpreproj eval` scores two adapters in one process."""
 

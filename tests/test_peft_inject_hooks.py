@@ -12,11 +12,11 @@ from peft.tuners.tuners_utils import inspect_matched_modules
 from peft.utils.other import ModulesToSaveWrapper
 
 import mmpreproj
-import mmpreproj.tuner.model as tuner_model
+import mmpreproj.method.model as tuner_model
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner import PreProjModel
-from mmpreproj.tuner.plan import config_host, plan_injection
-from mmpreproj.tuner.state import injected_modules
+from mmpreproj.method import PreProjModel
+from mmpreproj.method.plan import config_host, plan_injection
+from mmpreproj.method.state import injected_modules
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import qwen2_vl, tiny_neox, vl_forward, vl_inputs
 

@@ -88,7 +88,7 @@ def test_a_full_state_dict_in_the_old_key_layout_is_refused_by_load_state_dict_a
 def _stacked_0_4() -> torch.nn.Module:
     from peft import LoraConfig
 
-    from mmpreproj.folders.stacked import stacked_peft_model
+    from mmpreproj.method.stacked import stacked_peft_model
 
     pm = stacked_peft_model(tiny_neox(), LoraConfig(r=2, target_modules=["query_key_value"]), PreProjConfig())
     return _trained(pm)
@@ -127,7 +127,7 @@ def test_a_lora_checkpoint_of_0_4_resumed_by_peft_restores_our_weights_too(tmp_p
     mmpreproj 0.4, which held our weights in LoRA's file only (`...preproj.up.weight` / `...skip.proj.weight`)."""
     from peft import LoraConfig
 
-    from mmpreproj.folders.stacked import stacked_peft_model
+    from mmpreproj.method.stacked import stacked_peft_model
 
     pm = _stacked_0_4()
     pm.save_pretrained(str(tmp_path))

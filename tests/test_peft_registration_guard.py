@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from mmpreproj.tuner.peft_type import TESTED_PEFT, check_peft_version
+from mmpreproj.method.config import TESTED_PEFT, check_peft_version
 from tests.helpers.gguf_tiny import write_tiny_llama_gguf
 
 REPO = Path(__file__).resolve().parents[1]

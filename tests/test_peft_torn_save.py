@@ -1,6 +1,6 @@
 """A `PeftModel.save_pretrained` cut short between its two files is refused on load, never loaded as a mix.
 
-peft writes the weights first and the config second, each in place (`mmpreproj/adapter_files/digest.py`). The kill is
+peft writes the weights first and the config second, each in place (`mmpreproj/method/file_check.py`). The kill is
 simulated by making the config write fail after the weights were replaced; the loaders peft users reach
 (`PeftModel.from_pretrained`, `PeftModel.load_adapter` of a new name, `mmpreproj.load_adapter`) must refuse
 the pair and leave the model as it was. Not covered: `PeftModel.load_adapter` into the name already loaded (the
@@ -18,7 +18,7 @@ from peft import PeftModel, get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter_files.digest import check_weights_digest, weights_digest
+from mmpreproj.method.file_check import check_weights_digest, weights_digest
 from tests.helpers.zoo import tiny_neox
 
 

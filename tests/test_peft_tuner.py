@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner import MERGE_REFUSED, PREPROJ, PreProjModel, register_preproj
+from mmpreproj.method import MERGE_REFUSED, PREPROJ, PreProjModel, register_preproj
 from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 

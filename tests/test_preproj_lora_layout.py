@@ -1,5 +1,5 @@
 """`preproj_lora` is one folder in the layout peft users know, written by `save_pretrained` alone: peft's LoRA at
-DIR, our adapter at DIR/preproj (`mmpreproj/folders/stacked.py`). It reloads bit-exact through the one loader, peft
+DIR, our adapter at DIR/preproj (`mmpreproj/method/stacked.py`). It reloads bit-exact through the one loader, peft
 reads its own part, a Trainer's checkpoints have that layout and resume bit-exact, a given state dict is what is
 written, and a corrupt or mismatched DIR/preproj is refused with nothing changed. (Older layouts:
 tests/test_peft_tuner.py's fixtures.)"""
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mmpreproj
-from mmpreproj.folders.stacked import PREPROJ_SUBDIR, PreProjLoraModel
+from mmpreproj.method.stacked import PREPROJ_SUBDIR, PreProjLoraModel
 from mmpreproj.train import apply_method
 from mmpreproj.train.adapters import gather_run_adapter, save_run_adapter
 from tests.helpers.training import trainer_args

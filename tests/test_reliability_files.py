@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import mmpreproj
-from mmpreproj.folders.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
+from mmpreproj.method.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter
 from mmpreproj.modules import Block
 from mmpreproj.rope import RoPE1D
 from mmpreproj.train import LMExamples, TrainConfig, train

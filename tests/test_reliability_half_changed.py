@@ -114,7 +114,7 @@ def test_inject_into_a_compiled_model_is_refused_with_the_order_that_works():
     ],
 )
 def test_a_wrong_output_index_is_refused_naming_the_index_that_fits(output_index, said):
-    from mmpreproj.modules.seam import SeamError
+    from mmpreproj.method.layer import SeamError
 
     model = tiny_neox(attn_implementation="eager")
     call = {"inputs": [[0, "hidden_states"]], "output_index": output_index}
@@ -167,7 +167,7 @@ def test_unload_freezes_again_the_modules_to_save_inject_made_trainable():
 
 
 def test_trace_seams_keeps_the_callers_rng_and_traces_a_train_mode_model_with_dropout():
-    from mmpreproj.tuner import trace_seams
+    from mmpreproj.method import trace_seams
 
     model = tiny_neox(attention_dropout=0.5, hidden_dropout=0.5).train()
     model.gpt_neox.layers[1].eval()  # a mixed model: each flag comes back as it was
@@ -202,7 +202,7 @@ def _saved_pair(folder, seed):
 def test_a_save_pretrained_killed_between_base_and_adapter_is_refused_on_load(tmp_path, monkeypatch):
     import transformers as tf
 
-    import mmpreproj.folders.pretrained_save as save_pretrained_module
+    import mmpreproj.method.pretrained_save as save_pretrained_module
     from mmpreproj.util import file_sets as adapter_files
 
     _saved_pair(tmp_path, seed=1)

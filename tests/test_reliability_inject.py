@@ -14,8 +14,8 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.folders.files import read_adapter
-from mmpreproj.modules import PreProjAttention
+from mmpreproj.method.files import read_adapter
+from mmpreproj.method.layer import PreProjAttention
 from tests.helpers.adapter_json import dump_desc, load_desc
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox

@@ -226,9 +226,10 @@ def test_a_wrong_call_slot_names_the_part_the_block_and_the_call_field(inputs, e
 
 
 def test_a_call_slot_holding_a_tensor_of_another_width_is_named():
-    from mmpreproj.modules import AttentionCall, PreProjAttention
-    from mmpreproj.tuner.config import PreProjConfig
-    from mmpreproj.tuner.plan import new_adapter_modules
+    from mmpreproj.hosts.spec import AttentionCall
+    from mmpreproj.method.config import PreProjConfig
+    from mmpreproj.method.layer import PreProjAttention
+    from mmpreproj.method.plan import new_adapter_modules
 
     preproj, skip = new_adapter_modules(8, PreProjConfig(), torch.device("cpu"))
     wrapper = PreProjAttention(
@@ -324,7 +325,7 @@ def test_a_full_disk_at_the_final_adapter_write_names_the_folder_and_keeps_the_o
     old = mmpreproj.inject(tiny_neox())
     save_run_adapter(old, "preproj_skip", tmp_path / "adapter")
     files = {p.name: p.read_bytes() for p in (tmp_path / "adapter").iterdir()}
-    monkeypatch.setattr("mmpreproj.folders.files.save_file", _disk_full)
+    monkeypatch.setattr("mmpreproj.method.files.save_file", _disk_full)
     with pytest.raises(
         CheckpointWriteError,
         match=r"cannot write the adapter to .*adapter: OSError: No space left "

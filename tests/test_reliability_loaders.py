@@ -8,7 +8,7 @@ compared before and after (`tests/helpers/snapshots.py`). Loaders: `PeftModel.fr
 `model.load_adapter` (hf), `mmpreproj.load_adapter` (ours).
 
 transformers' `load_adapter` builds the config with peft's generic `PeftConfig.from_pretrained`, which hands
-our hooks no folder; the tuner finds the call's folder before it injects (`tuner/transformers_load.py`), so what
+our hooks no folder; the tuner finds the call's folder before it injects (`method/load_check.py`), so what
 is in the weights file alone (values, dtypes, a digest) is refused there too, with the base untouched (issue 45).
 """
 

@@ -10,7 +10,7 @@ observed, not replaced) and compared after the refusal; the adapter folder, the 
 folder are compared byte for byte.
 
 transformers' `from_pretrained(DIR)` goes through its `load_adapter`, whose folder the tuner finds before it
-injects (`tuner/transformers_load.py`): every case is refused with the base as it was (issue 45).
+injects (`method/load_check.py`): every case is refused with the base as it was (issue 45).
 """
 
 from __future__ import annotations

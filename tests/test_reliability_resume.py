@@ -16,7 +16,7 @@ from transformers import Trainer, TrainingArguments
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter_files.digest import weights_digest
+from mmpreproj.method.file_check import weights_digest
 from tests.helpers.zoo import tiny_neox
 
 W, C = "adapter_model.safetensors", "adapter_config.json"
@@ -83,7 +83,7 @@ def test_a_torn_newest_checkpoint_is_skipped_and_named(run, tear, caplog):
         (ckpt / C).write_text(text[: len(text) // 2])
     else:
         (ckpt / "trainer_state.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="mmpreproj.folders.resume"):
+    with caplog.at_level(logging.WARNING, logger="mmpreproj.method.resume"):
         found = mmpreproj.last_whole_checkpoint(run)
     assert found == str(run / "checkpoint-2")
     assert any("skipping" in r.getMessage() and "checkpoint-4" in r.getMessage() for r in caplog.records)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter_files import digest as digest_mod
+from mmpreproj.method import file_check as digest_mod
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox
 
@@ -223,7 +223,7 @@ def test_a_folder_without_a_digest_loads_and_says_why_once(tmp_path, caplog, mon
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
     del cfg["injection"]["weights_digest"]
     (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
-    with caplog.at_level(logging.WARNING, logger="mmpreproj.adapter_files.digest"):
+    with caplog.at_level(logging.WARNING, logger="mmpreproj.method.file_check"):
         for load in (_load_peft, _load_ours, _load_peft):
             assert torch.equal(_logits(load(tmp_path), X), _logits(model, X))
     said = [r for r in caplog.records if "records no injection.weights_digest" in r.getMessage()]

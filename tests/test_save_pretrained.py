@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.folders.files import PRETRAINED_ADAPTER_DIR
+from mmpreproj.method.files import PRETRAINED_ADAPTER_DIR
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import BUILDERS, gpt2, qwen2_vl, tiny_neox, vl_forward, vl_inputs
 

@@ -22,7 +22,7 @@ from transformers.integrations import peft as hf_peft
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.folders.files import PRETRAINED_ADAPTER_DIR
+from mmpreproj.method.files import PRETRAINED_ADAPTER_DIR
 from tests.helpers.zoo import tiny_neox
 
 X = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))

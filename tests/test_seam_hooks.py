@@ -9,7 +9,7 @@ import torch
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.modules.seam import SeamError, same_tensor
+from mmpreproj.method.layer import SeamError, same_tensor
 from tests.helpers.zoo import tiny_neox
 
 

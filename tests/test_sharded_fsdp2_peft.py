@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.state_dict import adapter_tensors_from_state_dict
+from mmpreproj.method.state_dict import adapter_tensors_from_state_dict
 from tests.helpers.distributed import run_two_ranks
 from tests.helpers.zoo import tiny_neox
 

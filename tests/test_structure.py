@@ -12,9 +12,11 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.folders.files import ADAPTER_CONFIG_NAME
-from mmpreproj.modules import AttentionCall, BaseLayerWrapper, ContentSkip, PreProjAttention, PreProjection
-from mmpreproj.tuner.legacy import model_keys, parse_block_key
+from mmpreproj.hosts.spec import AttentionCall
+from mmpreproj.method.convert import model_keys, parse_block_key
+from mmpreproj.method.files import ADAPTER_CONFIG_NAME
+from mmpreproj.method.layer import PreProjAttention
+from mmpreproj.modules import BaseLayerWrapper, ContentSkip, PreProjection
 from tests.helpers.adapter_json import load_desc
 from tests.helpers.zoo import tiny_neox
 

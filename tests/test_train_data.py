@@ -7,14 +7,7 @@ import gzip
 import pytest
 import torch
 
-from mmpreproj.train import (
-    DataUnavailableError,
-    TrainConfig,
-    build_examples,
-    pack_lines,
-    pad_lines,
-    read_lines,
-)
+from mmpreproj.train import DataUnavailableError, TrainConfig, build_examples, pack_lines, pad_lines, read_lines
 from mmpreproj.train.data import IGNORE_INDEX, LMExamples, select_lines
 from mmpreproj.train.order import ShardedOrder
 from tests.helpers.training import EOS, byte_tokenizer

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mmpreproj
-from mmpreproj.folders.files import read_adapter
+from mmpreproj.method.files import read_adapter
 from mmpreproj.train import TrainConfig, apply_method, train
 from mmpreproj.train.rng import seed_everything
 from mmpreproj_cli.parser import build_parser

@@ -134,7 +134,7 @@ def test_budget_study_end_to_end(tiny_model_dir, tmp_path):
 
 
 def test_a_trained_rank_r_arm_has_the_formulas_count(tiny_model_dir, tmp_path):
-    from mmpreproj.sizing.report import trainable_report
+    from mmpreproj.method.estimate import trainable_report
     from mmpreproj.train import train
 
     cfg = get_preset(

@@ -13,7 +13,7 @@ import torch
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from mmpreproj.tuner.config import ADAPTER_FORMAT
+from mmpreproj.method.config import ADAPTER_FORMAT
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox
 

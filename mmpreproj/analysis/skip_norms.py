@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..folders.files import read_adapter
-from ..modules import PreProjAttention
-from ..tuner.legacy import parse_block_key
+from ..method.convert import parse_block_key
+from ..method.files import read_adapter
+from ..method.layer import PreProjAttention
 
 PAPER_SKIP_NORMS = {
     "pythia-160m": [0.1295, 0.1301, 0.1283, 0.1274, 0.1273, 0.1279, 0.1315, 0.1358, 0.1507, 0.1905, 0.2575, 0.2959],

@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
-from ..folders.load import load_adapter
-from ..tuner.state import is_injected
-from ..tuner.unload import unload
+from ..method.apply import unload
+from ..method.load import load_adapter
+from ..method.state import is_injected
 from .evaluate import evaluate
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..analysis import plot_loss_curve, routing_ratios, skip_norms
 from ..eval import evaluate
-from ..sizing.report import trainable_report
+from ..method.estimate import trainable_report
 from ..train import get_preset, train
 from ..train.checkpoint import CHECKPOINT_NAME
 from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig

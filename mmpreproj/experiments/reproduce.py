@@ -32,12 +32,12 @@ from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_sk
 from ..analysis.plot import read_losses
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from ..data import wikitext_lines
+from ..method.config import PreProjConfig
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS
-from ..tuner.config import PreProjConfig
 from .arms import _arm_seconds, _compute_seconds, _train_and_eval, arm_key, eval_arm, preset_grid, run_arm
 from .paper import PAPER_TABLE2
 from .report_md import (

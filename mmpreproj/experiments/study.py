@@ -45,7 +45,7 @@ from ..analysis import routing_ratios, skip_norms
 from ..analysis.plot import plot_loss_curve
 from ..data import wikitext_lines
 from ..eval import evaluate
-from ..folders.load import load_adapter
+from ..method.load import load_adapter
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.errors import NonFiniteLossError
 from ..train.methods import host_shape, lora_per_rank

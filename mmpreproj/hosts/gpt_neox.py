@@ -8,10 +8,9 @@ The skip is added to the attention output, so it passes `post_attention_dropout`
 
 from __future__ import annotations
 
-from ..modules.wrapper import AttentionCall
 from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
-from .spec import HostSpec, PartSpec
+from .spec import AttentionCall, HostSpec, PartSpec
 
 GPT_NEOX = register_host(
     HostSpec(

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ..modules.block import Block
-from ..modules.wrapper import AttentionCall
 from .registry import register_host
-from .spec import HostSpec, PartSpec
+from .spec import AttentionCall, HostSpec, PartSpec
 
 NATIVE = register_host(
     HostSpec(

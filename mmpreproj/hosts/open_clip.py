@@ -55,9 +55,8 @@ import sys
 
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
 from .registry import register_host
-from .spec import HostError, HostSpec, PartSpec
+from .spec import AttentionCall, HostError, HostSpec, PartSpec
 
 # ResidualAttentionBlock: attn(query, key, value, need_weights=False, attn_mask=...) -> (out, None)
 # CustomResidualAttentionBlock: attn(x, attn_mask=...) -> out (slot 0 only; a tensor result takes the skip as is)

@@ -21,7 +21,7 @@ HOSTS: dict[str, HostSpec] = {}
 DESCRIBE_HINT = (
     "describe it yourself: mmpreproj.inject(model, host={'name': ..., 'parts': [{'name': 'language', "
     "'blocks': 'model.layers', 'attention': 'self_attn', 'norm': 'input_layernorm'}]}); "
-    "mmpreproj.tuner.trace_seams(model, example_input) finds the description from one forward"
+    "mmpreproj.method.trace_seams(model, example_input) finds the description from one forward"
 )
 
 

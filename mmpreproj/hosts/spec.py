@@ -29,9 +29,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
 from .checkpointing import CHECKPOINTING
 from .paths import HostError, check_path, get_path
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """How a host block calls its attention module.
+
+    Args:
+        inputs: the (position, keyword) of each argument that carries the normed input `x^`
+            (one for self-attention; query/key/value for `nn.MultiheadAttention`).
+        output_index: index of the output tensor in a tuple result, or None when attention returns a tensor.
+    """
+
+    inputs: tuple[tuple[int, str], ...] = ((0, "hidden_states"),)
+    output_index: int | None = 0
 
 
 def call_to_dict(call: AttentionCall) -> dict:

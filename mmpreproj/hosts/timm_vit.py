@@ -28,9 +28,8 @@ import sys
 
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
 from .registry import register_host
-from .spec import HostError, HostSpec, PartSpec
+from .spec import AttentionCall, HostError, HostSpec, PartSpec
 
 # attn(x, attn_mask=..., is_causal=...[, rope=...]) -> tensor (B, N, d)
 _CALL = AttentionCall(inputs=((0, "x"),), output_index=None)

@@ -10,7 +10,7 @@ that call holding the same tensor, by position or keyword, goes into `call.input
 seams (a TimeSformer block's temporal and spatial attention) gives one part per seam over the same blocks.
 A part applies only to the blocks where its path is a seam: in a hybrid stack (attention and Mamba or
 recurrent layers in one list) the part gets `contains`, a path only those blocks have. The public call,
-`mmpreproj.tuner.trace_seams` (`tuner/trace.py`), then injects at identity init into a copy and confirms that every
+`mmpreproj.method.trace_seams` (`method/plan.py`), then injects at identity init into a copy and confirms that every
 tensor the model returns is unchanged (`check=True`). The
 probe forwards run in eval mode (dropout off), each from the same RNG state, so neither a train-mode model
 nor random masking affects the answer, and the model and the caller's RNG are left as they were.
@@ -151,7 +151,7 @@ def trace_description(
     model: nn.Module, args: tuple, kwargs: dict, *, partial: bool = False, verify: Verify | None = None
 ) -> dict:
     """The host description of `model` found by running `model(*args, **kwargs)` once (no gradients); the
-    public call is `mmpreproj.tuner.trace_seams`, whose check (`verify`: the description injected at identity
+    public call is `mmpreproj.method.trace_seams`, whose check (`verify`: the description injected at identity
     init into a copy must reproduce the model) is the tuner's.
 
     Raises `TraceError` (a ValueError) naming the modules and the reason when no exact description is found:

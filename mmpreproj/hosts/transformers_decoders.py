@@ -33,10 +33,9 @@ from functools import partial
 
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
 from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
-from .spec import HostError, HostSpec, PartSpec
+from .spec import AttentionCall, HostError, HostSpec, PartSpec
 
 HF_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=0)  # self_attn(hidden_states=...) -> (out, w)
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")

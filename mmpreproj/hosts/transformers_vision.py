@@ -29,10 +29,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..modules.wrapper import AttentionCall
 from .paths import INPUT_EMBEDDINGS
 from .registry import register_host
-from .spec import HostError, HostSpec, PartSpec
+from .spec import AttentionCall, HostError, HostSpec, PartSpec
 from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
 
 TENSOR_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=None)

@@ -3,14 +3,14 @@
     mmpreproj-lm-eval --model hf --model_args pretrained=BASE,peft=ADAPTER_DIR --tasks lambada_openai
 
 lm-eval loads `peft=` adapters with `PeftModel.from_pretrained`, which reads `peft_type` from the folder's
-`adapter_config.json`; peft knows PREPROJ only once mmpreproj is imported (`tuner/register.py`), so the plain
+`adapter_config.json`; peft knows PREPROJ only once mmpreproj is imported (`method/register.py`), so the plain
 `lm_eval` command fails on our adapters with peft's `KeyError: 'PREPROJ'`. This entry point imports mmpreproj
 first and then hands every argument to lm-eval's `cli_evaluate` unchanged.
 """
 
 from __future__ import annotations
 
-from ..tuner import PREPROJ  # noqa: F401  (importing the tuner registers PREPROJ with peft before lm-eval reads any adapter)
+from ..method import PREPROJ  # noqa: F401  (importing the tuner registers PREPROJ with peft before lm-eval reads any adapter)
 
 
 def main() -> None:

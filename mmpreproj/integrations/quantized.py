@@ -29,7 +29,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..hosts import find_host
-from ..tuner.state import is_injected
+from ..method.state import is_injected
 
 __all__ = [
     "COMPUTE_DTYPES",

@@ -1,4 +1,4 @@
-"""The injected modules: pre-projection, content skip, and the attention wrapper that joins them."""
+"""The paper's math, torch only: the pre-projection, the content skip, the wrapper base and the native block."""
 
 from .base_wrapper import BaseLayerWrapper as BaseLayerWrapper
 from .block import Block as Block
@@ -9,5 +9,3 @@ from .preproj import ACTIVATIONS as ACTIVATIONS
 from .preproj import PREPROJ_INITS as PREPROJ_INITS
 from .preproj import PreProjection as PreProjection
 from .skip import ContentSkip as ContentSkip
-from .wrapper import AttentionCall as AttentionCall
-from .wrapper import PreProjAttention as PreProjAttention

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..modules import PreProjAttention
+from ..modules import BaseLayerWrapper
 from ..rope import RoPE2D
 from .attention import RotaryAttention, supported_attention
 from .grid import GridPositions
@@ -82,7 +82,7 @@ def _kind(model: nn.Module) -> str:
 def _attn_slot(block: nn.Module) -> tuple[nn.Module, str]:
     """(parent, attribute) holding the host attention of a block, looking through a pre-projection wrapper."""
     attn = block.attn
-    if isinstance(attn, PreProjAttention):
+    if isinstance(attn, BaseLayerWrapper) and not isinstance(attn, RotaryAttention):  # the pre-projection wrapper
         return attn, "base_layer"
     return block, "attn"
 

@@ -2,7 +2,7 @@
 
 - preproj / skip / preproj_skip: `mmpreproj.save_adapter` -> adapter/{adapter_model.safetensors, adapter_config.json}
 - lora: peft `save_pretrained` -> adapter/ (peft's own format, loadable with `PeftModel.from_pretrained`)
-- preproj_lora: its `save_pretrained` (`folders/stacked.py`): peft's LoRA in adapter/, ours in adapter/preproj/,
+- preproj_lora: its `save_pretrained` (`method/stacked.py`): peft's LoRA in adapter/, ours in adapter/preproj/,
   the layout a Trainer's checkpoints have
 
 A model sharded by FSDP is saved in two steps: every rank calls `gather_run_adapter` (full tensors), then
@@ -19,8 +19,8 @@ from torch import nn
 
 from mmpreproj_cli.tables import ADAPTER_DIR
 
-from ..folders.files import ADAPTER_WEIGHTS_NAME, save_adapter
-from ..tuner.state_dict import adapter_state_dict
+from ..method.files import ADAPTER_WEIGHTS_NAME, save_adapter
+from ..method.state_dict import adapter_state_dict
 from ..util.io import set_new_file_modes
 from .errors import CheckpointWriteError
 from .methods import METHOD_SPECS

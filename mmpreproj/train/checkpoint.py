@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..modules import PreProjAttention
-from ..tuner.legacy import named_model_keys
+from ..method.convert import named_model_keys
+from ..method.layer import PreProjAttention
 from ..util.io import atomic_write, remove_stale_temps
 from ..version import __version__
 from .errors import CheckpointWriteError

@@ -11,7 +11,7 @@ import torch
 from mmpreproj_cli.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
 from mmpreproj_cli.values import TRAIN_BOUNDS, warmup_bound
 
-from ..tuner.config import PreProjConfig
+from ..method.config import PreProjConfig
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from .methods import METHOD_SPECS

@@ -30,13 +30,13 @@ from transformers import AutoModelForCausalLM
 
 from mmpreproj_cli.tables import METHOD_SPECS, METHODS, MethodSpec
 
-from ..folders.inject import inject
-from ..folders.stacked import stacked_peft_model
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules
 from ..hosts.shape import host_shape
+from ..method.config import PreProjConfig
+from ..method.inject import inject
+from ..method.stacked import stacked_peft_model
 from ..modules import ContentSkip, PreProjection
-from ..tuner.config import PreProjConfig
 
 
 def check_methods(names: Sequence[str]) -> tuple[str, ...]:
@@ -126,7 +126,7 @@ def apply_method(
     `sizes`: `PreProjConfig` size fields for the injected modules (expansion, skip_rank, layers, parts;
     `TrainConfig.preproj_sizes`); None = the paper's sizes.
 
-    For "preproj_lora" peft's LoRA goes in first, in the stacked class (`folders/stacked.py`), then the
+    For "preproj_lora" peft's LoRA goes in first, in the stacked class (`method/stacked.py`), then the
     pre-projection around the attention modules that hold it; the class's `save_pretrained` alone writes both: the
     LoRA at the folder, ours in `preproj/`.
     """

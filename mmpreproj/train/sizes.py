@@ -3,7 +3,7 @@
     sizes_for_budget("preproj_skip", 73_500, dim=256, layers=4)   # {"expansion": 0.0703125, "skip_rank": 18}
 
 Per block (d = width, L blocks): lora gets r * per_rank (GPT-NeoX query_key_value + dense: 6 d per block),
-r = round(B / per_rank); the injected modules are sized by `sizing/budget.py` (the formula
+r = round(B / per_rank); the injected modules are sized by `method/config.py` (the formula
 `PreProjConfig.for_budget` uses too): with u = B / (2 d L) "units", skip rank u, pre-projection width u, or
 both split evenly.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 from mmpreproj_cli.tables import BUDGET_METHODS
 
+from ..method.config import preproj_sizes
 from ..modules import ContentSkip, PreProjection
-from ..sizing.budget import preproj_sizes
 from .methods import METHOD_SPECS
 
 SIZE_FIELDS = ("expansion", "skip_rank", "layers", "parts")  # TrainConfig's sizes of the injected modules

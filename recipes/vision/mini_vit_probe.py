@@ -47,7 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.kit`
 import mmpreproj  # noqa: E402
-from mmpreproj.analysis import (  # noqa: E402
+from mmpreproj.analysis import (
     PAPER_SKIP_NORMS,
     plot_lr_sweep,
     plot_results,

@@ -16,7 +16,7 @@ from peft import get_peft_model
 from safetensors.torch import load_file, save_file
 
 from mmpreproj import PreProjConfig
-from mmpreproj.adapter_files.digest import weights_digest
+from mmpreproj.method.file_check import weights_digest
 
 W, C = "adapter_model.safetensors", "adapter_config.json"
 UP0 = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmpreproj.tuner.keys import as_description, peft_config_from_description
+from mmpreproj.method.files import as_description, peft_config_from_description
 
 
 def load_desc(cfg_file: str | Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from peft import get_peft_model  # noqa: E402
 
-import mmpreproj.modules.seam as seam  # noqa: E402
+import mmpreproj.method.layer as seam  # noqa: E402
 from mmpreproj import PreProjConfig  # noqa: E402
 from tests.helpers.zoo import tiny_neox  # noqa: E402
 

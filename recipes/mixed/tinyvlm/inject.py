@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from mmpreproj.folders.inject import inject
-from mmpreproj.tuner.config import PreProjConfig
+from mmpreproj.method.config import PreProjConfig
+from mmpreproj.method.inject import inject
 
 __all__ = ["inject_decoder"]
 

@@ -9,7 +9,7 @@ injection: seam checks, state), `_mark_only_adapters_as_trainable` freezes the b
 our `modules_to_save` trainable, recording each flag it changes. `inject_adapter` wraps that loop: any error
 rolls the model back as it was. `mmpreproj.inject`, `peft.inject_adapter_in_model` and `peft.get_peft_model` all
 build this tuner, and a further adapter (peft's `add_adapter`, `mmpreproj.load_adapter(adapter_name=)`) goes
-through the same loop into the wrappers already there (`named.py`, as LoRA's `update_layer`).
+through the same loop into the wrappers already there (`adapters.py`, as LoRA's `update_layer`).
 What peft reads back is peft's: `peft_config`, `active_adapter`, `targeted_module_names`, and a state dict in
 peft's keys: the model's own `state_dict()` keys, the adapter name removed on save and put back on load
 (`_remove_adapter_name_from_key`), no converter between.
@@ -29,15 +29,7 @@ from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter, set_r
 from peft.utils.other import _set_adapter
 from torch import nn
 
-from ..adapter_files.digest import DIGEST_KEY, weights_digest
-from ..adapter_files.file_check import HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names
-from ..modules.wrapper import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
-from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example
-from .config import ADAPTER_FORMAT, PreProjConfig
-from .keys import describe_for_save, injection_of
-from .legacy import model_keys
-from .load_check import check_added_record, check_record_fits
-from .named import (
+from .adapters import (
     Addition,
     finish_addition,
     place_added,
@@ -46,7 +38,14 @@ from .named import (
     switch_adapter,
     undo_addition,
 )
-from .state import injected_modules, is_injected
+from .apply import Injection, Request, finish, mark_trainable, place, plan_for, roll_back, run_example, unload
+from .config import ADAPTER_FORMAT, PreProjConfig
+from .convert import model_keys
+from .file_check import DIGEST_KEY, HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names, weights_digest
+from .files import describe_for_save, injection_of
+from .layer import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
+from .load_check import check_added_record, check_record_fits, check_transformers_load
+from .state import injected_modules, injected_owner, is_injected, owner_prefix
 from .state_dict import (
     SLOTS,
     adapter_tensors_from_state_dict,
@@ -58,9 +57,6 @@ from .state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
-from .transformers_load import check_transformers_load
-from .unload import unload
-from .unwrap import injected_owner, owner_prefix
 
 FREEZE_BASE_REFUSED = (
     "PreProjConfig.freeze_base=False under peft: peft saves only the adapter (and modules_to_save), so the base "
@@ -115,7 +111,7 @@ class PreProjModel(BaseTuner):
         error the model is put back as it was. The sites come from the host plan, not from `state_dict` keys, and
         the wrappers are built by the plan, so `state_dict` and `low_cpu_mem_usage` are not passed on. A further
         adapter (peft's `add_adapter`: a fresh one; `mmpreproj.load_adapter(adapter_name=)`: a saved one) goes
-        through the same loop onto the injected sites (`named.plan_addition`), inactive and frozen; on any error
+        through the same loop onto the injected sites (`adapters.plan_addition`), inactive and frozen; on any error
         no wrapper keeps it."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, PreProjConfig):
@@ -267,13 +263,13 @@ class PreProjModel(BaseTuner):
         """peft's freeze after the loop: the base frozen (`config.freeze_base`), the adapter and the config's
         `modules_to_save` left trainable (frozen where peft's `inference_mode` froze the adapter); each flag
         changed is recorded, so `unload` puts it back. Outside a first injection there is nothing to do: an
-        added adapter is built frozen (`named.plan_addition`)."""
+        added adapter is built frozen (`adapters.plan_addition`)."""
         if self._injection is not None:
             mark_trainable(model, self._injection.plan)
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
-        """Make one loaded adapter the one that runs (`named.switch_adapter`); it trains unless `inference_mode`,
+        """Make one loaded adapter the one that runs (`adapters.switch_adapter`); it trains unless `inference_mode`,
         and the others are frozen (peft's rule, as for LoRA). peft's loop calls it at its end with the adapters
         already active: in a first injection the flags are then the plan's (`_mark_only_adapters_as_trainable`),
         after an addition nothing changes (the added one waits, frozen)."""
@@ -451,7 +447,7 @@ class PreProjModel(BaseTuner):
         passed = {k: v for k, v in state_dict.items() if k.startswith(heads)}  # peft's head wrappers: peft loads them
         state_dict = {k: v for k, v in state_dict.items() if k not in passed}
         tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items()}
-        tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)  # older files: legacy.py
+        tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)  # older files: convert.py
         # every key, shape, dtype and value before peft copies any (a Trainer's resume reads no config)
         check_tensors_match(
             named_adapter_tensors(owner, adapter_name),

@@ -6,7 +6,8 @@ adapter name removed (peft's file keys, without peft's `base_model.model.` prefi
 
 The active adapter's (`adapter_state_dict` / `set_adapter_state_dict`, peft's `get/set_peft_model_state_dict`),
 a stored one's, and the checks a set of tensors must pass (keys, shapes, dtypes, finite values). Older layouts
-(block-index keys) are read by `legacy.py`."""
+(block-index keys) are read by `convert.py`.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from peft.utils.other import AuxiliaryTrainingWrapper
 from torch import nn
 
 from ..hosts.spec import get_path
-from ..modules import PreProjAttention
-from .legacy import OLD_SLOTS, model_keys
-from .state import InjectionState, adapter_params, named_adapter
-from .unwrap import STATE_ATTR, injected_owner
+from .convert import OLD_SLOTS, model_keys
+from .layer import PreProjAttention
+from .state import STATE_ATTR, InjectionState, adapter_params, injected_owner, named_adapter
 
 V = TypeVar("V")
 SLOTS = PreProjAttention.adapter_layer_names  # the adapter slots of a wrapper, named once
@@ -48,7 +48,7 @@ def wrapper_tensors(
 
 def is_slot_key(key: str) -> bool:
     """Whether an adapter key names an injected weight (`....{slot}.{param}`, today's slot names or the older
-    ones, `legacy.OLD_SLOTS`), not a `modules_to_save` one."""
+    ones, `convert.OLD_SLOTS`), not a `modules_to_save` one."""
     parts = key.split(".")
     return any(p in SLOTS or p in OLD_SLOTS for p in parts[:-1])
 
@@ -218,7 +218,7 @@ def set_adapter_state_dict(
     model: nn.Module, tensors: dict[str, torch.Tensor], *, adapter_name: str | None = None
 ) -> nn.Module:
     """Copy adapter weights (keyed as `adapter_state_dict` keys them, or in the older block-index keys,
-    `legacy.py`) into an already injected `model`.
+    `convert.py`) into an already injected `model`.
 
     The in-place counterpart of `load_adapter` (peft's `set_peft_model_state_dict`): the injection stays,
     only its weights change, so optimizer references and hooks survive (a Trainer's resume). Every key and

@@ -4,7 +4,9 @@ the files: `base_model`, `library_name: peft`, the method and its trainable-para
 
 Every value the card takes from the adapter's description is data: each YAML header value is a JSON
 scalar or list (JSON is YAML, and a quoted string cannot end the header or add a key), and in the Markdown
-body a value is one line (`_one_line`), so a base model named "x\n---\nfoo: bar" stays a name.
+body a value is one line (`_one_line`), so a base model named "x
+---
+foo: bar" stays a name.
 """
 
 from __future__ import annotations

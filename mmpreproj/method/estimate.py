@@ -1,4 +1,5 @@
-"""`estimate`: what a `PreProjConfig` costs on a named model shape, before any model is loaded.
+"""What a `PreProjConfig` costs: `estimate` on a named model shape, before any model is loaded, and
+`trainable_report`, how many parameters an injected model holds and how many will train.
 
     print(mmpreproj.estimate(PreProjConfig(skip_rank=16, expansion=1 / 16), "llama-3-8b"))
     # llama-3-8b (32/32 blocks, d=4096): 71,303,168 trainable (pre-projection 67,108,864 + skip 4,194,304),
@@ -10,11 +11,14 @@ training holds per trainable weight: fp32 weight, fp32 gradient and AdamW's two 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from torch import nn
 
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
+from .layer import PreProjAttention
 
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight 4 + fp32 gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
 
@@ -96,3 +100,50 @@ def estimate(config: PreProjConfig, shape: str) -> Estimate:
     preproj = PreProjection.num_params(d, config.expansion) if config.preproj and config.inner_width(d) else 0
     skip = ContentSkip.num_params(d, config.skip_rank) if config.skip else 0
     return Estimate(shape, s.layers, d, blocks, preproj * blocks, skip * blocks, s.base_params)
+
+
+@dataclass(frozen=True)
+class TrainableReport:
+    """Parameter counts of a (possibly injected) model."""
+
+    preproj: int
+    skip: int
+    trainable: int
+    total: int
+    parts: dict[str, int] = field(default_factory=dict)  # injected parameters per host part ("vision", ...)
+
+    @property
+    def injected(self) -> int:
+        return self.preproj + self.skip
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"trainable params: {self.trainable:,} || all params: {self.total:,} || "
+            f"trainable%: {self.percent:.4f} || injected: pre-projection {self.preproj:,} + skip {self.skip:,}"
+            + (" (" + ", ".join(f"{k} {v:,}" for k, v in self.parts.items()) + ")" if len(self.parts) > 1 else "")
+        )
+
+
+def trainable_report(model: nn.Module) -> TrainableReport:
+    """Count injected (pre-projection, skip), trainable and total parameters (shared weights once)."""
+    preproj = skip = 0
+    parts: dict[str, int] = {}
+    for w in model.modules():
+        if isinstance(w, PreProjAttention):
+            pre, skip_ = w.slots()  # the active adapter's
+            a = sum(p.numel() for p in pre.parameters()) if pre is not None else 0
+            b = sum(p.numel() for p in skip_.parameters()) if skip_ is not None else 0
+            preproj, skip = preproj + a, skip + b
+            parts[w.part] = parts.get(w.part, 0) + a + b
+    params = list(model.parameters())  # nn.Module.parameters() already yields a shared weight once
+    return TrainableReport(
+        preproj=preproj,
+        skip=skip,
+        trainable=sum(p.numel() for p in params if p.requires_grad),
+        total=sum(p.numel() for p in params),
+        parts=parts,
+    )

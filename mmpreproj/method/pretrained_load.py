@@ -1,6 +1,7 @@
 """`from_pretrained`: the base (`AutoModelForCausalLM` or `model_cls`) from a folder or hub id with its adapter
-loaded, the one `save_pretrained` wrote beside it (`pretrained.py`, refused when the two halves come from
-different saves) or one named explicitly."""
+loaded, the one `save_pretrained` wrote beside it (`pretrained_save.py`, refused when the two halves come from
+different saves) or one named explicitly.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from ..data.model_source import corrupt_weights_error, pretrained_source
 from ..util.file_sets import committed_files
-from .files import (
-    ADAPTER_CONFIG_NAME,
-    ADAPTER_WEIGHTS_NAME,
-    BASE_SAVE_TOKEN,
-    PRETRAINED_ADAPTER_DIR,
-    adapter_folder,
-)
+from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, adapter_folder
 from .load import load_adapter  # the one loader of a trained folder
 from .pretrained_save import check_saved_pair, config_save_token
 
@@ -34,7 +29,7 @@ def _adapter_token(folder: Path) -> str | None:
             desc = json.loads(files[ADAPTER_CONFIG_NAME].read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-    if isinstance(desc, dict) and isinstance(desc.get("injection"), dict):  # peft layout (tuner/keys.py)
+    if isinstance(desc, dict) and isinstance(desc.get("injection"), dict):  # peft layout (method/files.py)
         desc = desc["injection"]
     return desc.get(BASE_SAVE_TOKEN) if isinstance(desc, dict) else None
 
@@ -55,7 +50,7 @@ def from_pretrained(
     path_or_hub_id: str | Path, adapter: str | Path | bool | None = None, model_cls: Any = None, **kwargs: Any
 ) -> nn.Module:
     """The base (`model_cls.from_pretrained`, default `AutoModelForCausalLM`) with an adapter put on by the one
-    loader, `mmpreproj.load_adapter` (`folders/load.py`).
+    loader, `mmpreproj.load_adapter` (`method/load.py`).
 
     `adapter`: an adapter folder or hub id; None = the one `save_pretrained` wrote beside the base (its
     `adapter/` subfolder), which must be there: a folder or hub repo without it raises FileNotFoundError

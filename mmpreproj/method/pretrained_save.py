@@ -43,13 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapter_files.file_check import BASE_FILES, refuse_links
 from ..hosts.spec import get_path
-from ..modules import PreProjAttention
-from ..tuner.state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
-from ..tuner.unwrap import STATE_ATTR
 from ..util.io import set_new_file_modes
+from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
+from .layer import PreProjAttention
+from .state import STATE_ATTR
+from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 

@@ -4,7 +4,7 @@ Called once by `import mmpreproj`. peft resolves `peft_type` through tables fill
 (`PEFT_TYPE_TO_CONFIG_MAPPING`, `..._TUNER_MAPPING`, `..._PREFIX_MAPPING`), so a process must import
 mmpreproj before peft reads a PREPROJ adapter; otherwise `PeftConfig.from_pretrained` fails with peft's
 `KeyError: 'PREPROJ'` (or "Unknown PEFT type"). The tables are peft's public extension point
-(`peft.utils.register_peft_method`); the only change beyond it is the enum member (`peft_type.py`).
+(`peft.utils.register_peft_method`); the only change beyond it is the enum member (`config.py`, `add_peft_type`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
 from peft.utils import register_peft_method
 
-from .config import PreProjConfig
+from .config import PREPROJ, PreProjConfig
 from .model import PreProjModel
-from .peft_type import PREPROJ
 
 
 def register_preproj() -> None:

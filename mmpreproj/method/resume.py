@@ -23,8 +23,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
-from ..tuner.config import PreProjConfig
+from .config import PreProjConfig
+from .file_check import DIGEST_KEY, check_weights_digest
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,5 @@
-"""Several adapters on one base, the tuner's side: an added adapter through peft's loop, the switch, the delete
-(peft's `load_adapter(adapter_name=)`, `set_adapter`, `delete_adapter`; our API's calls, made through peft's record
-when there is one, are `folders/adapters.py`; `adapter_disabled` runs the base alone).
+"""Several adapters on one base: an added adapter through peft's loop, the switch, the delete, and our API's
+calls over them (`mmpreproj.set_adapter`, `delete_adapter`, `adapter_names`, `active_adapter`).
 
 Design: as peft's LoRA, each wrapper keeps every adapter in one `nn.ModuleDict` per slot keyed by adapter name
 (`wrapper.preproj[name]`, `wrapper.preproj_skip[name]`; peft's `BaseTunerLayer` methods), the inactive ones
@@ -16,7 +15,14 @@ preproj/skip presence and the same `modules_to_save` names. Its expansion, activ
 dtype may differ (its modules are built from its own config). `unload` removes every loaded adapter.
 
 Switch between steps, as for LoRA: nothing here watches for a forward or backward in flight (peft's record of
-the active adapter is per layer, and peft's own calls switch it directly).
+the active adapter is per layer, and peft's own calls switch it directly). Our API's calls go through peft's
+record of the adapters when there is one (a `PeftModel` over the injection, or the tuner itself), so peft and
+mmpreproj name the same adapters; on a model `inject` injected, straight through `switch_adapter` and
+`remove_adapter` below.
+
+    mmpreproj.load_adapter(model, "runs/b/adapter", adapter_name="b")  # added beside "default", frozen, inactive
+    mmpreproj.set_adapter(model, "b")                                  # b now runs (and trains iff "default" did)
+    mmpreproj.delete_adapter(model, "default")                         # an inactive one; unload removes them all
 """
 
 from __future__ import annotations
@@ -25,15 +31,26 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..modules import ContentSkip, PreProjAttention, PreProjection
+from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
-from .legacy import model_keys
+from .convert import model_keys
+from .layer import PreProjAttention
 from .plan import new_adapter_modules
-from .state import InjectionState, adapter_params, adapter_trains, check_adapter_name, injected_modules, named_adapter
+from .state import (
+    STATE_ATTR,
+    InjectionState,
+    adapter_params,
+    adapter_trains,
+    check_adapter_name,
+    injected_modules,
+    injected_owner,
+    named_adapter,
+)
 from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors, trainable_adapter_params
-from .unwrap import STATE_ATTR, injected_owner
 
 
 @dataclass
@@ -60,7 +77,7 @@ def plan_addition(
     tensors: dict[str, torch.Tensor] | None = None,
 ) -> Addition:
     """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`tensors` read by
-    `folders.files.read_adapter`, copied into the built modules; its record checked by the caller,
+    `files.read_adapter`, copied into the built modules; its record checked by the caller,
     `load_check.check_added_record`) or, without them, a freshly initialised one (peft's `add_adapter`; its
     `modules_to_save` start from their current values). Nothing is changed: the modules go in through peft's loop.
     ValueError naming the first field that does not fit."""
@@ -177,3 +194,73 @@ def refuse_active(state: InjectionState, name: str) -> None:
         others = [n for n in state.adapter_configs if n != name]
         hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """The names of every adapter loaded into the injected model inside `model`, in loading order."""
+    return list(injected_owner(model, "adapter_names")[1].adapter_configs)
+
+
+def active_adapter(model: nn.Module) -> str:
+    """The name of the adapter that runs (and trains) now."""
+    return injected_owner(model, "active_adapter")[1].active_adapter
+
+
+def peft_record(model: nn.Module, owner: nn.Module) -> nn.Module | None:
+    """What keeps peft's record of the adapters of the injected model `owner` inside `model`: the `PeftModel` over
+    it (its `active_adapter`, and its tuner's `peft_config`), else the PREPROJ tuner itself, else None (`inject`
+    keeps none). Every add, switch and delete made through `model` goes through it, so peft and mmpreproj name
+    the same adapters."""
+    tuner = next(
+        (
+            m
+            for m in model.modules()
+            if isinstance(m, BaseTuner)
+            and m.model is owner
+            and getattr(m, "tuner_layer_cls", None) is PreProjAttention
+        ),
+        None,
+    )
+    if tuner is None:
+        return None
+    return next((m for m in model.modules() if isinstance(m, PeftModel) and m.base_model is tuner), tuner)
+
+
+def set_adapter(model: nn.Module, name: str) -> nn.Module:
+    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did (through the
+    `PeftModel` when `model` is one, so peft's `active_adapter` follows; peft's own `PeftModel.set_adapter` follows
+    peft's rule instead: trainable unless `inference_mode=True`).
+
+    Switch between steps (after `loss.backward()` and the optimizer step), as for LoRA: a switch between a
+    forward and its backward leaves that backward filling the gradients of the adapter switched away from.
+    """
+    record, owner, name = _through_peft(model, name, "set_adapter")
+    if record is not None:  # peft's rule (trains unless inference_mode), told what ours is
+        record.set_adapter(name, inference_mode=not adapter_trains(injected_modules(owner)))
+    else:
+        switch_adapter(owner, name)
+    return model
+
+
+def _through_peft(model: nn.Module, name: str, what: str) -> tuple[nn.Module | None, nn.Module, str]:
+    """(peft's record or None, the injected model, the checked name) for a call `what` on adapter `name` made
+    through `model`; our refusal of a name not loaded comes first, and an adapter added through the injected model
+    itself joins peft's record."""
+    owner, state = injected_owner(model, what)
+    name, config = named_adapter(state, check_adapter_name(name))
+    record = peft_record(model, owner)
+    if record is not None:
+        record.peft_config.setdefault(name, config)
+    return record, owner, name
+
+
+def delete_adapter(model: nn.Module, name: str) -> nn.Module:
+    """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
+    removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
+    record, owner, name = _through_peft(model, name, "delete_adapter")
+    refuse_active(vars(owner)[STATE_ATTR], name)
+    if record is not None:
+        record.delete_adapter(name)
+    else:
+        remove_adapter(owner, name)
+    return model

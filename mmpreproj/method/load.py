@@ -5,19 +5,23 @@
 
 What a folder holds is read from its files in one place (`detect`), never from who wrote it:
 
-| kind          | ours (PREPROJ)   | peft LoRA   | written by                                                        |
-|---------------|------------------|-------------|-------------------------------------------------------------------|
-| adapter       | `DIR`            | -           | save_adapter, PeftModel.save_pretrained, a Trainer checkpoint, train() |
-| lora          | -                | `DIR`       | peft / train() `lora`, `lora_matched`                             |
-| preproj_lora  | `DIR/preproj/`   | `DIR`       | its `save_pretrained` (`stacked.py`): train(), a Trainer, users   |
+| kind         | ours (PREPROJ)  | peft LoRA | written by                                                             |
+|--------------|-----------------|-----------|------------------------------------------------------------------------|
+| adapter      | `DIR`           | -         | save_adapter, PeftModel.save_pretrained, a Trainer checkpoint, train() |
+| lora         | -               | `DIR`     | peft / train() `lora`, `lora_matched`                                  |
+| preproj_lora | `DIR/preproj/`  | `DIR`     | its `save_pretrained` (`stacked.py`): train(), a Trainer, users        |
 
-Older layouts (ours at `DIR`, peft's LoRA in `DIR/lora/`: train() before 0.5) are found by `legacy.py`.
+Older layouts (ours at `DIR`, peft's LoRA in `DIR/lora/`: train() before 0.5) are found by `convert.py`.
 
 `DIR` is the folder given or its `adapter/` subfolder (a train() run folder, a `save_pretrained` folder: its
 base and adapter must come from one save, `pretrained_save.check_saved_pair`). A run folder's `train_config.json`,
 when there, must name a method the folder holds. Returns a `PeftModel` when the folder holds LoRA weights.
 A refused load (missing, corrupt or mismatched files) leaves the model as it was.
-"""  # noqa: E501 (the markdown table rows of this docstring)
+
+Our part goes through `load_injection`: read the folder, check it against the model, inject its modules and copy
+its weights; on a model already injected, add it beside the loaded ones (`adapters.plan_addition`, through peft's
+loop).
+"""
 
 from __future__ import annotations
 
@@ -26,18 +30,111 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import peft
+import torch
 from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 from peft.mapping import PEFT_TYPE_TO_PREFIX_MAPPING
 from safetensors.torch import load_file
 from torch import nn
 
-from ..tuner.keys import as_description, config_kind
-from ..tuner.legacy import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, today_lora_key
-from ..tuner.state import is_injected
-from ..tuner.state_dict import SLOTS, trainable_adapter_params
-from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, PRETRAINED_ADAPTER_DIR
-from .load_injection import load_injection as _load_ours
+from ..timm_rope.saved import rope_for_load
+from .adapters import plan_addition
+from .config import PreProjConfig
+from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, model_keys, today_lora_key
+from .files import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    BASE_SAVE_TOKEN,
+    PRETRAINED_ADAPTER_DIR,
+    adapter_folder,
+    as_description,
+    config_kind,
+    read_adapter,
+)
+from .inject import add_planned, apply_plan
+from .load_check import check_added_record, check_record
+from .plan import check_saved_paths, plan_injection, saved_host
+from .pretrained_save import check_saved_pair, config_save_token
 from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
+from .state import check_adapter_name, injected_owner, is_injected, refuse_meta_parameters
+from .state_dict import (
+    SLOTS,
+    check_tensors_match,
+    is_slot_key,
+    rekeyed_by_block,
+    saved_module_tensors,
+    trainable_adapter_params,
+    wrapper_tensors,
+)
+
+
+def load_injection(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    is_trainable: bool = False,
+    freeze_base: bool | None = None,
+    adapter_name: str | None = None,
+) -> nn.Module:
+    """Inject the modules described in `path` into `model` and load their weights.
+
+    Like peft, loading is for inference by default: the adapter's weights are frozen; `is_trainable=True`
+    leaves them (and its `modules_to_save`) trainable, to go on training.
+
+    `path` is an adapter folder, or a `save_pretrained` folder (its `adapter/` subfolder is read, refused
+    when the base beside it comes from another save: `pretrained_save.check_saved_pair`). The
+    adapter file carries the host description (parts, paths, call convention), so a user-described host
+    reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
+    parts the model does not have, another hidden size or block count, or weights that do not match.
+
+    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
+    and inactive (`set_adapter` switches to it; see `adapters.py`); on a plain model it names the
+    first adapter (default "default").
+    Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
+    to make (`mmpreproj.timm_rope.saved`).
+    """
+    refuse_meta_parameters(model, "load_adapter")
+    if adapter_name is not None:
+        check_adapter_name(adapter_name)
+    given, path = Path(path), adapter_folder(path)
+    desc, tensors = read_adapter(path)
+    check_saved_paths(desc, path)
+    if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
+        check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
+    if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
+        config = PreProjConfig.from_dict(desc["config"])
+        check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
+        owner, _ = injected_owner(model, "load_adapter")
+        return add_planned(model, plan_addition(owner, config, adapter_name, str(path), tensors=tensors))
+    config = PreProjConfig.from_dict(desc["config"])
+    if freeze_base is not None:
+        config.freeze_base = freeze_base
+    host = saved_host(model, desc, path)
+    restore_rope = rope_for_load(model, desc.get("rope"), f"adapter at {path}")  # checks only; runs after apply_plan
+    with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
+        plan = plan_injection(model, config, host, adapter_name=adapter_name or "default")
+    check_record(model, plan, desc, f"adapter at {path}", by_path=False)  # the same sites; no weight moves blocks
+    pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
+    expected = wrapper_tensors(pairs)
+    expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+    tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
+    tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
+    check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
+    injected = {k: v for k, v in expected.items() if is_slot_key(k)}
+    with torch.no_grad():
+        for k, dst in injected.items():
+            dst.copy_(tensors[k])
+    apply_plan(model, plan)
+    if restore_rope is not None:
+        restore_rope()
+    with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
+        for k, dst in expected.items():
+            if k not in injected:
+                dst.copy_(tensors[k])
+    if not is_trainable:
+        for p in trainable_adapter_params(model):
+            p.requires_grad_(False)
+    return model
+
 
 RUN_CONFIG_NAME = "train_config.json"  # a train() run folder's config (its `method`)
 _LORA_METHODS = ("lora", "lora_matched")  # train() methods whose folder holds LoRA alone
@@ -98,7 +195,7 @@ def load_adapter(
 
     Frozen for inference unless `is_trainable=True` (then our weights, their `modules_to_save` and the LoRA
     weights train). `adapter_name` names the adapter (on an injected model, ours is added beside the loaded
-    ones, `tuner/named.py`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
+    ones, `method/adapters.py`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
     """
     folder = detect(path)
     holds = folder.methods  # refuses a `method` tag that is not ours
@@ -109,7 +206,7 @@ def load_adapter(
             "adapters; pass the base model (nothing was loaded)"
         )
     if folder.lora is None:
-        return _load_ours(
+        return load_injection(
             model, folder.load_ours_from, is_trainable=is_trainable, adapter_name=adapter_name, freeze_base=freeze_base
         )
     flags = [(p, p.requires_grad) for p in model.parameters()]
@@ -117,7 +214,7 @@ def load_adapter(
     if folder.ours is None:
         return lora
     with lora_off_on_error(lora, flags):  # ours around the attention modules that hold LoRA's layers (stacked.py)
-        _load_ours(
+        load_injection(
             lora.base_model.model,
             folder.load_ours_from,
             is_trainable=is_trainable,
@@ -135,7 +232,7 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
     that saves ours beside it when `stacked`, `stacked.py`), but refused before the weights load unless every weight
     peft expects is in the file and every weight in the file is one it expects; on any failure peft's layers are
     taken off and `requires_grad` put back. A `preproj_lora` file of mmpreproj 0.4/0.5 (LoRA's keys inside our
-    wrapper, ours among them) is read as today's (`legacy.OLD_STACKED_LORA_KEYS`)."""
+    wrapper, ours among them) is read as today's (`convert.OLD_STACKED_LORA_KEYS`)."""
     try:
         saved = {today_lora_key(k) for k in load_file(str(folder / ADAPTER_WEIGHTS_NAME))}
     except FileNotFoundError:

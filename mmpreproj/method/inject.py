@@ -1,11 +1,11 @@
 """`mmpreproj.inject`: put the modules into a host model, in place, through peft's injection loop: the tuner
-`PreProjModel`, whose hooks take each step of `tuner/apply.py` (plan, place, finish, freeze), the path of
+`PreProjModel`, whose hooks take each step of `method/apply.py` (plan, place, finish, freeze), the path of
 `peft.inject_adapter_in_model` and `peft.get_peft_model` too. Like `inject_adapter_in_model`, the model keeps no
 tuner and gets nothing on its instance but peft's `peft_config` record; its whole-model folder is written by the
 function `mmpreproj.save_pretrained(model, DIR)` (`pretrained_save.py`), never by `model.save_pretrained`.
 
-Every call validates first (`tuner/plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
-The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `tuner/state.py`), never in globals.
+Every call validates first (`method/plan.py`) and mutates last, so a failed call leaves the model exactly as it was.
+The injection's bookkeeping lives on the model itself (`model.mmpreproj_state`, `method/state.py`), never in globals.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from torch import nn
 from mmpreproj_cli.tables import METHOD_SPECS, METHODS
 
 from ..hosts import HostSpec
-from ..tuner.apply import Request
-from ..tuner.config import PreProjConfig
-from ..tuner.model import PreProjModel
-from ..tuner.named import Addition
-from ..tuner.plan import Plan, check_plain_model
-from ..tuner.unwrap import STATE_ATTR
-from .adapters import peft_record
+from .adapters import Addition, peft_record
+from .apply import Request
+from .config import PreProjConfig
+from .model import PreProjModel
+from .plan import Plan, check_plain_model
+from .state import STATE_ATTR
 
 _ABSENT = object()
 
@@ -66,7 +65,7 @@ def inject(
 
     Returns the same model object. Injected weights are float32 on the device of their block.
     It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
-    (`mmpreproj.tuner.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
+    (`mmpreproj.method.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
     wraps the result in a `PeftModel`. Like peft's in-place route, nothing is installed on the instance:
     `model.save_pretrained` stays the class's own, which writes the wrapped keys; save the base and the adapter
     with `mmpreproj.save_pretrained(model, DIR)`. A plain `transformers.Trainer` on an injected model is not
@@ -106,13 +105,13 @@ def _instead(config: Any) -> str:
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
-    """Place a plan the caller built and filled (`load_injection`: saved weights copied in), through the same
+    """Place a plan the caller built and filled (`load.load_injection`: saved weights copied in), through the same
     loop, as `inject` does; on error the model is left as it was."""
     return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
 
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:
-    """Add a further adapter the caller planned and filled (`tuner/named.plan_addition`: a saved one) to the injected
+    """Add a further adapter the caller planned and filled (`adapters.plan_addition`: a saved one) to the injected
     model inside `model`, through the same loop; on error no wrapper keeps it. When `model` is a `PeftModel` over
     the injection, or the model carries peft's `peft_config` (peft's `inject_adapter_in_model`), that record gets the
     adapter too. Returns `model`."""

@@ -3,44 +3,133 @@
 Saved as the adapter's `adapter_config.json` (peft's file): the fields below, peft's own fields
 (`peft_type`, `task_type`, `base_model_name_or_path`, `inference_mode`, ...) and `injection`, what the
 injection resolved (host row, description, blocks, widths, module paths), so a reload needs no code.
+
+`PREPROJ`, this method's member of peft's `PeftType` enum, is added once at import. peft keys every method by a
+member of its closed enum (`register_peft_method` refuses a name the enum lacks), so a method outside peft's tree
+must add its member first. This is the one process-wide change mmpreproj makes at import, and it only adds: no
+existing member, mapping or peft function is touched. Adding a member goes through the enum's internals
+(`_member_map_`, `_value2member_map_`, `_member_names_`), so it is guarded: outside the peft versions it was tested
+on (`TESTED_PEFT`, the bound in pyproject.toml), or on a Python whose enums lack those internals, `import mmpreproj`
+fails with one line naming the versions, never with a half-registered method. The floor is the oldest peft whose
+whole peft test surface passes (`make test-peft-floor` runs a subset on it). peft 0.20 lacks the tuner's
+state-dict hooks (a shim routing peft's state-dict functions through them passed that subset, but not the rest:
+preproj_lora's stacked files, mixed-batch errors, add_adapter's record, FSDP2 saves); 0.19's
+`build_peft_weight_mapping` drops a GPT-NeoX adapter's weights in transformers' `load_adapter` (any method's),
+0.18 has no such mapping, 0.16-0.17 do not import under transformers 5, 0.15 has no
+`BaseTunerLayer.set_requires_grad`, and `register_peft_method` is new in 0.15.
+
+The sizes at a trainable budget (`preproj_sizes`, the one formula `PreProjConfig.for_budget` and the budget study,
+`train/sizes.py`, use). Per attention block (d = width, L blocks), with u = round(B / (2 d L)) units of 2*d*L
+weights each:
+- skip alone: the rank-u skip's 2 u d per block; unreachable at u >= d (the full d x d skip is cheaper);
+- pre-projection alone: inner width w = u (expansion w / d, a bottleneck below 1);
+- both: the units split evenly, w = round(u / 2), skip rank u - w.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import warnings
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import peft
 import torch
+from packaging.version import Version
 from peft import PeftConfig
+from peft.utils.peft_types import PeftType
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from mmpreproj_cli.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
 
-from ..adapter_files.digest import DIGEST_KEY, check_weights_digest
-from ..adapter_files.file_check import PEFT_PREFIX, check_file_tensors, peft_head_keys
 from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
-from ..sizing.budget import preproj_sizes
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from ..version import __version__
-from .legacy import renamed_slots
-from .peft_type import PREPROJ
+from .convert import renamed_slots
+from .file_check import DIGEST_KEY, PEFT_PREFIX, check_file_tensors, check_weights_digest, peft_head_keys
+
+
+def expansion_for_width(width: int, dim: int) -> float:
+    """An expansion e with int(e * dim) == width (width / dim, nudged up where float rounding would cut it)."""
+    e = width / dim
+    while int(e * dim) < width:
+        e = math.nextafter(e, math.inf)
+    return e
+
+
+def preproj_sizes(
+    budget: int, *, dim: int, layers: int, preproj: bool = True, skip: bool = True
+) -> dict[str, Any] | None:
+    """{"expansion", "skip_rank"} (those of the modules asked for) at about `budget` trainable weights; None
+    where the skip's rank would reach `dim`."""
+    if not (preproj or skip):
+        raise ValueError("preproj_sizes: ask for the pre-projection, the skip or both")
+    units = max(1, round(budget / (2 * dim * layers)))
+    if not preproj:
+        return None if units >= dim else {"skip_rank": units}
+    if not skip:
+        return {"expansion": expansion_for_width(units, dim)}
+    width = max(1, round(units / 2))
+    rank = max(1, units - width)
+    return None if rank >= dim else {"expansion": expansion_for_width(width, dim), "skip_rank": rank}
+
+
+TESTED_PEFT = ("0.21", "0.22")  # [lowest, first untested): keep equal to pyproject.toml's `peft>=0.21,<0.22`
+_ENUM_INTERNALS = ("_member_map_", "_value2member_map_", "_member_names_")
+
+
+def check_peft_version(version: str | None = None) -> None:
+    """ImportError (one line, the versions named) unless peft `version` (default: the installed one) is in
+    `TESTED_PEFT` and the enum has the internals `add_peft_type` writes."""
+    found = version or peft.__version__
+    low, high = TESTED_PEFT
+    if not Version(low) <= Version(found) < Version(high):
+        raise ImportError(
+            f"mmpreproj registers its peft method PREPROJ through peft internals tested on peft >={low},"
+            f"<{high}; found peft {found}: pip install 'peft>={low},<{high}'"
+        )
+    missing = [a for a in _ENUM_INTERNALS if not hasattr(PeftType, a)]
+    if missing:
+        raise ImportError(
+            f"mmpreproj cannot add PREPROJ to peft's PeftType on Python {sys.version.split()[0]}: "
+            f"the enum has no {', '.join(missing)} (tested on Python 3.11)"
+        )
+
+
+def add_peft_type(name: str) -> PeftType:
+    """`PeftType[name]`, added to the enum if absent (value == name, like peft's own members); idempotent."""
+    if name in PeftType.__members__:
+        return PeftType[name]
+    member = str.__new__(PeftType, name)
+    member._name_, member._value_ = name, name
+    member._sort_order_ = len(PeftType._member_names_)
+    PeftType._member_map_[name] = member
+    PeftType._value2member_map_[name] = member
+    PeftType._member_names_.append(name)
+    type.__setattr__(PeftType, name, member)  # what `PeftType.PREPROJ` reads (EnumType.__setattr__ refuses members)
+    return member
+
+
+check_peft_version()
+PREPROJ = add_peft_type("PREPROJ")
+
 
 SKIP_INIT_STD = {"paper": 1e-4, "identity": 0.0}  # `W_skip`'s init std under each `init` (skip_init_std=None)
 
 # The adapter file format this library writes and the newest it reads (CHANGELOG.md, "Versions"):
-#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `tuner/legacy.py`)
+#   1: mmpreproj <= 0.3 (`adapter_type: "mmpreproj"`, `blocks.{i}.*` keys; read through `method/convert.py`)
 #   2: mmpreproj 0.4 (peft's layout: `peft_type: "PREPROJ"`, peft's keys, `injection.weights_digest`)
 #   3: the skip's slot is `preproj_skip` (every slot starts with the peft prefix "preproj"); 1 and 2 are read
-#      through `tuner/legacy.py`
+#      through `method/convert.py`
 # A config without `format_version` was written before the field existed (format 1 or 2, both read here).
 ADAPTER_FORMAT = 3
 
@@ -292,7 +381,7 @@ class PreProjConfig(JsonConfig, PeftConfig):
     @classmethod
     def for_budget(cls, model: nn.Module, fraction: float, **kwargs: Any) -> PreProjConfig:
         """The pre-projection + a rank-r skip sized to train about `fraction` of `model`'s parameters (the
-        budget study's sizing, `sizing/budget.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
+        budget study's sizing, `method/config.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
         trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%). `kwargs` are other
         fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
         taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))
@@ -373,8 +462,8 @@ def check_folder_weights(config: PreProjConfig, folder: str | Path) -> None:
 def check_saved_weights(config: PreProjConfig, tensors: dict[str, torch.Tensor], weights_file: str | Path) -> None:
     """ValueError naming `weights_file` unless `tensors` (peft's file keys) are what `config` describes: every tensor,
     of the shape its sizes give, floating point and finite, nothing else, the heads peft saves for a classification
-    task as its `injection.head_shapes` records them (`adapter_files/file_check.py`), and ours from the same save as
-    the config (`adapter_files/digest.py`: a save cut short is refused)."""
+    task as its `injection.head_shapes` records them (`method/file_check.py`), and ours from the same save as
+    the config (`method/file_check.py`: a save cut short is refused)."""
     modules = (config.injection or {}).get("modules")
     named = renamed_slots(tensors, modules, PEFT_PREFIX) if isinstance(modules, list) else tensors
     check_file_tensors(config, named, weights_file)  # names, shapes, dtypes, values

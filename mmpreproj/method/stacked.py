@@ -12,7 +12,7 @@ base, and `peft.PeftModel.from_pretrained(base, DIR)` reads it. `save_pretrained
 checkpoints, users); `load_adapter` reads both (a Trainer's resume and best-model reload), our weights checked (keys,
 shapes, dtypes, finite values) before either part changes; `unload` takes ours off, then LoRA. One class per peft task
 class (`peft.auto.MODEL_TYPE_TO_PEFT_MODEL_MAPPING`); `mmpreproj.load_adapter(base, DIR)` reads the folder onto a fresh
-base. Older files (LoRA's keys inside our wrapper, ours in LoRA's file too) are read by `tuner/legacy.py`'s rules.
+base. Older files (LoRA's keys inside our wrapper, ours in LoRA's file too) are read by `method/convert.py`'s rules.
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 from safetensors.torch import load_file
 from torch import nn
 
-from ..adapter_files.file_check import PEFT_PREFIX
-from ..modules.wrapper import PreProjAttention
-from ..tuner.config import PreProjConfig
-from ..tuner.keys import config_kind
-from ..tuner.legacy import OLD_STACKED_LORA_KEYS
-from ..tuner.state_dict import (
+from .apply import unload as unload_ours
+from .config import PreProjConfig
+from .convert import OLD_STACKED_LORA_KEYS
+from .file_check import PEFT_PREFIX
+from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, config_kind, read_adapter, save_adapter
+from .inject import inject
+from .layer import PreProjAttention
+from .state import injected_owner, injected_owners, owner_prefix
+from .state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
     checked_adapter_copies,
@@ -44,10 +47,6 @@ from ..tuner.state_dict import (
     refuse_non_finite,
     trainable_adapter_params,
 )
-from ..tuner.unload import unload as unload_ours
-from ..tuner.unwrap import injected_owner, injected_owners, owner_prefix
-from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, read_adapter, save_adapter
-from .inject import inject
 
 # The fields of what torch's `load_state_dict` and peft's `load_adapter` return (torch's own class is private)
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])

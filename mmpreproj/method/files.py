@@ -1,13 +1,24 @@
-"""An adapter folder: `save_adapter` writes it, `read_adapter` reads it back (description, tensors), in peft's
-layout (`tuner/keys.py`: the config; weights keyed as the model keys them, peft's prefix added) with the two
-files replaced together (`util.file_sets`); `check_file_keys` checks a file's keys against its own description
-before any of it meets a model. The writer sits beside the loaders, above the tuner, as peft's own
-`save_and_load` sits outside `peft/tuners/`."""
+"""The one adapter format, and its writer and reader: `save_adapter` writes an adapter folder, `read_adapter`
+reads it back (description, tensors), the two files replaced together (`util.file_sets`).
+
+On disk an adapter is a peft adapter: `adapter_config.json` holds the flat `PreProjConfig` (with
+`peft_type: "PREPROJ"`) and `injection`, what the injection resolved; `adapter_model.safetensors` keys each
+weight as the model's `state_dict()` does without the adapter name, behind peft's `base_model.model.` prefix:
+
+    base_model.model.gpt_neox.layers.3.attention.preproj.up.weight     (an injected weight)
+    base_model.model.multi_modal_projector.linear_1.weight             (a base module of modules_to_save)
+
+In memory the description is `InjectionState.describe()` with the adapter's `config` nested
+(`describe_for_save`: what the tuner hands peft and `save_adapter` writes); older layouts
+(`adapter_type: "mmpreproj"`, block-index keys) are read by `convert.py`. `check_file_keys` checks a file's keys
+against its own description before any of it meets a model.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
@@ -17,26 +28,99 @@ from torch import nn
 from mmpreproj_cli.sources import adapter_folder
 from mmpreproj_cli.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME
 
-from ..adapter_files.digest import DIGEST_KEY, check_weights_digest, weights_digest
-from ..adapter_files.file_check import PEFT_HEAD_TASKS, PEFT_PREFIX
-from ..adapter_files.model_card import model_card
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError
-from ..tuner.keys import describe_for_save, description_from_peft_config, peft_config_from_description
-from ..tuner.legacy import OLD_SLOTS, is_legacy_description, model_keys
-from ..tuner.state import ADAPTER_TYPE, named_adapter
-from ..tuner.state_dict import (
+from ..timm_rope.saved import describe_rope
+from ..util.file_sets import committed_files, write_files
+from ..version import __version__
+from .config import ADAPTER_FORMAT
+from .convert import OLD_SLOTS, is_legacy_description, model_keys
+from .file_check import DIGEST_KEY, PEFT_HEAD_TASKS, PEFT_PREFIX, check_weights_digest, weights_digest
+from .model_card import card_fields, model_card
+from .state import ADAPTER_TYPE, STATE_ATTR, InjectionState, injected_owner, named_adapter
+from .state_dict import (
     SLOTS,
     adapter_state_dict,
     injected_paths,
+    is_slot_key,
     named_adapter_tensors,
     refuse_empty,
     refuse_non_finite,
     refuse_peft_heads,
 )
-from ..tuner.unwrap import injected_owner
-from ..util.file_sets import committed_files, write_files
-from ..version import __version__
+
+
+def is_other_peft_method(cfg: dict[str, Any]) -> bool:
+    """Whether an `adapter_config.json` object is another peft method's (LoRA, ...): a `peft_type` not PREPROJ."""
+    return "peft_type" in cfg and cfg["peft_type"] != "PREPROJ"
+
+
+def config_kind(cfg_file: Path) -> Literal["ours", "other"] | None:
+    """Whose `adapter_config.json` `cfg_file` is: "other" (another peft method's: LoRA, ...), "ours" (any other
+    JSON object: our loader names what may be wrong with it), None when it cannot be read as a JSON object."""
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    return "other" if is_other_peft_method(cfg) else "ours"
+
+
+def as_description(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """The in-memory description of either layout of our `adapter_config.json` (the converter's entry)."""
+    return cfg if is_legacy_description(cfg) else description_from_peft_config(cfg, where)
+
+
+def injection_of(desc: dict[str, Any]) -> dict[str, Any]:
+    """A description without its `config`: the `injection` record of the peft layout."""
+    return {k: v for k, v in desc.items() if k != "config"}
+
+
+def peft_config_from_description(desc: dict[str, Any]) -> dict[str, Any]:
+    """The peft `adapter_config.json` object of an in-memory description (`InjectionState.describe` plus the
+    writer's keys): the config's fields at the top level, everything else under `injection`."""
+    config = dict(desc["config"])
+    config["injection"] = injection_of(desc)
+    config["base_model_name_or_path"] = config.get("base_model_name_or_path") or desc.get("base_model_name_or_path")
+    return config
+
+
+def description_from_peft_config(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """The in-memory description of a peft-layout `adapter_config.json` object (inverse of
+    `peft_config_from_description`); ValueError naming `where` when it is not a PREPROJ adapter."""
+    if cfg.get("peft_type") != "PREPROJ":
+        raise ValueError(
+            f"{where}: peft_type={cfg.get('peft_type')!r}, not a pre-projection adapter (peft_type 'PREPROJ'); "
+            "load other peft methods with peft"
+        )
+    injection = cfg.get("injection")
+    if not isinstance(injection, dict):
+        raise ValueError(f"{where}: 'injection' must be the object the tuner wrote, got {type(injection).__name__}")
+    desc = dict(injection)
+    desc["config"] = {k: v for k, v in cfg.items() if k != "injection"}
+    return desc
+
+
+def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tensor] | None = None) -> dict:
+    """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
+    the adapter's config, the `add_rope` positions and the model card's fields."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    name, config = named_adapter(state, name)
+    desc = state.describe()
+    rope = describe_rope(owner)
+    if rope is not None:  # add_rope positions: load_adapter restores or checks them
+        desc["rope"] = rope
+    desc["config"] = {**config.to_dict(), "format_version": ADAPTER_FORMAT}  # the keys are written as today
+    tensors = named_adapter_tensors(owner, name) if tensors is None else tensors
+    # every tensor's shape, by its key: a loader checks the model's against it before injecting
+    desc["tensor_shapes"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
+    injected = sum(v.numel() for k, v in tensors.items() if is_slot_key(k))
+    to_save = sum(v.numel() for k, v in tensors.items() if not is_slot_key(k))
+    for k, v in card_fields(owner, name, injected, to_save).items():
+        desc.setdefault(k, v)  # keys another writer already put in describe() win
+    return desc
+
 
 PRETRAINED_ADAPTER_DIR = ADAPTER_DIR  # where `save_pretrained` (and a training run) keeps the adapter
 BASE_SAVE_TOKEN = "base_save_token"  # in the adapter's config: the token of the base written beside it
@@ -61,8 +145,8 @@ def save_adapter(
     reader sees the old pair or the new one, never a mix. `model` may be wrapped (peft, DDP, a container,
     `torch.compile`). Non-finite weights are refused before anything is written.
 
-    `adapter_name` saves one of several loaded adapters (default: the active one, `tuner/named.py`);
-    `readme=True` also writes a short model card, README.md (`adapter_files/model_card.py`), in the same commit.
+    `adapter_name` saves one of several loaded adapters (default: the active one, `method/adapters.py`);
+    `readme=True` also writes a short model card, README.md (`method/model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained_save.py`).
     """
     owner, state = injected_owner(model, "save_adapter")
@@ -71,7 +155,7 @@ def save_adapter(
     name, _ = named_adapter(state, adapter_name)
     if state_dict is None:  # the active adapter's gathered from FSDP2 shards (a collective: every rank calls)
         state_dict = adapter_state_dict(owner) if name == state.active_adapter else named_adapter_tensors(owner, name)
-    state_dict = model_keys(state_dict, injected_paths(owner), state.modules_to_save)  # older keys: legacy.py
+    state_dict = model_keys(state_dict, injected_paths(owner), state.modules_to_save)  # older keys: convert.py
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")
     try:
@@ -98,7 +182,7 @@ def save_adapter(
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Read and parse an adapter folder: (description, tensors keyed as `adapter_state_dict` keys them, or in the
-    block-index keys of an older folder: `tuner/legacy.model_keys` maps those onto the model). Clear errors for
+    block-index keys of an older folder: `convert.model_keys` maps those onto the model). Clear errors for
     missing/corrupt files, a config that is not an object and weights that are not finite (the tensor is named).
 
     `path` is an adapter folder or a folder holding one as `adapter/` (`adapter_folder`)."""
