@@ -1,4 +1,7 @@
-"""`python -m mmpreproj` = the `mmpreproj` console script (this route imports the library first)."""
+"""`python -m mmpreproj` = the `mmpreproj` console script (this route imports the library first).
+
+An entry point, not library code: the one module of `mmpreproj` that imports the command (`mmpreproj_cli`).
+"""
 
 import sys
 

@@ -2,9 +2,9 @@
 the tables, lists, sizes, and what a path or model name points at (`path_checks.py`).
 
 They run before torch loads, so a wrong argument answers at once, in one line naming the option and what it
-takes. The ranges and lists are the library's own rules (`values.py`, `tables.py`), not copies. Left to the
-library (`mmpreproj.cli`): whether a hub id is in the local hub cache, and `TrainConfig`'s rules that tie one
-field to the method (`--skip-rank` with a method without a skip) or to torch (`--device`).
+takes. The ranges and lists are the library's own rules (`mmpreproj_tables`: `values.py`, `tables.py`), not
+copies. Left to the library (`run.py`): whether a hub id is in the local hub cache, and `TrainConfig`'s rules
+that tie one field to the method (`--skip-rank` with a method without a skip) or to torch (`--device`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
+from mmpreproj_tables.values import TRAIN_BOUNDS, Bound, parse_budgets, parse_lrs, parse_seeds, warmup_bound
+
 from .parser import TRAIN_FLAGS
 from .path_checks import check_adapter_folder, check_causal_lm, check_data, output_file, output_folder
-from .tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
-from .values import TRAIN_BOUNDS, Bound, parse_budgets, parse_lrs, parse_seeds, warmup_bound
 
 
 def _count(flag: str, value: int | None, minimum: int) -> None:

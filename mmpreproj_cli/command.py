@@ -7,8 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from mmpreproj_tables.offline import choose_offline
+
 from .checks import check_args
-from .offline import choose_offline
 from .parser import build_parser
 
 
@@ -19,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_args(args)
         print(f"mmpreproj {args.command}: {choose_offline(args.online)}", file=sys.stderr, flush=True)
-        from mmpreproj.cli import run  # the library: peft, transformers, the subcommand's modules (after the flags)
+        from .run import run  # the library: peft, transformers, the subcommand's modules (after the flags)
 
         summary = run(args)
     except KeyboardInterrupt:

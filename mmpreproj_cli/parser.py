@@ -1,11 +1,11 @@
-"""The `mmpreproj` command line: subcommands, options and their choices, read from `tables` (no torch, no peft)."""
+"""The `mmpreproj` command line: subcommands, options and their choices, read from `mmpreproj_tables` (no torch)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .tables import (
+from mmpreproj_tables.tables import (
     BUDGET_METHODS,
     DATA_SOURCES,
     DEFAULT_BUDGETS,

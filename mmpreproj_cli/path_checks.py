@@ -2,7 +2,7 @@
 name (packaged, a local folder or `.gguf` file, or a hub id), training data, and the files it will write.
 
 Each raises ValueError in one line naming the option, the value and what it takes. A hub id is passed on: the
-library looks it up in the local hub cache when downloads are off (`mmpreproj.cli`), before anything loads.
+library looks it up in the local hub cache when downloads are off (`run.py`), before anything loads.
 """
 
 from __future__ import annotations
@@ -11,9 +11,15 @@ import difflib
 import json
 from pathlib import Path
 
-from .packaged import GGUF_MODELS, ONNX_MODELS
-from .sources import adapter_folder, assets_root, looks_like_data_path, looks_like_model_path, resolve_path
-from .tables import ADAPTER_CONFIG_NAME
+from mmpreproj_tables.packaged import GGUF_MODELS, ONNX_MODELS
+from mmpreproj_tables.sources import (
+    adapter_folder,
+    assets_root,
+    looks_like_data_path,
+    looks_like_model_path,
+    resolve_path,
+)
+from mmpreproj_tables.tables import ADAPTER_CONFIG_NAME
 
 MODEL_CONFIG = "config.json"  # what a transformers model folder holds (its `model_type` says the architecture)
 

@@ -1,7 +1,8 @@
 """A light command (issue 32 s4, issue 44): `mmpreproj --help`, a subcommand's --help and every refused argument
 (a range, a list, a path, a name) answer without importing torch, peft or transformers (`mmpreproj_cli`), with the
-library's own rules and names (one table each); the command sets and says the hub's offline flags; and `import
-mmpreproj` leaves the optional parts (plots, hub data, lm-eval, open_clip, GGUF, video) unloaded."""
+library's own rules and names (one table each, in `mmpreproj_tables`, which both read); the command sets and says
+the hub's offline flags; and `import mmpreproj` leaves the optional parts (plots, hub data, lm-eval, open_clip,
+GGUF, video) unloaded."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-import mmpreproj_cli.sources
-from mmpreproj_cli import offline, packaged, tables, values
+import mmpreproj_tables.sources
 from mmpreproj_cli.command import main
 from mmpreproj_cli.parser import TRAIN_FLAGS, build_parser
+from mmpreproj_tables import offline, packaged, tables, values
 from tests.helpers.procs import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
-LIGHT = ROOT / "mmpreproj_cli"
+LIGHT = ("mmpreproj_cli", "mmpreproj_tables")  # the command and the plain tables it reads
 HEAVY = ("torch", "peft", "transformers", "mmpreproj")
 OPTIONAL = ("matplotlib", "datasets", "lm_eval", "open_clip", "gguf", "av", "pandas", "diffusers", "trl")
 
@@ -60,6 +61,19 @@ def test_help_and_argument_errors_import_neither_peft_nor_transformers(argv, cod
         last = run.stderr.strip().splitlines()[-1]
         assert last.startswith("mmpreproj train: error: argument --preset: invalid choice: 'nonsense'"), last
         assert all(name in last for name in tables.PRESETS), last
+
+
+@pytest.mark.slow
+def test_every_module_of_the_tables_and_the_command_imports_without_the_library():
+    """`mmpreproj_tables` and `mmpreproj_cli` whole, `run.py` included (its subcommands import the library inside
+    their functions): imported in a fresh interpreter, not one heavy module loads."""
+    modules = [f"{p.parent.name}.{p.stem}" for package in LIGHT for p in sorted((ROOT / package).glob("*.py"))]
+    modules = [m for m in modules if not m.endswith(("__init__", "__main__"))]
+    assert {"mmpreproj_cli.run", "mmpreproj_tables.tables", "mmpreproj_tables.sources"} <= set(modules)
+    statement = f"import sys, {', '.join(modules)}; print([m for m in {HEAVY!r} if m in sys.modules])"
+    run = _python("-c", statement)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 # (argv, exit code, the error after `mmpreproj CMD: error: `): each kind of argument checked without the library
@@ -167,7 +181,7 @@ def test_the_offline_flags_default_to_on_and_the_line_says_where_they_came_from(
 def test_import_mmpreproj_leaves_the_optional_parts_unloaded():
     statement = (
         "import sys, mmpreproj, mmpreproj.train, mmpreproj.eval, mmpreproj.analysis, mmpreproj.experiments, "
-        f"mmpreproj.integrations.quantized, mmpreproj.cli; print([m for m in {OPTIONAL!r} if m in sys.modules])"
+        f"mmpreproj.integrations.quantized, mmpreproj_cli.run; print([m for m in {OPTIONAL!r} if m in sys.modules])"
     )
     run = _python("-c", statement)
     assert run.returncode == 0, run.stderr
@@ -180,7 +194,7 @@ def test_the_console_script_is_the_light_entry_point():
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
-    """(top-level package named, inside a function) for each import in `path` (relative ones: this package)."""
+    """(top-level package named, inside a function) for each import in `path` (relative ones: its own package)."""
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -188,42 +202,40 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
             if isinstance(child, ast.Import):
                 found.extend((a.name.split(".")[0], in_function) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
-                found.append(("mmpreproj_cli" if child.level else (child.module or "").split(".")[0], in_function))
+                found.append((path.parent.name if child.level else (child.module or "").split(".")[0], in_function))
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
     visit(ast.parse(path.read_text()), False)
     return found
 
 
-def test_the_light_package_imports_only_the_standard_library_and_itself():
-    """The one import of the library is `command.main`'s, inside the function, after the arguments are checked."""
-    allowed = set(sys.stdlib_module_names) | {"mmpreproj_cli"}
+@pytest.mark.parametrize("package", LIGHT)
+def test_the_light_packages_import_only_the_standard_library_and_each_other_at_the_top(package):
+    """The command imports the library only inside functions: `command.main` imports `run` after the arguments are
+    checked, and each subcommand of `run.py` imports the modules it runs. The tables import not even the command."""
+    allowed = set(sys.stdlib_module_names) | {"mmpreproj_tables"}
+    if package == "mmpreproj_cli":
+        allowed.add("mmpreproj_cli")
     bad = []
-    for path in sorted(LIGHT.glob("*.py")):
+    for path in sorted((ROOT / package).glob("*.py")):
         for name, deferred in _imports(path):
-            if name == "mmpreproj" and deferred and path.name == "command.py":
+            if name == "mmpreproj" and deferred and package == "mmpreproj_cli" and path.name == "run.py":
                 continue
             if name not in allowed:
                 bad.append(f"{path.name}: {name}{' (in a function)' if deferred else ''}")
     assert bad == []
 
 
-# what the library may read from the light package: its facts (names, ranges, where a name points, the offline
-# flags), never the command's parser or checks (those only the command's runner, cli.py and __main__.py)
-LIBRARY_READS = {f"mmpreproj_cli.{m}" for m in ("tables", "values", "sources", "packaged", "offline")}
-
-
-def test_the_library_reads_only_the_facts_of_the_light_package():
+def test_the_library_reads_the_plain_tables_never_the_command():
+    """The library's facts (names, ranges, where a name points, the offline flags) come from `mmpreproj_tables`;
+    the command's parser and checks are the command's own (only `mmpreproj/__main__.py`, an entry point, calls it)."""
     bad = []
     for path in sorted((ROOT / "mmpreproj").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            named = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
-            if (
-                named.startswith("mmpreproj_cli")
-                and named not in LIBRARY_READS
-                and path.name not in ("cli.py", "__main__.py")
-            ):
-                bad.append(f"{path.relative_to(ROOT)}: {node.module}")
+            named = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            named += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "mmpreproj_cli" for n in named) and path.name != "__main__.py":
+                bad.append(f"{path.relative_to(ROOT)}: {', '.join(named)}")
     assert bad == []
 
 
@@ -256,10 +268,10 @@ def test_the_rules_the_command_checks_are_the_librarys_own():
     assert tuner_config.MAX_EXPANSION is tables.MAX_EXPANSION and config.TRAIN_BOUNDS is values.TRAIN_BOUNDS
     assert sweep.check_lrs is budget.check_lrs is values.check_lrs and budget.parse_budgets is values.parse_budgets
     assert reproduce.parse_seeds is values.parse_seeds and hub.offline_flags is offline.offline_flags
-    assert assets.resolve_path is mmpreproj_cli.sources.resolve_path is sources.resolve_path
-    assert sources.looks_like_path is mmpreproj_cli.sources.looks_like_data_path
-    assert model_source.looks_like_model_path is mmpreproj_cli.sources.looks_like_model_path
-    assert files.adapter_folder is mmpreproj_cli.sources.adapter_folder
+    assert assets.resolve_path is mmpreproj_tables.sources.resolve_path is sources.resolve_path
+    assert sources.looks_like_path is mmpreproj_tables.sources.looks_like_data_path
+    assert model_source.looks_like_model_path is mmpreproj_tables.sources.looks_like_model_path
+    assert files.adapter_folder is mmpreproj_tables.sources.adapter_folder
     assert files.ADAPTER_CONFIG_NAME is tables.ADAPTER_CONFIG_NAME and adapters.ADAPTER_DIR is tables.ADAPTER_DIR
     assert gguf_source.GGUF_MODELS is packaged.GGUF_MODELS and onnx_source.ONNX_MODELS is packaged.ONNX_MODELS
     with pytest.raises(ValueError, match=r"TrainConfig.expansion=17.0; must be a finite number in \(0, 16\]"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mmpreproj.cli import _repro_overrides
 from mmpreproj_cli.checks import size_overrides
 from mmpreproj_cli.command import main
 from mmpreproj_cli.parser import build_parser
+from mmpreproj_cli.run import _repro_overrides
 from tests.helpers.cli_lines import error_lines
 
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^([ \t]*)```(?:python|py)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
-PACKAGES = ("mmpreproj", "mmpreproj_cli")
+PACKAGES = ("mmpreproj", "mmpreproj_cli", "mmpreproj_tables")
 
 
 def python_blocks(text: str) -> list[str]:
@@ -110,7 +110,7 @@ def test_the_collector_reads_imports_aliases_and_members():
         from mmpreproj import PreProjConfig
         mp.inject(model, PreProjConfig.for_budget(1))
         mmpreproj.rope.RoPE2D(8)
-        mmpreproj_cli.METHODS
+        mmpreproj_tables.METHODS
         R(8)
         import torch
         torch.nn.Linear(2, 2)
@@ -124,7 +124,7 @@ def test_the_collector_reads_imports_aliases_and_members():
         "mmpreproj.rope.grid_positions",
         "mmpreproj.PreProjConfig",
         "mmpreproj.PreProjConfig.for_budget",
-        "mmpreproj_cli.METHODS",
+        "mmpreproj_tables.METHODS",
     }
     assert python_blocks("text\n\n- item\n\n  ```python\n  x = 1\n  ```\n\n```bash\nls\n```\n") == ["x = 1\n"]
 

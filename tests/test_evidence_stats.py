@@ -8,7 +8,7 @@ import pytest
 
 from mmpreproj.analysis.stats import compare, mean_std, paired_bootstrap, t_interval, t_quantile
 from mmpreproj.train.methods import expected_trainable, matched_lora_rank
-from mmpreproj_cli.values import parse_seeds
+from mmpreproj_tables.values import parse_seeds
 
 
 def test_mean_std_by_hand():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("mmpreproj", "mmpreproj_cli")
+PACKAGES = ("mmpreproj", "mmpreproj_cli", "mmpreproj_tables")
 NOT_DOCUMENTED = {("mmpreproj", "__version__")}  # a string: documented in mmpreproj/version.py and CHANGELOG.md
 
 

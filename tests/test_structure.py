@@ -117,7 +117,7 @@ def test_every_list_of_methods_is_read_from_the_one_table():
     from mmpreproj.experiments import reproduce, sweep  # noqa: F401
     from mmpreproj.train import config as train_config
     from mmpreproj.train.methods import METHOD_SPECS, METHODS, check_methods
-    from mmpreproj_cli.tables import PAPER_METHODS
+    from mmpreproj_tables.tables import PAPER_METHODS
 
     assert tuple(METHOD_SPECS) == METHODS and train_config.METHODS is METHODS
     assert reproduce.DEFAULT_METHODS == METHODS and reproduce.DEMO_METHODS == PAPER_METHODS

@@ -12,7 +12,7 @@ from mmpreproj.experiments.arms import arm_key
 from mmpreproj.experiments.budget import _next_lr, budget_study
 from mmpreproj.train import get_preset
 from mmpreproj.train.sizes import budget_params, sizes_for_budget, sizes_for_method
-from mmpreproj_cli.values import parse_budgets
+from mmpreproj_tables.values import parse_budgets
 
 
 def test_sizes_at_one_percent_of_mini_pythia_by_hand():

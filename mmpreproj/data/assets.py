@@ -2,7 +2,7 @@
 
 One locator for the whole package: `asset_path` (an asset by name), `resolve_path` (a user path or a default,
 relative to the working directory or the repository root), both honouring `MMPREPROJ_ASSETS`. They live in
-the light `mmpreproj_cli.sources` (the command checks its paths with them before torch loads) and are
+the light `mmpreproj_tables.sources` (the command checks its paths with them before torch loads) and are
 re-exported here.
 """
 
@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 from typing import IO
 
-from mmpreproj_cli.sources import ASSETS_ENV as ASSETS_ENV  # re-exported: the locator lives in the light CLI
-from mmpreproj_cli.sources import asset_path as asset_path
-from mmpreproj_cli.sources import assets_root as assets_root
-from mmpreproj_cli.sources import repo_root as repo_root
-from mmpreproj_cli.sources import resolve_path as resolve_path
+from mmpreproj_tables.sources import ASSETS_ENV as ASSETS_ENV  # re-exported: the locator lives in the plain tables
+from mmpreproj_tables.sources import asset_path as asset_path
+from mmpreproj_tables.sources import assets_root as assets_root
+from mmpreproj_tables.sources import repo_root as repo_root
+from mmpreproj_tables.sources import resolve_path as resolve_path
 
 
 def open_text(path: str | os.PathLike[str]) -> IO[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mmpreproj_cli.packaged import GGUF_MODELS  # the rows, light: the command checks them before torch loads
+from mmpreproj_tables.packaged import GGUF_MODELS  # the rows, light: the command checks them before torch loads
 
 from .assets import resolve_path
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest

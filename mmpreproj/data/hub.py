@@ -7,8 +7,8 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-from mmpreproj_cli.offline import OFFLINE_FLAGS, flag_on
-from mmpreproj_cli.offline import offline_flags as offline_flags  # re-exported
+from mmpreproj_tables.offline import OFFLINE_FLAGS, flag_on
+from mmpreproj_tables.offline import offline_flags as offline_flags  # re-exported
 
 
 class DataUnavailableError(RuntimeError):

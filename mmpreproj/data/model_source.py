@@ -13,7 +13,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors import safe_open
 
-from mmpreproj_cli.sources import looks_like_model_path
+from mmpreproj_tables.sources import looks_like_model_path
 
 from . import gguf_source, hub, onnx_source
 from .assets import resolve_path

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mmpreproj_cli.packaged import ONNX_MODELS  # the rows, light: the command checks them before torch loads
+from mmpreproj_tables.packaged import ONNX_MODELS  # the rows, light: the command checks them before torch loads
 
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest
 

@@ -4,7 +4,7 @@ without importing it, the cache they are converted into, and a conversion that i
     path = GGUF_MODELS["smollm2-135m"].path("smollm2-135m")   # a PackagedModel row of a source's table
     folder = convert_once(cache_root("gguf") / f"{path.stem}-{file_digest(path)}", SOURCE_FILE, write)
 
-The rows (`PackagedModel`, `package_file`) live in the light `mmpreproj_cli.packaged`, which the command reads
+The rows (`PackagedModel`, `package_file`) live in the light `mmpreproj_tables.packaged`, which the command reads
 before torch loads. Used by `gguf_source.py` (`smollm2-135m`) and `onnx_source.py` (`dinov2-small`).
 """
 
@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from mmpreproj_cli.packaged import PackagedModel as PackagedModel  # re-exported: the rows live in the light CLI
-from mmpreproj_cli.packaged import package_file as package_file
+from mmpreproj_tables.packaged import PackagedModel as PackagedModel  # re-exported: the rows live in the plain tables
+from mmpreproj_tables.packaged import package_file as package_file
 
 from ..util.io import set_new_file_modes, umask
 

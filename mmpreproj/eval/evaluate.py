@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from mmpreproj_cli.tables import DATA_SOURCES, PROTOCOLS, TASKS
+from mmpreproj_tables.tables import DATA_SOURCES, PROTOCOLS, TASKS
 
 from ..data import (
     DataUnavailableError,

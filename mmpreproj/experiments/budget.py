@@ -27,8 +27,8 @@ from typing import Any
 
 from torch import nn
 
-from mmpreproj_cli.tables import BUDGET_METHODS, DEFAULT_BUDGETS
-from mmpreproj_cli.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
+from mmpreproj_tables.tables import BUDGET_METHODS, DEFAULT_BUDGETS
+from mmpreproj_tables.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
 
 from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto

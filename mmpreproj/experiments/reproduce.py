@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmpreproj_cli.tables import METHODS, PAPER_METHODS
-from mmpreproj_cli.values import parse_seeds  # light: the command checks --seeds with it
+from mmpreproj_tables.tables import METHODS, PAPER_METHODS
+from mmpreproj_tables.values import parse_seeds  # light: the command checks --seeds with it
 
 from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.plot import read_losses

@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from mmpreproj_cli.tables import DEFAULT_LRS
-from mmpreproj_cli.values import check_lrs  # light: the command checks --lrs with the same rule
+from mmpreproj_tables.tables import DEFAULT_LRS
+from mmpreproj_tables.values import check_lrs  # light: the command checks --lrs with the same rule
 
 from ..analysis import plot_lr_sweep
 from ..train import get_preset, load_model_and_tokenizer

@@ -45,7 +45,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from mmpreproj_cli.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
+from mmpreproj_tables.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
 
 from ..hosts.paths import PathError, check_path
 from ..hosts.shape import host_shape

@@ -25,8 +25,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmpreproj_cli.sources import adapter_folder
-from mmpreproj_cli.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME
+from mmpreproj_tables.sources import adapter_folder
+from mmpreproj_tables.tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME
 
 from ..hosts.paths import check_path
 from ..hosts.spec import HostError

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from mmpreproj_cli.tables import METHOD_SPECS, METHODS
+from mmpreproj_tables.tables import METHOD_SPECS, METHODS
 
 from ..hosts import HostSpec
 from .adapters import Addition, peft_record

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmpreproj_cli.tables import ADAPTER_DIR
+from mmpreproj_tables.tables import ADAPTER_DIR
 
 from ..method.files import ADAPTER_WEIGHTS_NAME, save_adapter
 from ..method.state_dict import adapter_state_dict

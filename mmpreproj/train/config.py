@@ -8,16 +8,16 @@ from typing import Any
 
 import torch
 
-from mmpreproj_cli.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
-from mmpreproj_cli.values import TRAIN_BOUNDS, warmup_bound
+from mmpreproj_tables.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
+from mmpreproj_tables.values import TRAIN_BOUNDS, warmup_bound
 
 from ..method.config import PreProjConfig
 from ..util.jsonconfig import JsonConfig
 from ..util.validate import check_choice, check_field_types, check_rule
 from .methods import METHOD_SPECS
 
-# The choices (PRECISIONS, ...), the size defaults (`mmpreproj_cli/tables.py`) and the numeric ranges
-# (`mmpreproj_cli/values.py`) are plain data the command shows and checks without loading torch.
+# The choices (PRECISIONS, ...), the size defaults (`mmpreproj_tables/tables.py`) and the numeric ranges
+# (`mmpreproj_tables/values.py`) are plain data the command shows and checks without loading torch.
 # Fields that may differ between a checkpoint and the run resuming it (they do not change the numbers).
 RESUME_FREE_FIELDS = frozenset({"resume", "overwrite", "progress", "stop_at", "save_every", "out", "device", "preset"})
 

@@ -13,7 +13,7 @@ P = 2*d*int(1.25d)*L is the pre-projection's parameter count, so r = 480 (d=768,
 LoRA uses alpha = 2r and dropout 0 (peft, as the paper). `lora_matched` is not in the paper: its rank makes
 LoRA's trainable count equal pre-proj + skip's within one rank step (r = 448 at 160M, 597 at 410M, 149 on mini).
 
-The table of methods itself (`METHOD_SPECS`, `MethodSpec`, `METHODS`) is plain data in `mmpreproj_cli/tables.py`,
+The table of methods itself (`METHOD_SPECS`, `MethodSpec`, `METHODS`) is plain data in `mmpreproj_tables/tables.py`,
 so `mmpreproj train --help` lists the methods without loading torch; this module applies them.
 """
 
@@ -28,7 +28,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from mmpreproj_cli.tables import METHOD_SPECS, METHODS, MethodSpec
+from mmpreproj_tables.tables import METHOD_SPECS, METHODS, MethodSpec
 
 from ..hosts import find_host
 from ..hosts.lora import lora_params_per_rank, peft_target_modules

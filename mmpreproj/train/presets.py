@@ -1,4 +1,4 @@
-"""Named presets as `TrainConfig`s: the table itself is plain data in `mmpreproj_cli/tables.py` (`PRESETS`, with
+"""Named presets as `TrainConfig`s: the table itself is plain data in `mmpreproj_tables/tables.py` (`PRESETS`, with
 the paper's protocol and why each CPU preset is sized as it is), so `mmpreproj --help` lists them without
 loading torch."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmpreproj_cli.tables import PRESETS, TRAINS_ON_VALIDATION
+from mmpreproj_tables.tables import PRESETS, TRAINS_ON_VALIDATION
 
 from .config import TrainConfig
 

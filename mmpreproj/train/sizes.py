@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmpreproj_cli.tables import BUDGET_METHODS
+from mmpreproj_tables.tables import BUDGET_METHODS
 
 from ..method.config import preproj_sizes
 from ..modules import ContentSkip, PreProjection

@@ -6,7 +6,7 @@ import gzip
 from collections.abc import Iterator
 from pathlib import Path
 
-from mmpreproj_cli.sources import looks_like_data_path as looks_like_path
+from mmpreproj_tables.sources import looks_like_data_path as looks_like_path
 
 from ..data import hub
 from ..data.assets import resolve_path  # the one locator (honours MMPREPROJ_ASSETS)

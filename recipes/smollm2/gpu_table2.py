@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from mmpreproj.train.presets import get_preset  # noqa: E402  (after the repository is on the path)
 
-PRESET = "smollm2-135m"  # the paper's protocol on this model (mmpreproj_cli/tables.py)
+PRESET = "smollm2-135m"  # the paper's protocol on this model (mmpreproj_tables/tables.py)
 VALID_LINES = "assets/data/wikitext-103-raw/wiki.valid.raw.gz"
 _PAPER = get_preset(PRESET)
 EFFECTIVE_BATCH = _PAPER.batch_size * _PAPER.grad_accum  # the paper's sequences per optimizer step (16)

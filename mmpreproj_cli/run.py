@@ -1,7 +1,9 @@
 """The `mmpreproj` command's subcommands: train, eval, analyze, reproduce, sweep, budget, demo.
 
-`mmpreproj_cli` parses and checks the arguments without the library and calls `run`; each subcommand imports
-only the modules it runs (`eval` no experiments or plots, `train` no evaluators).
+`command.main` parses and checks the arguments without the library, then imports this module and calls `run`.
+Each subcommand imports the library's modules it runs inside its function: the command's deferred imports, so
+this module itself stays light (standard library, `mmpreproj_tables` and the command's own checks) and a
+subcommand loads only what it runs (`eval` no experiments or plots, `train` no evaluators).
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmpreproj_cli.checks import adapter_list, check_names, size_overrides
-from mmpreproj_cli.parser import TRAIN_FLAGS
-from mmpreproj_cli.tables import BUDGET_METHODS, METHODS, PRESETS
-from mmpreproj_cli.values import parse_budgets, parse_lrs
+from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS
+from mmpreproj_tables.values import parse_budgets, parse_lrs
+
+from .checks import adapter_list, check_names, size_overrides
+from .parser import TRAIN_FLAGS
 
 
 def _check_library(args: argparse.Namespace) -> None:
-    """What only the library can check, after `mmpreproj_cli.checks` (no arm trained, no file written): a hub
+    """What only the library can check, after `checks.check_args` (no arm trained, no file written): a hub
     id given for the model, in the local hub cache when downloads are off (said at once, no network tried)."""
-    from .data.model_source import check_hub_model
+    from mmpreproj.data.model_source import check_hub_model
 
     preset = "mini" if args.command == "demo" else getattr(args, "preset", None)
     if args.command == "analyze" or getattr(args, "read_only", False):
@@ -33,7 +36,7 @@ def _check_library(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> str:
-    """Run the subcommand of `args` (parsed and checked by `mmpreproj_cli`); its one-line summary."""
+    """Run the subcommand of `args` (parsed and checked by `command.main`); its one-line summary."""
     _check_library(args)
     if args.command == "train":
         return _train(args)
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> str:
 
 
 def _train(args: argparse.Namespace) -> str:
-    from .train import get_preset, train
+    from mmpreproj.train import get_preset, train
 
     overrides = {
         k: getattr(args, k)
@@ -79,17 +82,17 @@ def _loss_curve_png(run: str) -> None:
         and (Path(run) / "log.jsonl").is_file()
         and importlib.util.find_spec("matplotlib")
     ):
-        from .analysis import plot_loss_curve
+        from mmpreproj.analysis import plot_loss_curve
 
         plot_loss_curve(run)
 
 
 def _eval(args: argparse.Namespace) -> str:
-    from .eval import adapters_table, evaluate, evaluate_adapters
-    from .method.load import load_adapter
-    from .train import load_model_and_tokenizer
-    from .train.config import TrainConfig
-    from .util.io import atomic_write
+    from mmpreproj.eval import adapters_table, evaluate, evaluate_adapters
+    from mmpreproj.method.load import load_adapter
+    from mmpreproj.train import load_model_and_tokenizer
+    from mmpreproj.train.config import TrainConfig
+    from mmpreproj.util.io import atomic_write
 
     adapters = adapter_list(args.adapter)
     model, tok = load_model_and_tokenizer(TrainConfig(model=args.model, device="auto"))
@@ -127,11 +130,11 @@ def _eval(args: argparse.Namespace) -> str:
 
 
 def _analyze(args: argparse.Namespace) -> str:
-    from .analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
-    from .experiments.reproduce import _ratio_batches, _ratio_texts
-    from .method.load import load_adapter
-    from .train import load_model_and_tokenizer, run_adapter_dir
-    from .train.config import TrainConfig
+    from mmpreproj.analysis import plot_skip_norms, routing_ratios, skip_norms_from_adapter
+    from mmpreproj.experiments.reproduce import _ratio_batches, _ratio_texts
+    from mmpreproj.method.load import load_adapter
+    from mmpreproj.train import load_model_and_tokenizer, run_adapter_dir
+    from mmpreproj.train.config import TrainConfig
 
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +165,7 @@ def _analyze(args: argparse.Namespace) -> str:
 
 
 def _reproduce(args: argparse.Namespace, preset: str) -> str:
-    from .experiments.reproduce import reproduce
+    from mmpreproj.experiments.reproduce import reproduce
 
     methods = check_names("--methods", args.methods, METHODS)
     out = args.out or f"runs/{preset}"
@@ -174,7 +177,7 @@ def _reproduce(args: argparse.Namespace, preset: str) -> str:
         "command": _command_line(),
     }
     if methods or args.command == "demo":
-        from .experiments.reproduce import DEMO_METHODS
+        from mmpreproj.experiments.reproduce import DEMO_METHODS
 
         kwargs["methods"] = methods or DEMO_METHODS
     if args.limit is not None:
@@ -198,7 +201,7 @@ def _command_line() -> str:
 
 
 def _sweep(args: argparse.Namespace) -> str:
-    from .experiments.sweep import lr_sweep
+    from mmpreproj.experiments.sweep import lr_sweep
 
     out = args.out or f"runs/{args.preset}-lr-sweep"
     methods = check_names("--methods", args.methods, METHODS)
@@ -219,7 +222,7 @@ def _sweep(args: argparse.Namespace) -> str:
 
 
 def _budget(args: argparse.Namespace) -> str:
-    from .experiments.budget import budget_study
+    from mmpreproj.experiments.budget import budget_study
 
     out = args.out or f"runs/{args.preset}-budget"
     methods = check_names("--methods", args.methods, BUDGET_METHODS)

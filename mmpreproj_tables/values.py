@@ -1,7 +1,7 @@
 """The numbers the command and the library check alike, each rule written once: the ranges of `TrainConfig`'s
 numeric fields (`TRAIN_BOUNDS`), learning-rate, budget and seed lists, and block indices.
 
-Standard library only: the command refuses a value out of range before torch loads (`checks.py`), and the
+Standard library only: the command refuses a value out of range before torch loads (`mmpreproj_cli/checks.py`), and the
 library reads the same rules (`train/config.py`, `experiments/sweep.py`, `budget.py`, `reproduce.py`).
 """
 

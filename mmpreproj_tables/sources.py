@@ -17,7 +17,7 @@ ASSETS_ENV = "MMPREPROJ_ASSETS"
 
 
 def repo_root() -> Path:
-    """The checkout (or editable install) the packages sit in: `mmpreproj_cli/` -> `..`."""
+    """The checkout (or editable install) the packages sit in: `mmpreproj_tables/` -> `..`."""
     return Path(__file__).resolve().parents[1]
 
 

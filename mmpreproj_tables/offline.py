@@ -4,8 +4,8 @@
 
 Without the flags, a mistyped hub id waits on network retries (~23 s) before it fails; with them, transformers,
 huggingface_hub and datasets read the local cache only and fail at once. The flags are read when those packages
-are imported, so `choose_offline` runs before the library loads (`command.main`). The library reads the same
-flags (`mmpreproj.data.hub.hub_offline`).
+are imported, so `choose_offline` runs before the library loads (`mmpreproj_cli.command.main`). The library
+reads the same flags (`mmpreproj.data.hub.hub_offline`).
 """
 
 from __future__ import annotations
