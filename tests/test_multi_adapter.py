@@ -233,7 +233,9 @@ def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
     assert mmpreproj.active_adapter(model) == "default" and mmpreproj.active_adapter(twin) == "b"
     assert torch.equal(out(twin), out(mmpreproj.load_adapter(tiny_neox(), b)))
     assert torch.equal(out(model), out(mmpreproj.load_adapter(tiny_neox(), a)))
-    assert twin.mmpreproj_state.config is twin.mmpreproj_state.adapter_configs["b"]
+    # one record of the adapters, peft's: the copy's state holds the copy's own `peft_config`, not the original's
+    assert twin.mmpreproj_state.peft_config is twin.peft_config is not model.peft_config
+    assert list(twin.peft_config) == ["default", "b"] and model.mmpreproj_state.peft_config is model.peft_config
 
 
 def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_ignored():

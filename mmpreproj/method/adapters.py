@@ -43,11 +43,13 @@ from .plan import new_adapter_modules
 from .state import (
     STATE_ATTR,
     InjectionState,
+    active_name,
     adapter_params,
     adapter_trains,
     check_adapter_name,
     injected_modules,
     injected_owner,
+    loaded_adapters,
     named_adapter,
 )
 from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors, trainable_adapter_params
@@ -83,10 +85,11 @@ def plan_addition(
     ValueError naming the first field that does not fit."""
     state = vars(owner)[STATE_ATTR]
     check_adapter_name(name)
-    if name in state.adapter_configs:
+    loaded = loaded_adapters(owner)
+    if name in loaded:
         caller = "load_adapter" if tensors is not None else "add_adapter"
         raise ValueError(
-            f"{caller}: adapter_name={name!r} is already loaded ({list(state.adapter_configs)}); "
+            f"{caller}: adapter_name={name!r} is already loaded ({loaded}); "
             "delete_adapter it first or choose another name"
         )
     if tensors is None:  # a fresh adapter (or peft's load, which copies the file's tensors in later)
@@ -133,7 +136,7 @@ def finish_addition(addition: Addition) -> None:
     """Every site holds the added adapter: record its config and `modules_to_save` values in the state."""
     if len(addition.placed) != len(addition.modules):  # pragma: no cover - peft's loop visits every module
         raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
-    addition.state.adapter_configs[addition.name] = addition.config
+    addition.state.peft_config[addition.name] = addition.config  # peft's record (peft's add_adapter put it there)
     addition.state.stored_modules[addition.name] = addition.stored
     if addition.state.modules_to_save:  # a layer alone may no longer switch (peft's functional set_adapter)
         for w in injected_modules(addition.owner):
@@ -152,25 +155,23 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
     runs; it and the `modules_to_save` train iff `trains` (None: iff the active adapter does now), the others are
     frozen."""
     _, state = injected_owner(owner, "set_adapter")
-    name, config = named_adapter(state, check_adapter_name(name))
+    name, _ = named_adapter(owner, check_adapter_name(name))
     wrappers = injected_modules(owner)
     now = adapter_trains(wrappers)
     trains = now if trains is None else trains
-    old = state.active_adapter
+    old = active_name(owner)
     if name == old and trains == now:
         return
     if name != old:
         live = saved_module_tensors(owner, state.modules_to_save)
         kept = {k: v.detach().clone() for k, v in live.items()}
+        waiting = state.stored_modules.pop(name, {})
         with torch.no_grad():
             for k, dst in live.items():
-                dst.copy_(state.stored_modules[name][k])
-        del state.stored_modules[name]
+                dst.copy_(waiting[k])
         state.stored_modules[old] = kept
     for w in wrappers:
         w.activate([name], inference_mode=not trains)
-    state.config = config
-    state.active_adapter = name
     if trains != now:
         for p in trainable_adapter_params(owner):
             p.requires_grad_(trains)
@@ -180,30 +181,31 @@ def remove_adapter(owner: nn.Module, name: str) -> None:
     """`delete_adapter` on the injected model `owner` itself (the peft tuner's `delete_adapter` calls this, after
     switching away from an active one as peft does)."""
     _, state = injected_owner(owner, "delete_adapter")
-    name, _ = named_adapter(state, check_adapter_name(name))
-    refuse_active(state, name)
+    name, _ = named_adapter(owner, check_adapter_name(name))
+    refuse_active(owner, name)
     for w in injected_modules(owner):
         w.delete_adapter(name)
-    del state.adapter_configs[name]
+    state.peft_config.pop(name, None)
     state.stored_modules.pop(name, None)
 
 
-def refuse_active(state: InjectionState, name: str) -> None:
-    """ValueError when `name` is the active adapter (the wrappers must keep one to run)."""
-    if name == state.active_adapter:
-        others = [n for n in state.adapter_configs if n != name]
+def refuse_active(owner: nn.Module, name: str) -> None:
+    """ValueError when `name` is the active adapter of the injected model `owner` (the wrappers must keep one to
+    run)."""
+    if name == active_name(owner):
+        others = [n for n in loaded_adapters(owner) if n != name]
         hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
         raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
 
 
 def adapter_names(model: nn.Module) -> list[str]:
     """The names of every adapter loaded into the injected model inside `model`, in loading order."""
-    return list(injected_owner(model, "adapter_names")[1].adapter_configs)
+    return loaded_adapters(injected_owner(model, "adapter_names")[0])
 
 
 def active_adapter(model: nn.Module) -> str:
     """The name of the adapter that runs (and trains) now."""
-    return injected_owner(model, "active_adapter")[1].active_adapter
+    return active_name(injected_owner(model, "active_adapter")[0])
 
 
 def peft_record(model: nn.Module, owner: nn.Module) -> nn.Module | None:
@@ -246,8 +248,8 @@ def _through_peft(model: nn.Module, name: str, what: str) -> tuple[nn.Module | N
     """(peft's record or None, the injected model, the checked name) for a call `what` on adapter `name` made
     through `model`; our refusal of a name not loaded comes first, and an adapter added through the injected model
     itself joins peft's record."""
-    owner, state = injected_owner(model, what)
-    name, config = named_adapter(state, check_adapter_name(name))
+    owner, _ = injected_owner(model, what)
+    name, config = named_adapter(owner, check_adapter_name(name))
     record = peft_record(model, owner)
     if record is not None:
         record.peft_config.setdefault(name, config)
@@ -258,7 +260,7 @@ def delete_adapter(model: nn.Module, name: str) -> nn.Module:
     """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
     removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
     record, owner, name = _through_peft(model, name, "delete_adapter")
-    refuse_active(vars(owner)[STATE_ATTR], name)
+    refuse_active(owner, name)
     if record is not None:
         record.delete_adapter(name)
     else:

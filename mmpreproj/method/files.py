@@ -37,7 +37,7 @@ from .config import ADAPTER_FORMAT
 from .convert import OLD_SLOTS, is_legacy_description, model_keys
 from .file_check import DIGEST_KEY, PEFT_HEAD_TASKS, PEFT_PREFIX, check_weights_digest, weights_digest
 from .model_card import card_fields, model_card
-from .state import ADAPTER_TYPE, STATE_ATTR, InjectionState, injected_owner, named_adapter
+from .state import ADAPTER_TYPE, STATE_ATTR, InjectionState, active_name, injected_owner, named_adapter
 from .state_dict import (
     SLOTS,
     adapter_state_dict,
@@ -106,7 +106,7 @@ def describe_for_save(owner: nn.Module, name: str, tensors: dict[str, torch.Tens
     """The description written beside adapter `name`'s weights: the injection (`InjectionState.describe`),
     the adapter's config, the `add_rope` positions and the model card's fields."""
     state: InjectionState = vars(owner)[STATE_ATTR]
-    name, config = named_adapter(state, name)
+    name, config = named_adapter(owner, name)
     desc = state.describe()
     rope = describe_rope(owner)
     if rope is not None:  # add_rope positions: load_adapter restores or checks them
@@ -152,9 +152,10 @@ def save_adapter(
     owner, state = injected_owner(model, "save_adapter")
     refuse_peft_heads(owner, "save_adapter")
     path = Path(path)
-    name, _ = named_adapter(state, adapter_name)
+    name, _ = named_adapter(owner, adapter_name)
     if state_dict is None:  # the active adapter's gathered from FSDP2 shards (a collective: every rank calls)
-        state_dict = adapter_state_dict(owner) if name == state.active_adapter else named_adapter_tensors(owner, name)
+        active = name == active_name(owner)
+        state_dict = adapter_state_dict(owner) if active else named_adapter_tensors(owner, name)
     state_dict = model_keys(state_dict, injected_paths(owner), state.modules_to_save)  # older keys: convert.py
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     refuse_non_finite(tensors, f"save_adapter: refusing to write {path}")

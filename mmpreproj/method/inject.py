@@ -107,7 +107,7 @@ def _instead(config: Any) -> str:
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     """Place a plan the caller built and filled (`load.load_injection`: saved weights copied in), through the same
     loop, as `inject` does; on error the model is left as it was."""
-    return _through_tuner(model, plan.state.config, plan.state.active_adapter, Request(plan=plan))
+    return _through_tuner(model, plan.state.config, plan.adapter_name, Request(plan=plan))
 
 
 def add_planned(model: nn.Module, addition: Addition) -> nn.Module:

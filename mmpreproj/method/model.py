@@ -45,7 +45,7 @@ from .file_check import DIGEST_KEY, HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_name
 from .files import describe_for_save, injection_of
 from .layer import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
 from .load_check import check_added_record, check_record_fits, check_transformers_load
-from .state import injected_modules, injected_owner, is_injected, owner_prefix
+from .state import active_name, injected_modules, injected_owner, is_injected, loaded_adapters, owner_prefix
 from .state_dict import (
     SLOTS,
     adapter_tensors_from_state_dict,
@@ -214,15 +214,16 @@ class PreProjModel(BaseTuner):
         injection, request = self._injection, self._request or Request()
         if request.plan is not None:
             injection.plan = request.plan
-            return
-        if self._request is None and injection.config.injection is not None:  # a config read from a file
-            check_transformers_load(self.peft_config[injection.adapter_name])  # its weights, under transformers
-            check_record_fits(model, injection.config)
-        injection.plan, injection.example_input = plan_for(
-            model, injection.config, injection.adapter_name, request.host, request.example_input
-        )
-        if injection.config.modules_to_save and _built_on_meta(w for _, w in injection.plan.placements):
-            raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)  # peft's from_pretrained(low_cpu_mem_usage=True)
+        else:
+            if self._request is None and injection.config.injection is not None:  # a config read from a file
+                check_transformers_load(self.peft_config[injection.adapter_name])  # its weights, under transformers
+                check_record_fits(model, injection.config)
+            injection.plan, injection.example_input = plan_for(
+                model, injection.config, injection.adapter_name, request.host, request.example_input
+            )
+            if injection.config.modules_to_save and _built_on_meta(w for _, w in injection.plan.placements):
+                raise ValueError(LOW_CPU_MODULES_TO_SAVE_REFUSED)  # peft's from_pretrained(low_cpu_mem_usage=True)
+        injection.plan.state.peft_config = self.peft_config  # peft's record, the one the model and a PeftModel hold
 
     def _check_target_module_exists(self, peft_config: PreProjConfig, key: str) -> bool:
         """Whether module `key` is a site of the injection: planned (in peft's loop) or injected."""
@@ -290,15 +291,15 @@ class PreProjModel(BaseTuner):
         wrappers follow. ValueError for a name not loaded (nothing changed)."""
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
         owner, state = injected_owner(self.model, "set_requires_grad")
-        unknown = sorted(set(names) - set(state.adapter_configs))
+        loaded = loaded_adapters(owner)
+        unknown = sorted(set(names) - set(loaded))
         if unknown:
             raise ValueError(
-                f"set_requires_grad({names}): {unknown} are not loaded adapters ({list(state.adapter_configs)}); "
-                "nothing was changed"
+                f"set_requires_grad({names}): {unknown} are not loaded adapters ({loaded}); nothing was changed"
             )
         for w in injected_modules(owner):
             w.set_requires_grad(names, requires_grad=requires_grad)
-        if state.active_adapter in names:
+        if active_name(owner) in names:
             for p in trainable_adapter_params(owner):
                 p.requires_grad_(requires_grad)
         set_requires_grad(self.model, names, requires_grad=requires_grad)  # peft's head wrappers (ours: no-ops)
@@ -306,9 +307,9 @@ class PreProjModel(BaseTuner):
     def delete_adapter(self, adapter_name: str) -> None:
         """peft's `delete_adapter`: the active adapter hands over to the first of the others by name, which then
         trains (peft's rule, with peft's warning); the last one is refused (`unload` removes it)."""
-        _, state = injected_owner(self.model, "delete_adapter")
-        others = sorted(n for n in state.adapter_configs if n != adapter_name)
-        if adapter_name == state.active_adapter and others:
+        owner, _ = injected_owner(self.model, "delete_adapter")
+        others = sorted(n for n in loaded_adapters(owner) if n != adapter_name)
+        if adapter_name == active_name(owner) and others:
             warnings.warn(
                 f"Adapter {adapter_name} was active which is now deleted. Setting active adapter to {others[0]}.",
                 stacklevel=2,
@@ -461,7 +462,7 @@ class PreProjModel(BaseTuner):
             if is_slot_key(key):
                 path, slot, param = _split_slot_key(key, state.modules)
                 out[f"{prefix}{path}.{slot}.{adapter_name}.{param}"] = value
-            elif adapter_name == state.active_adapter:
+            elif adapter_name == active_name(owner):
                 out[f"{prefix}{key}"] = value
             else:
                 stored = state.stored_modules[adapter_name]

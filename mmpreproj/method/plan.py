@@ -38,6 +38,7 @@ class Plan:
     state: InjectionState
     placements: list[tuple[Site, PreProjAttention]]  # (site, wrapper)
     seams: list[tuple[PreProjAttention, nn.Module, nn.Module, str, str]] = field(default_factory=list)
+    adapter_name: str = "default"
 
 
 def _device_of(module: nn.Module) -> torch.device:
@@ -144,9 +145,9 @@ def plan_injection(
         modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
         base_model_name_or_path=_name_or_path(model),
         modules=[f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements],
-        active_adapter=adapter_name,
+        peft_config={adapter_name: config},  # until the tuner hands over peft's own dict
     )
-    return Plan(spec, state, placements, seams)
+    return Plan(spec, state, placements, seams, adapter_name)
 
 
 def check_plain_model(model: nn.Module) -> None:

@@ -37,7 +37,7 @@ from .file_check import PEFT_PREFIX
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, config_kind, read_adapter, save_adapter
 from .inject import inject
 from .layer import PreProjAttention
-from .state import injected_owner, injected_owners, owner_prefix
+from .state import active_name, injected_owner, injected_owners, owner_prefix
 from .state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
@@ -86,7 +86,7 @@ class _Stacked:
             ours = adapter_state_dict(owner)  # a collective on FSDP2 shards: every rank is here
         elif is_main_process:
             ours = adapter_tensors_from_state_dict(
-                owner, state.active_adapter, given, owner_prefix(self, owner), gather=False
+                owner, active_name(owner), given, owner_prefix(self, owner), gather=False
             )
         if ours is not None:
             refuse_non_finite(ours, f"save_pretrained: refusing to write {save_directory}")

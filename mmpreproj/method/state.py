@@ -41,11 +41,7 @@ def injected_owner(model: nn.Module, what: str) -> tuple[nn.Module, Any]:
         names = [name or "<the model itself>" for name, _ in owners]
         raise ValueError(f"{what}: this model holds {len(owners)} injected models ({names}); pass one of them")
     _, owner = owners[0]
-    state = vars(owner)[STATE_ATTR]
-    follow = getattr(state, "follow_layers", None)  # peft's record is the truth (`InjectionState.follow_layers`)
-    if follow is not None:
-        follow(owner)
-    return owner, state
+    return owner, vars(owner)[STATE_ATTR]
 
 
 def owner_prefix(model: nn.Module, owner: nn.Module) -> str:
@@ -71,9 +67,13 @@ ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files:
 
 @dataclass
 class InjectionState:
-    """What `inject` did to a model, kept on the model as `model.mmpreproj_state`."""
+    """What `inject` did to a model, kept on the model as `model.mmpreproj_state`: the sites and what to put back.
 
-    config: PreProjConfig
+    Which adapters exist and which one runs is peft's record, not this: `peft_config` is peft's own dict (the
+    tuner's, the same object the model and a `PeftModel` hold), and each wrapper's `active_adapters` and slot
+    `ModuleDict`s say what runs (`loaded_adapters`, `active_name`)."""
+
+    config: PreProjConfig  # the first adapter's: the sites' facts every adapter shares (host, parts, layers, ...)
     host: str
     layers: list[int]
     num_blocks: int
@@ -91,35 +91,11 @@ class InjectionState:
     # leaves it: name -> the object set): unload and roll_back take exactly these off
     hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
     instance_attrs: dict[str, Any] = field(default_factory=dict, repr=False)
-    # several adapters on one base (adapters.py): each wrapper holds them all (one ModuleDict per slot); the
-    # active one runs, the others wait, frozen
-    active_adapter: str = "default"
-    adapter_configs: dict[str, PreProjConfig] = field(default_factory=dict)  # every loaded name -> its config
-    stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)  # inactive
-    # name -> its modules_to_save values, keyed as in the file (`{path}.{param}`)
-
-    def __post_init__(self) -> None:
-        self.adapter_configs.setdefault(self.active_adapter, self.config)
-
-    def follow_layers(self, owner: nn.Module) -> None:
-        """Take over what peft's record says (each wrapper's active adapter and adapter dicts, which peft's functional
-        API and transformers switch and delete directly): a name no wrapper holds any more is dropped, the wrappers'
-        active adapter is the active one. (A switch that would have to move `modules_to_save` values is refused by the
-        wrappers themselves: `PreProjAttention.values_aside`.)"""
-        wrappers = injected_modules(owner)
-        if not wrappers:
-            return
-        held = set(wrappers[0].adapter_names())
-        for name in [n for n in self.adapter_configs if n not in held]:
-            del self.adapter_configs[name]
-            self.stored_modules.pop(name, None)
-        active = wrappers[0].active_adapters
-        if len(active) == 1 and active[0] != self.active_adapter and active[0] in self.adapter_configs:
-            # no `modules_to_save` values to move (else refused): the two (empty) entries trade places
-            kept = self.stored_modules.pop(active[0], {})
-            if self.active_adapter in self.adapter_configs:
-                self.stored_modules[self.active_adapter] = kept
-            self.active_adapter, self.config = active[0], self.adapter_configs[active[0]]
+    # peft's record of the adapters (name -> config): the tuner's dict itself, never a copy (`model.PreProjModel`)
+    peft_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    # the `modules_to_save` values of the adapters that wait (the host's modules hold the active one's), keyed as
+    # in the file (`{path}.{param}`); a switch trades them (`adapters.switch_adapter`)
+    stored_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def describe(self) -> dict:
         """The JSON-able description saved beside adapter weights."""
@@ -168,9 +144,24 @@ def check_adapter_name(name: object) -> str:
     return name
 
 
-def named_adapter(state, name: str | None) -> tuple[str, PreProjConfig]:
-    """(name, config) of a loaded adapter; None means the active one. ValueError listing the loaded names."""
-    name = state.active_adapter if name is None else name
-    if name not in state.adapter_configs:
-        raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {list(state.adapter_configs)}")
-    return name, state.adapter_configs[name]
+def loaded_adapters(owner: nn.Module) -> list[str]:
+    """The adapters of the injected model `owner`, in loading order: peft's `peft_config` names that the wrappers
+    hold (peft's functional `delete_adapter` takes a name out of the layers alone)."""
+    wrappers = injected_modules(owner)
+    held = set(wrappers[0].adapter_names()) if wrappers else set()
+    return [n for n, c in vars(owner)[STATE_ATTR].peft_config.items() if n in held and isinstance(c, PreProjConfig)]
+
+
+def active_name(owner: nn.Module) -> str:
+    """The adapter that runs in the injected model `owner`: peft's per-layer record (`active_adapters`)."""
+    return injected_modules(owner)[0].active_adapters[0]
+
+
+def named_adapter(owner: nn.Module, name: str | None) -> tuple[str, PreProjConfig]:
+    """(name, config) of an adapter loaded into the injected model `owner`; None means the active one. ValueError
+    listing the loaded names."""
+    name = active_name(owner) if name is None else name
+    loaded = loaded_adapters(owner)
+    if name not in loaded:
+        raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {loaded}")
+    return name, vars(owner)[STATE_ATTR].peft_config[name]

@@ -21,7 +21,7 @@ from torch import nn
 from ..hosts.spec import get_path
 from .convert import OLD_SLOTS, model_keys
 from .layer import PreProjAttention
-from .state import STATE_ATTR, InjectionState, adapter_params, injected_owner, named_adapter
+from .state import STATE_ATTR, InjectionState, active_name, adapter_params, injected_owner, named_adapter
 
 V = TypeVar("V")
 SLOTS = PreProjAttention.adapter_layer_names  # the adapter slots of a wrapper, named once
@@ -141,7 +141,7 @@ def adapter_tensors_from_state_dict(
     naming the missing keys, or a state dict of empty ZeRO-3 partitions.
     """
     state: InjectionState = vars(owner)[STATE_ATTR]
-    active = name == state.active_adapter
+    active = name == active_name(owner)
     wanted: dict[str, str] = {}  # our key -> the model's key
     for path, w in injected_paths(owner):
         for slot, module in zip(SLOTS, w.slots(name)):
@@ -237,7 +237,7 @@ def checked_adapter_copies(
     injected `model`, once every key, shape, dtype and value of `tensors` has passed (ValueError starting with
     `what` otherwise); nothing is copied here, so a caller may check before it changes anything else."""
     owner, state = injected_owner(model, what)
-    name, _ = named_adapter(state, adapter_name)
+    name, _ = named_adapter(owner, adapter_name)
     tensors = model_keys(tensors, injected_paths(owner), state.modules_to_save)
     expected = named_adapter_tensors(owner, name)
     check_tensors_match(expected, tensors, f"{what}: the weights do not match this injection")
@@ -257,7 +257,7 @@ def named_adapter_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor
     `modules_to_save` values wait in the injection state."""
     state: InjectionState = vars(owner)[STATE_ATTR]
     out = wrapper_tensors(injected_paths(owner), name)
-    if name == state.active_adapter:
+    if name == active_name(owner):
         out.update(saved_module_tensors(owner, state.modules_to_save))
     else:
         out.update(state.stored_modules.get(name, {}))
