@@ -51,8 +51,8 @@ docs-test: $(STAMP)
 # recipes/mixed/tinyvlm (the mixed recipe's model) reads `outputs.cache`, new in 5.24.
 FLOOR ?= .floor
 FLOOR_TRANSFORMERS ?= 5.24.0
-FLOOR_TESTS ?= tests/test_core_inject_neox.py tests/test_host_transformers.py tests/test_rope_1d.py \
-	tests/test_core_adapter_io.py tests/test_mixed_generate.py
+FLOOR_TESTS ?= tests/method/plan/test_core_inject_neox.py tests/test_host_transformers.py tests/test_rope_1d.py \
+	tests/method/files/test_core_adapter_io.py tests/test_mixed_generate.py
 
 test-floor: $(STAMP)
 	@if [ "$$($(PY) -c 'import transformers; print(transformers.__version__)')" = "$(FLOOR_TRANSFORMERS)" ]; then \
@@ -68,8 +68,8 @@ test-floor: $(STAMP)
 # mmpreproj/method/config.py.
 PEFT_FLOOR ?= .peft-floor
 FLOOR_PEFT ?= 0.21.0
-PEFT_FLOOR_TESTS ?= tests/test_peft_tuner.py tests/test_peft_lifecycle.py tests/test_core_adapter_io.py \
-	tests/test_peft_as_lora.py tests/test_peft_registration_guard.py
+PEFT_FLOOR_TESTS ?= tests/method/model/test_peft_tuner.py tests/method/model/test_peft_lifecycle.py tests/method/files/test_core_adapter_io.py \
+	tests/method/model/test_peft_as_lora.py tests/method/config/test_peft_registration_guard.py
 
 test-peft-floor: $(STAMP)
 	@if [ "$$($(PY) -c 'from importlib.metadata import version; print(version("peft"))')" = "$(FLOOR_PEFT)" ]; then \

@@ -1,5 +1,7 @@
 """The test suite's own layout: no test module imports another test module (or conftest); shared pieces
-live in `tests/helpers/`, and tests/ holds nothing else importable by a bare name."""
+live in `tests/helpers/`, and tests/ holds nothing else importable by a bare name. The method's tests sit by unit
+under `tests/method/<unit>/` (config, layer, model, plan, files, convert, api: `mmpreproj/method/`'s files); a
+test file's name is unique across the folders (pytest imports each by its bare name)."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def test_the_scanner_finds_every_kind_of_test_module_import(source, found):
 
 
 def _python_files() -> list[Path]:
-    return sorted([*TESTS.glob("test_*.py"), TESTS / "conftest.py", *(TESTS / "helpers").glob("*.py")])
+    tests = [p for p in TESTS.rglob("test_*.py") if "fixtures" not in p.parts]  # tests/method/<unit>/ too
+    return sorted([*tests, TESTS / "conftest.py", *(TESTS / "helpers").glob("*.py")])
 
 
 def test_no_test_module_imports_another_test_module():
@@ -72,3 +75,15 @@ def test_tests_top_level_holds_only_test_modules_and_conftest():
     # any other module here would be importable by a bare name from every test module (as helpers were)
     others = [p.name for p in TESTS.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py"]
     assert others == [], f"move {others} into tests/helpers/"
+
+
+def test_test_file_names_are_unique_across_folders():
+    names = [p.name for p in TESTS.rglob("test_*.py") if "fixtures" not in p.parts]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_the_method_tests_sit_by_unit():
+    units = {p.name for p in (TESTS / "method").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert units == {"config", "layer", "model", "plan", "files", "convert", "api"}
+    method = {p.stem for p in (TESTS.parent / "mmpreproj" / "method").glob("*.py")}
+    assert {"config", "layer", "model", "plan", "files", "convert"} <= method  # a unit is a file of the method

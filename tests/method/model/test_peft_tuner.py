@@ -23,7 +23,7 @@ from tests.helpers.procs import HANG_GUARD_S
 from tests.helpers.zoo import tiny_neox
 
 TOKENS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
-FIXTURES = Path(__file__).parent / "fixtures" / "legacy_adapters"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "legacy_adapters"
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:

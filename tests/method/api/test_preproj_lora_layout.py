@@ -2,7 +2,7 @@
 DIR, our adapter at DIR/preproj (`mmpreproj/method/stacked.py`). It reloads bit-exact through the one loader, peft
 reads its own part, a Trainer's checkpoints have that layout and resume bit-exact, a given state dict is what is
 written, and a corrupt or mismatched DIR/preproj is refused with nothing changed. (Older layouts:
-tests/test_peft_tuner.py's fixtures.)"""
+tests/method/model/test_peft_tuner.py's fixtures.)"""
 
 from __future__ import annotations
 

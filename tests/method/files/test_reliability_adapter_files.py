@@ -22,7 +22,7 @@ from mmpreproj.rope import RoPE1D
 from mmpreproj.util import file_sets as adapter_files
 from tests.helpers.procs import HANG_GUARD_S
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 # The child builds the same base blocks, injects skip only and saves over a pre-projection + skip adapter,
 # killing itself with SIGKILL when the write reaches POINT.

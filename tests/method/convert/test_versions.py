@@ -17,7 +17,7 @@ from mmpreproj.method.config import ADAPTER_FORMAT
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import tomllib
 from mmpreproj.method.config import TESTED_PEFT, check_peft_version
 from tests.helpers.gguf_tiny import write_tiny_llama_gguf
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 

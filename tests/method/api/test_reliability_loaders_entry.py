@@ -31,7 +31,7 @@ from tests.helpers.adapter_cases import UP0, C, W, edit, files, good
 from tests.helpers.adapter_cases import base as _base
 from tests.helpers.snapshots import assert_unchanged, snapshot
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

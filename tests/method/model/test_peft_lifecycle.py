@@ -25,7 +25,7 @@ from mmpreproj import PreProjConfig  # noqa: E402
 from tests.helpers.callbacks import StopAfterSave  # noqa: E402
 from tests.helpers.training import trainer_args  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 STEPS = 6
 # what a Trainer checkpoint of a PeftModel may hold: the adapter, its card, and the Trainer's own state
 CHECKPOINT_FILES = {
