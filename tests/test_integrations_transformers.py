@@ -2,7 +2,8 @@
 bf16 autocast), and `preproj_lora` (peft's LoRA on top of an injection): peft's checkpoints hold both parts,
 a resume after a stop is bit-exact, and the one loader rebuilds the trained model from a fresh base (the folder's
 layout: tests/method/api/test_preproj_lora_layout.py).
-(Resume, activation checkpointing and best-model reload of a PREPROJ PeftModel: tests/method/model/test_peft_lifecycle.py.)"""
+(Resume, activation checkpointing and best-model reload of a PREPROJ PeftModel:
+tests/method/model/test_peft_lifecycle.py.)"""
 
 from __future__ import annotations
 

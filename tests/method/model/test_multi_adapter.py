@@ -240,8 +240,8 @@ def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
 
 def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_ignored():
     """peft's mixed-batch `adapter_names=` reaches the attention through transformers' kwargs: each row runs
-    through its adapter ("__base__": none), an unknown name is refused (tests/method/layer/test_mixed_adapter_batch.py for
-    several adapters)."""
+    through its adapter ("__base__": none), an unknown name is refused
+    (tests/method/layer/test_mixed_adapter_batch.py for several adapters)."""
     base = tiny_neox()
     tokens = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0))
     plain = base(tokens).logits.detach()
