@@ -39,8 +39,11 @@ dinov2: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mmpreproj demo
 
+# Two pytest workers (pytest-xdist), one file per worker at a time (`--dist loadfile`: a module's fixtures are built
+# once), one torch thread each: the 2-core machines this project runs on, both cores busy.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/pytest
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 docs-test: $(STAMP)
 	$(VENV)/bin/pytest tests/test_docs_blocks.py
