@@ -18,7 +18,7 @@ Method, top to bottom:
        lora_1pct          LoRA, rank matched to preproj_skip_1pct's count
        preproj_skip_timm  preproj_skip through the timm host, at preproj_skip's LR (do the hosts agree?)
   4. LR: each arm's grid (half-decade rungs) trains seed 0 on the 2,500 and scores the held-out 500; the best
-     wins (ties: the smaller LR); a best at an edge tries one rung further (`--max-extend`). The grid never
+     wins (ties: the smaller LR); a best at an edge tries up to two rungs further (`--max-extend`). The grid never
      sees the test images. Seeds 1, 2 train at the pick; seed 0 is the grid's run at the pick, scored on test.
      In the adapter arms the head trains at the linear arm's pick (`--head-lr` to set it) and the grid is the
      adapter's LR: with one LR for both, the head is undertrained wherever the adapter trains well.
@@ -130,7 +130,7 @@ class Config:
     weight_decay: float = 0.0
     eval_batch: int = 64
     seeds: tuple[int, ...] = (0, 1, 2)  # the first one runs the LR grid
-    max_extend: int = 1  # grid points past an edge pick, per arm
+    max_extend: int = 2  # grid points past an edge pick, per arm (one left preproj_skip's best, 3e-5, at the edge)
     routing_images: int = 64  # test images for the routing ratio
     threads: int = 1
     workers: int = 1
