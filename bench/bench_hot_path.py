@@ -36,12 +36,12 @@ import peft
 import torch
 import transformers as tf
 from bench_decode import DTYPES, next_token, weight_bytes
-from bench_tuner import add_authors_modules
+from bench_tuner import add_authors_modules, copy_into_authors
 from common import PYTHIA_SHAPES, interleaved_times, machine, write_json
 from torch import nn
 
 import mmpreproj
-from mmpreproj.train.methods import paper_lora_rank
+from mmpreproj.train.methods import count_trainable, paper_lora_rank
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
 VARIANTS = ("base", "ours", "authors", "lora")
@@ -60,20 +60,10 @@ def build_base(shape: str) -> tf.GPTNeoXForCausalLM:
 
 
 def copy_weights(ours: nn.Module, into: nn.Module) -> None:
-    """Copy the injected weights of `ours` into `into`'s: an injected model, or one with the authors' modules."""
-    targets = mmpreproj.injected_modules(into)
-    with torch.no_grad():
-        if targets:
-            for mine, w in zip(targets, mmpreproj.injected_modules(ours), strict=True):
-                for part, src in zip(mine.slots(), w.slots(), strict=True):
-                    part.load_state_dict(src.state_dict())
-            return
-        mods = [layer.attention.authors for layer in into.gpt_neox.layers]
-        for m, w in zip(mods, mmpreproj.injected_modules(ours), strict=True):
-            pre, skip = w.slots()
-            m.up.weight.copy_(pre.up.weight)
-            m.down.weight.copy_(pre.down.weight)
-            m.skip.weight.copy_(skip.proj.weight)
+    """Copy the injected weights of `ours` into the injected model `into` (its wrappers in the same order)."""
+    for mine, w in zip(mmpreproj.injected_modules(into), mmpreproj.injected_modules(ours), strict=True):
+        for part, src in zip(mine.slots(), w.slots(), strict=True):
+            part.load_state_dict(src.state_dict())
 
 
 def with_authors(host: nn.Module, ours: nn.Module) -> nn.Module:
@@ -82,7 +72,7 @@ def with_authors(host: nn.Module, ours: nn.Module) -> nn.Module:
     model = copy.deepcopy(host)
     add_authors_modules(model)
     model.to(next(host.parameters()).dtype)
-    copy_weights(ours, model)
+    copy_into_authors(model, ours)
     return model
 
 
@@ -132,10 +122,6 @@ def python_hooks(model: nn.Module) -> int:
     """Forward hooks and pre-hooks on `model`'s modules. Reads torch internals (`Module._forward_hooks`,
     `_forward_pre_hooks`): torch has no public way to list a module's hooks."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
-def trainable(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def decode_round(
@@ -260,7 +246,7 @@ def measure(args: argparse.Namespace) -> dict:
         "batch": 1,
         "repeats": args.repeats,
         "lora_rank": models["lora"].peft_config["default"].r,
-        "trainable": {k: trainable(models[k]) for k in TRAINED},
+        "trainable": {k: count_trainable(models[k]) for k in TRAINED},
         "python_hooks": {"ours_before_first_forward": hooks_before, **{k: python_hooks(m) for k, m in models.items()}},
         "decode": {d: measure_decode(models, d, args) for d in args.dtypes},
         "train": measure_train(models, args),

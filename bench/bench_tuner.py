@@ -69,6 +69,18 @@ def add_authors_modules(model: GPTNeoXForCausalLM) -> list[AuthorsModules]:
     return added
 
 
+def copy_into_authors(authors: GPTNeoXForCausalLM, injected: nn.Module) -> None:
+    """Copy the injected weights of `injected` into the authors' modules of `authors` (block by block), so the two
+    compute the same outputs."""
+    mods = [layer.attention.authors for layer in authors.gpt_neox.layers]
+    with torch.no_grad():
+        for m, w in zip(mods, mmpreproj.injected_modules(injected), strict=True):
+            pre, skip = w.slots()
+            m.up.weight.copy_(pre.up.weight)
+            m.down.weight.copy_(pre.down.weight)
+            m.skip.weight.copy_(skip.proj.weight)
+
+
 def main() -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="160m")
@@ -87,11 +99,9 @@ def main() -> dict:
         "peft": peft.get_peft_model(copy.deepcopy(base), mmpreproj.PreProjConfig()),
         "authors": copy.deepcopy(base),
     }
-    with torch.no_grad():  # the same weights as the injected ones, so the outputs can be compared
-        for mods, w in zip(add_authors_modules(models["authors"]), mmpreproj.injected_modules(models["inject"])):
-            mods.up.weight.copy_(w.slots()[0].up.weight)
-            mods.down.weight.copy_(w.slots()[0].down.weight)
-            mods.skip.weight.copy_(w.slots()[1].proj.weight)
+    add_authors_modules(models["authors"])
+    copy_into_authors(models["authors"], models["inject"])  # the same weights, so the outputs can be compared
+    with torch.no_grad():
         for mine, w in zip(mmpreproj.injected_modules(models["peft"]), mmpreproj.injected_modules(models["inject"])):
             mine.load_state_dict(w.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))

@@ -308,24 +308,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self._observers[handle.id] = fn
         return handle
 
-    def _swap_one(
-        self, args: tuple, kwargs: dict, pre: Callable[[torch.Tensor], torch.Tensor] | None
-    ) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
-        """`_swap_inputs` for a host that passes `x^` once (self-attention), once its input and seam are checked:
-        the same result with the per-call work of the general case (a list, a dict of ids, checks) left out."""
-        pos, key = self.call.inputs[0]
-        if pos < len(args):
-            x = args[pos]
-            if x is None:
-                return args, kwargs, None, None
-            x_tilde = pre(x) if pre is not None else x
-            return (*args[:pos], x_tilde, *args[pos + 1 :]), kwargs, x, x_tilde
-        x = kwargs.get(key)
-        if x is None:
-            return args, kwargs, None, None
-        kwargs[key] = x_tilde = pre(x) if pre is not None else x
-        return args, kwargs, x, x_tilde
-
     def _swap_inputs(
         self, args: tuple, kwargs: dict, pre: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[tuple, dict, torch.Tensor | None, torch.Tensor | None]:
@@ -379,10 +361,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             pre, skip = self._mixed_batch(adapter_names)
         else:
             pre, skip = self._active_slots
-        if self._ran and self.seam_check is None and len(self.call.inputs) == 1:  # checked: the decode path
-            args, kwargs, x, x_tilde = self._swap_one(args, kwargs, pre)
-        else:
-            args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs, pre)
+        args, kwargs, x, x_tilde = self._swap_inputs(args, kwargs, pre)
         if x_tilde is None:
             raise RuntimeError(
                 f"PreProjAttention (part {self.part!r}, block {self.block_index}) found no attention input among "

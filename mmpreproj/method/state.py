@@ -144,24 +144,29 @@ def check_adapter_name(name: object) -> str:
     return name
 
 
+def _first_wrapper(owner: nn.Module) -> PreProjAttention | None:
+    """One wrapper of the injected model `owner`: every wrapper holds the same adapters, the same one active."""
+    return next((m for m in owner.modules() if isinstance(m, PreProjAttention)), None)
+
+
 def loaded_adapters(owner: nn.Module) -> list[str]:
     """The adapters of the injected model `owner`, in loading order: peft's `peft_config` names that the wrappers
     hold (peft's functional `delete_adapter` takes a name out of the layers alone)."""
-    wrappers = injected_modules(owner)
-    held = set(wrappers[0].adapter_names()) if wrappers else set()
+    wrapper = _first_wrapper(owner)
+    held = set(wrapper.adapter_names()) if wrapper is not None else set()
     return [n for n, c in vars(owner)[STATE_ATTR].peft_config.items() if n in held and isinstance(c, PreProjConfig)]
 
 
 def active_name(owner: nn.Module) -> str:
     """The adapter that runs in the injected model `owner`: peft's per-layer record (`active_adapters`)."""
-    return injected_modules(owner)[0].active_adapters[0]
+    return _first_wrapper(owner).active_adapters[0]
 
 
 def named_adapter(owner: nn.Module, name: str | None) -> tuple[str, PreProjConfig]:
     """(name, config) of an adapter loaded into the injected model `owner`; None means the active one. ValueError
     listing the loaded names."""
-    name = active_name(owner) if name is None else name
     loaded = loaded_adapters(owner)
+    name = active_name(owner) if name is None else name
     if name not in loaded:
         raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {loaded}")
     return name, vars(owner)[STATE_ATTR].peft_config[name]

@@ -93,10 +93,6 @@ class PreProjection(nn.Module):
         h = x.to(dtype)
         if torch.is_grad_enabled() and (x.requires_grad or w_up.requires_grad or w_down.requires_grad):
             delta = self._delta(h, self.casts(w_up, dtype), self.casts(w_down, dtype))
-        elif dtype == w_up.dtype == w_down.dtype != torch.bfloat16:  # no graph, no cast to keep, nothing to prepack
-            delta = F.linear(self.act(F.linear(h, w_up)), w_down)
-            if x.dtype == dtype:  # the line below without its two no-op casts (decode pays per op)
-                return x + delta
         else:  # no graph (inference, generate): kept casts, prepacked where that is faster (`WeightCasts.linear`)
             casts = self.casts
             delta = casts.linear(self.act(casts.linear(h, w_up)), w_down)

@@ -99,10 +99,8 @@ class ContentSkip(nn.Module):
         h = x.to(dtype)
         graph = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws))
         for w in ws:
-            # a graph: cast for this call; no graph: the kept cast, prepacked where faster (`WeightCasts.linear`);
-            # weights already in a compute dtype oneDNN does not prepack (fp32) need neither
-            plain = graph or w.dtype == dtype != torch.bfloat16
-            h = F.linear(h, self.casts(w, dtype)) if plain else self.casts.linear(h, w)
+            # a graph: cast for this call; no graph: the kept cast, prepacked where faster (`WeightCasts.linear`)
+            h = F.linear(h, self.casts(w, dtype)) if graph else self.casts.linear(h, w)
         return h
 
     def _apply(self, fn, *args, **kwargs):
