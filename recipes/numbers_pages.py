@@ -9,6 +9,7 @@ and docs/numbers.md lists them. Everything here reads JSON only.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +30,9 @@ DECODE_JSON = "bench/results/decode/*.json"
 COMPILE_JSON = "bench/results/decode/160m_2layers_compile.json"
 GPU_JSON = "bench/results/gpu/h200-2026-12-04.json"
 CLI_JSON = "bench/results/cli_startup.json"
-HOT_PATH_JSON = "bench/results/hot_path.json"
+HOT_PATH_DIR = "bench/results/hot_path"
+HOT_PATH_JSON = HOT_PATH_DIR + "/run-*.json"
+HOT_PATH_VARIANTS = ("base", "ours", "authors", "lora")
 SMOLLM2_BENCH_JSON = "docs/evidence/smollm2-135m/bench.json"
 
 
@@ -438,48 +441,58 @@ def _cli_load() -> dict[str, float]:
     return {"before": load["before"][0], "after": load["after"][0]}
 
 
-def _cell(r: dict, unit: str = "ms", digits: int = 1) -> str:
-    """median (min-max) of one bench_hot_path entry."""
-    if unit == "ms":
-        return f"{r['ms']:.{digits}f} ({r['ms_min']:.{digits}f}-{r['ms_max']:.{digits}f})"
-    return f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})"
+def _hot_path_runs() -> list[dict]:
+    """Every run of bench/bench_hot_path.py kept in bench/results/hot_path/ (one JSON per run)."""
+    runs = [_read(p) for p in sorted((ROOT / HOT_PATH_DIR).glob("run-*.json"))]
+    if not runs:
+        raise FileNotFoundError(f"no {HOT_PATH_JSON}: run bench/bench_hot_path.py --json {HOT_PATH_DIR}/run-1.json")
+    return runs
+
+
+def _over_runs(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) over the runs of one figure each run reports (itself a median over its repeats)."""
+    return statistics.median(values), min(values), max(values)
 
 
 def hot_path_block() -> str:
-    """bench/bench_hot_path.py's one run: decode per token on both dtypes and the training step, side by side."""
-    data = _read(ROOT / HOT_PATH_JSON)
-    head = "| per token / step, ms: median (min-max) | base | ours | the authors' hooks | LoRA | ours / authors |"
-    rows = [head, "|---|---|---|---|---|---|"]
-    for dtype in data["dtypes"]:
-        d = data["decode"][dtype]
-        t, r = d["per_token"], d["ratios"]
-        cells = " | ".join(_cell(t[k]) for k in ("base", "ours", "authors", "lora"))
-        rows.append(f"| decode, {dtype} | {cells} | {_cell(r['ours/authors'], 'ratio')} |")
-    step, ratio = data["train"]["step"], data["train"]["ratios"]
-    cells = " | ".join(_cell(step[k], digits=0) for k in ("ours", "authors", "lora"))
-    rows.append(f"| frozen-probe training step, float32 | - | {cells} | {_cell(ratio['ours/authors'], 'ratio')} |")
+    """bench/bench_hot_path.py's runs: decode per token on both dtypes and the training step, side by side; each cell
+    the median over the runs of a run's median over its repeats, with the range over the runs."""
+    runs = _hot_path_runs()
+
+    def cell(values: list[float], fmt: str) -> str:
+        med, lo, hi = _over_runs(values)
+        return f"{med:{fmt}} ({lo:{fmt}}-{hi:{fmt}})"
+
+    head = f"| {len(runs)} runs: median (min-max over the runs) | base, ms | ours, ms | the authors' hooks, ms"
+    rows = [head + " | LoRA, ms | ours / authors |", "|---|---|---|---|---|---|"]
+    for dtype in runs[0]["dtypes"]:
+        dec = [r["decode"][dtype] for r in runs]
+        times = [cell([d["per_token"][k]["ms"] for d in dec], ".1f") for k in HOT_PATH_VARIANTS]
+        ratio = cell([d["ratios"]["ours/authors"]["ratio"] for d in dec], ".3f")
+        rows.append(f"| decode per token, {dtype} | {' | '.join(times)} | {ratio} |")
+    times = [cell([r["train"]["step"][k]["ms"] for r in runs], ".0f") for k in HOT_PATH_VARIANTS[1:]]
+    ratio = cell([r["train"]["ratios"]["ours/authors"]["ratio"] for r in runs], ".3f")
+    rows.append(f"| frozen-probe training step, float32 | - | {' | '.join(times)} | {ratio} |")
     return "\n".join(rows)
 
 
 def _hot_path() -> dict[str, float | str]:
-    """The hot-path run's setting, load and the ratios the text quotes."""
-    data = _read(ROOT / HOT_PATH_JSON)
-    dec = data["decode"]
+    """The hot-path runs' load and the ratios the text quotes (medians over the runs)."""
+    runs = _hot_path_runs()
     out: dict[str, float | str] = {
-        "shape": data["shape"],
-        "rank": data["lora_rank"],
-        "repeats": data["repeats"],
-        "before": data["load_avg_before"][0],
-        "after": data["load_avg_after"][0],
-        "bytes": dec["float32"]["weight_bytes_ratio"],
-        "hooks": data["python_hooks"]["ours"],
-        "hooks_first": data["python_hooks"]["ours_before_first_forward"],
+        "runs": len(runs),
+        "before": min(r["load_avg_before"][0] for r in runs),
+        "after": max(r["load_avg_after"][0] for r in runs),
+        "bytes": runs[0]["decode"]["float32"]["weight_bytes_ratio"],
+        "hooks": runs[0]["python_hooks"]["ours"],
+        "hooks_first": runs[0]["python_hooks"]["ours_before_first_forward"],
+        "step": statistics.median(r["train"]["ratios"]["ours/authors"]["ratio"] for r in runs),
     }
     for dtype, tag in (("float32", "fp32"), ("bfloat16", "bf16")):
-        out[f"{tag}_base"] = dec[dtype]["ratios"]["ours/base"]["ratio"]
-        out[f"{tag}_bytes"] = dec[dtype]["ours/base_over_weight_bytes_ratio"]
-        out[f"{tag}_auth"] = dec[dtype]["ratios"]["ours/authors"]["ratio"]
-    out["step"] = data["train"]["ratios"]["ours/authors"]["ratio"]
+        dec = [r["decode"][dtype] for r in runs]
+        out[f"{tag}_base"] = statistics.median(d["ratios"]["ours/base"]["ratio"] for d in dec)
+        out[f"{tag}_bytes"] = statistics.median(d["ours/base_over_weight_bytes_ratio"] for d in dec)
+        out[f"{tag}_auth"] = statistics.median(d["ratios"]["ours/authors"]["ratio"] for d in dec)
     return out
 
 
@@ -588,7 +601,7 @@ BLOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "decode-table": (DECODE_JSON, LATEST_JSON + " (decode160, decode_llama)"),
     "gpu-h200": (GPU_JSON,),
     "cli-startup": (CLI_JSON,),
-    "hot-path": (HOT_PATH_JSON + " (bench/bench_hot_path.py --json)",),
+    "hot-path": (HOT_PATH_JSON + " (bench/bench_hot_path.py --json, one file per run)",),
     "quant-memory": ("bench/results/quant.json (bench/bench_quant.py --repeats 3 --json)",),
     "sizes": ("mmpreproj.estimate (computed from the configs and the named shapes, mmpreproj/method/estimate.py)",),
 }
@@ -596,11 +609,12 @@ BLOCK_SOURCES: dict[str, tuple[str, ...]] = {
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         PERFORMANCE,
-        "Ours decodes at {fp32_base:.3f}x the base in fp32 and {bf16_base:.3f}x in bf16, against a weight-bytes ratio "
-        "of {bytes:.3f}\n(the limit of a memory-bound step: {fp32_bytes:.3f} and {bf16_bytes:.3f} of it), and at "
-        "{fp32_auth:.3f}x and {bf16_auth:.3f}x the authors'\ncode; the training step is {step:.3f}x theirs. {hooks} "
-        "Python hook is left on the model after its first forward\n({hooks_first} before it, the seam checks among "
-        "them, dropped once checked). The run's 1-minute load went from {before:.1f} to\n{after:.1f}.",
+        "Over the {runs} runs, ours decodes at {fp32_base:.3f}x the base in fp32 and {bf16_base:.3f}x in bf16, "
+        "against a\nweight-bytes ratio of {bytes:.3f} (the limit of a memory-bound step: {fp32_bytes:.3f} and "
+        "{bf16_bytes:.3f} of it), and at\n{fp32_auth:.3f}x and {bf16_auth:.3f}x the authors' code; the training step "
+        "is {step:.3f}x theirs. "
+        "{hooks} Python hook is left on\nthe model after its first forward ({hooks_first} before it, the seam checks "
+        "among them, dropped once checked). The\nruns' 1-minute load stayed between {before:.1f} and {after:.1f}.",
         _hot_path,
         (HOT_PATH_JSON,),
     ),
