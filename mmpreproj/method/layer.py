@@ -138,6 +138,7 @@ ONE_ADAPTER_PER_FORWARD = (
     "add up, a model no adapter was trained as. Pass one name, or run a mixed batch (forward(..., "
     "adapter_names=[one name per row]))"
 )
+TUNER_PREFIX = "preproj"  # peft's prefix of the method: every slot name starts with it (`PreProjModel.prefix`)
 BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
