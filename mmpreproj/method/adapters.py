@@ -140,9 +140,6 @@ def finish_addition(addition: Addition) -> None:
         raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
     addition.state.peft_config[addition.name] = addition.config  # peft's record (peft's add_adapter put it there)
     addition.state.stored_modules[addition.name] = addition.stored
-    if addition.state.modules_to_save:  # a layer alone may no longer switch (peft's functional set_adapter)
-        for w in injected_modules(addition.owner):
-            w.values_aside = True
 
 
 def undo_addition(addition: Addition) -> None:
