@@ -28,17 +28,19 @@ mmpreproj name the same adapters; on a model `inject` injected, straight through
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from peft import PeftModel
+from peft import functional as peft_functional
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 from .convert import model_keys
-from .layer import PreProjAttention
+from .layer import TUNER_PREFIX, PreProjAttention
 from .plan import new_adapter_modules
 from .state import (
     STATE_ATTR,
@@ -138,9 +140,6 @@ def finish_addition(addition: Addition) -> None:
         raise RuntimeError(f"add_adapter({addition.name!r}): peft's loop did not reach every site")
     addition.state.peft_config[addition.name] = addition.config  # peft's record (peft's add_adapter put it there)
     addition.state.stored_modules[addition.name] = addition.stored
-    if addition.state.modules_to_save:  # a layer alone may no longer switch (peft's functional set_adapter)
-        for w in injected_modules(addition.owner):
-            w.values_aside = True
 
 
 def undo_addition(addition: Addition) -> None:
@@ -150,10 +149,13 @@ def undo_addition(addition: Addition) -> None:
     addition.placed.clear()
 
 
-def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -> None:
-    """`set_adapter` on the injected model `owner` itself (the peft tuner's `set_adapter` calls this): adapter `name`
-    runs; it and the `modules_to_save` train iff `trains` (None: iff the active adapter does now), the others are
-    frozen."""
+def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, scope: nn.Module | None = None) -> None:
+    """`set_adapter` on the injected model `owner` itself: adapter `name` runs; it and the `modules_to_save` train
+    iff `trains` (None: iff the active adapter does now), the others are frozen. With `scope` (the peft tuner's
+    model) the switch is peft's own, `peft.functional.set_adapter` over it: every wrapper and peft's head wrappers
+    in it, as `BaseTuner.set_adapter`. Without, the wrappers alone (`inject`'s model: its `modules_to_save` are the
+    host's own, and a head wrapper in it is another tuner's, a stacked LoRA's). A no-op when `name` already runs
+    and trains as asked."""
     _, state = injected_owner(owner, "set_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
     wrappers = injected_modules(owner)
@@ -170,21 +172,45 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None) -
             for k, dst in live.items():
                 dst.copy_(waiting[k])
         state.stored_modules[old] = kept
-    for w in wrappers:
-        w.activate([name], inference_mode=not trains)
+    if scope is None:
+        for w in wrappers:
+            w.activate([name], inference_mode=not trains)
+    else:
+        with _values_moved(wrappers):
+            peft_functional.set_adapter(scope, name, inference_mode=not trains, layer_cls=PreProjAttention)
     if trains != now:
         for p in trainable_adapter_params(owner):
             p.requires_grad_(trains)
 
 
-def remove_adapter(owner: nn.Module, name: str) -> None:
-    """`delete_adapter` on the injected model `owner` itself (the peft tuner's `delete_adapter` calls this, after
-    switching away from an active one as peft does)."""
+@contextlib.contextmanager
+def _values_moved(wrappers: list[PreProjAttention]) -> Iterator[None]:
+    """The model's switch has moved the `modules_to_save` values: its layers may follow peft's per-layer
+    `set_adapter` (which each refuses alone while `values_aside`)."""
+    aside = [w.values_aside for w in wrappers]
+    for w in wrappers:
+        w.values_aside = False
+    try:
+        yield
+    finally:
+        for w, flag in zip(wrappers, aside):
+            w.values_aside = flag
+
+
+def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = None) -> None:
+    """`delete_adapter` on the injected model `owner` itself: the inactive adapter `name` goes (the peft tuner's
+    `delete_adapter` switches away from an active one first, as peft does). With `scope` (the peft tuner's model)
+    through `peft.functional.delete_adapter` over it: the wrappers and peft's head wrappers, as
+    `BaseTuner.delete_adapter`; without, the wrappers alone (`switch_adapter`)."""
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
     refuse_active(owner, name)
-    for w in injected_modules(owner):
-        w.delete_adapter(name)
+    wrappers = injected_modules(owner)
+    if scope is not None:
+        peft_functional.delete_adapter(scope, name, prefix=TUNER_PREFIX, layer_cls=PreProjAttention)
+    for w in wrappers:  # all of them without `scope`; with it, any whose path holds peft's prefix (peft skips those)
+        if name in w.adapter_names():
+            w.delete_adapter(name)
     state.peft_config.pop(name, None)
     state.stored_modules.pop(name, None)
 

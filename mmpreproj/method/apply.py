@@ -93,9 +93,12 @@ def place(injection: Injection, site: Site, wrapper: PreProjAttention) -> None:
 
 
 def finish(model: nn.Module, plan: Plan) -> None:
-    """Every site holds its wrapper: arm the seam checks, attach the injection state."""
+    """Every site holds its wrapper: arm the seam checks, tell the wrappers whether the host's `modules_to_save`
+    train in place (`PreProjAttention.values_aside`), attach the injection state."""
     for wrapper, block, norm, where, norm_path in plan.seams:
         wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
+    for _, wrapper in plan.placements:
+        wrapper.values_aside = bool(plan.state.modules_to_save)
     model.mmpreproj_state = plan.state
 
 

@@ -138,6 +138,7 @@ ONE_ADAPTER_PER_FORWARD = (
     "add up, a model no adapter was trained as. Pass one name, or run a mixed batch (forward(..., "
     "adapter_names=[one name per row]))"
 )
+TUNER_PREFIX = "preproj"  # peft's prefix of the method: every slot name starts with it (`PreProjModel.prefix`)
 BASE_ADAPTER = "__base__"  # in a mixed batch's adapter_names: the row runs through the host alone (peft's name)
 
 # observer(wrapper, attn_out, skip_out): both (..., N, d), the two terms the wrapper adds, before the add
@@ -189,7 +190,9 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.block_index = block_index
         self.part = part
         self.seam_check = seam_check
-        self.values_aside = False  # set by the injection while modules_to_save keep other adapters' values aside
+        # set by the injection when it trains modules_to_save in place: the host's modules hold the active adapter's
+        # values, the other adapters' and the base's wait aside (a layer alone can neither switch nor mix them)
+        self.values_aside = False
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
@@ -391,6 +394,13 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             raise ValueError(
                 f"forward(adapter_names=...): {unknown} are not adapters of this layer "
                 f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
+            )
+        others = sorted(set(adapter_names) - set(self.active_adapters))
+        if self.values_aside and others:
+            raise ValueError(
+                f"forward(adapter_names=...): rows of {others} would run through the modules_to_save of the active "
+                f"adapter {self.active_adapters[0]!r} (this injection trains them in place, one value for the whole "
+                "batch); run each adapter's rows as their own batch after set_adapter"
             )
         if getattr(self.base_layer, "batch_first", True) is False:  # nn.MultiheadAttention's (N, B, d) layout
             raise ValueError(

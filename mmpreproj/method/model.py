@@ -25,8 +25,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from peft.tuners.tuners_utils import BaseTuner, _delete_auxiliary_adapter, set_requires_grad
-from peft.utils.other import _set_adapter
+from peft.tuners.tuners_utils import BaseTuner, set_requires_grad
 from torch import nn
 
 from .adapters import (
@@ -43,9 +42,18 @@ from .config import ADAPTER_FORMAT, PreProjConfig
 from .convert import model_keys
 from .file_check import DIGEST_KEY, HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names, weights_digest
 from .files import describe_for_save, injection_of
-from .layer import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, PreProjAttention
+from .layer import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, TUNER_PREFIX, PreProjAttention
 from .load_check import check_added_record, check_record_fits, check_transformers_load
-from .state import active_name, injected_modules, injected_owner, is_injected, loaded_adapters, owner_prefix
+from .state import (
+    active_name,
+    check_adapter_name,
+    injected_modules,
+    injected_owner,
+    is_injected,
+    loaded_adapters,
+    named_adapter,
+    owner_prefix,
+)
 from .state_dict import (
     SLOTS,
     adapter_tensors_from_state_dict,
@@ -76,7 +84,7 @@ LOW_CPU_MODULES_TO_SAVE_REFUSED = (
 class PreProjModel(BaseTuner):
     """peft tuner: pre-projection + content skip at every selected attention block (arXiv 2604.10791)."""
 
-    prefix: str = "preproj"  # every slot name starts with it (peft's and transformers' key handling)
+    prefix: str = TUNER_PREFIX  # every slot name starts with it (peft's and transformers' key handling)
     tuner_layer_cls = PreProjAttention
     target_module_mapping: dict[str, list[str]] = {}
 
@@ -270,18 +278,20 @@ class PreProjModel(BaseTuner):
 
     # -- adapters ------------------------------------------------------------------------------------
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
-        """Make one loaded adapter the one that runs (`adapters.switch_adapter`); it trains unless `inference_mode`,
-        and the others are frozen (peft's rule, as for LoRA). peft's loop calls it at its end with the adapters
-        already active: in a first injection the flags are then the plan's (`_mark_only_adapters_as_trainable`),
-        after an addition nothing changes (the added one waits, frozen)."""
+        """Make one loaded adapter the one that runs: `peft.functional.set_adapter` over the model (every wrapper
+        and peft's head wrappers, as `BaseTuner.set_adapter`), after our checks and the `modules_to_save` values'
+        swap (`adapters.switch_adapter`); it trains unless `inference_mode`, and the others are frozen (peft's rule,
+        as for LoRA). peft's loop calls it at its end with the adapters already active: in a first injection the
+        flags are then the plan's (`_mark_only_adapters_as_trainable`), after an addition nothing changes (the
+        added one waits, frozen)."""
         if self._addition is not None:
             return
         names = [adapter_name] if isinstance(adapter_name, str) else list(adapter_name)
         if len(names) != 1:
             raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
-        switch_adapter(self.model, names[0], trains=None if self._injection is not None else not inference_mode)
+        trains = None if self._injection is not None else not inference_mode
+        switch_adapter(self.model, names[0], trains=trains, scope=self.model)
         self.active_adapter = names[0]
-        _set_adapter(self.model, names[0], inference_mode=inference_mode)  # peft's head wrappers, as BaseTuner does
         if inference_mode:
             self.set_requires_grad(names[0], requires_grad=False)
 
@@ -305,19 +315,21 @@ class PreProjModel(BaseTuner):
         set_requires_grad(self.model, names, requires_grad=requires_grad)  # peft's head wrappers (ours: no-ops)
 
     def delete_adapter(self, adapter_name: str) -> None:
-        """peft's `delete_adapter`: the active adapter hands over to the first of the others by name, which then
-        trains (peft's rule, with peft's warning); the last one is refused (`unload` removes it)."""
+        """peft's `delete_adapter`, through `peft.functional.delete_adapter` over the model (the wrappers and peft's
+        head wrappers, `adapters.remove_adapter`): the active adapter hands over to the first of the others by
+        name, which then trains (peft's rule, with peft's warning); the last one is refused (`unload` removes it).
+        A name not loaded is refused before anything changes."""
         owner, _ = injected_owner(self.model, "delete_adapter")
-        others = sorted(n for n in loaded_adapters(owner) if n != adapter_name)
-        if adapter_name == active_name(owner) and others:
+        name, _ = named_adapter(owner, check_adapter_name(adapter_name))
+        others = sorted(n for n in loaded_adapters(owner) if n != name)
+        if name == active_name(owner) and others:
             warnings.warn(
-                f"Adapter {adapter_name} was active which is now deleted. Setting active adapter to {others[0]}.",
+                f"Adapter {name} was active which is now deleted. Setting active adapter to {others[0]}.",
                 stacklevel=2,
             )
             self.set_adapter(others[0])
-        remove_adapter(self.model, adapter_name)
-        self.peft_config.pop(adapter_name, None)
-        _delete_auxiliary_adapter(self.model, adapter_name, new_active_adapters=self.active_adapters)
+        remove_adapter(self.model, name, scope=self.model)
+        self.peft_config.pop(name, None)
 
     def disable_adapter_layers(self) -> None:
         self._enable_adapter_layers(False)

@@ -200,3 +200,32 @@ def test_a_mixed_batch_through_a_sequence_first_attention_is_refused_not_misread
     wrapper(x, x, x, need_weights=False)  # a plain forward runs
     with pytest.raises(ValueError, match=r"batch_first=False\) takes the batch in dim 1"):
         wrapper(x, x, x, need_weights=False, adapter_names=["default", "__base__", "default"])
+
+
+@pytest.mark.parametrize("route", ["inject", "peft"])
+def test_a_mixed_batch_is_refused_while_modules_to_save_train_in_place(route, tmp_path):
+    """Our `modules_to_save` are the host's own modules, holding the active adapter's values: a row of another
+    adapter or of the base would run through them, silently wrong, so a mix is refused; one name for every row
+    (the active one) still runs."""
+    cfg = dict(modules_to_save=["lm_head"])
+    other = mmpreproj.inject(BUILDERS["gpt_neox"](), PreProjConfig(**cfg))
+    with torch.no_grad():
+        other.lm_head.weight.mul_(2.0)
+    mmpreproj.save_adapter(other, tmp_path / "b")
+    base = BUILDERS["gpt_neox"]()
+    model = (
+        mmpreproj.inject(base, PreProjConfig(**cfg))
+        if route == "inject"
+        else get_peft_model(base, PreProjConfig(**cfg))
+    )
+    model.eval()
+    ids = tokens(batch=2)[0]
+    with torch.no_grad():
+        want = model(ids).logits
+        assert torch.equal(model(ids, adapter_names=["default", "default"]).logits, want)
+        with pytest.raises(ValueError, match=r"rows of \['__base__'\] would run through the modules_to_save"):
+            model(ids, adapter_names=["default", "__base__"])
+        mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+        with pytest.raises(ValueError, match=r"rows of \['b'\] would run through the modules_to_save of the active"):
+            model(ids, adapter_names=["b", "default"])
+        assert torch.equal(model(ids).logits, want)

@@ -145,3 +145,57 @@ def test_a_layer_switch_that_would_leave_modules_to_save_behind_is_refused(tmp_p
     assert mmpreproj.active_adapter(model) == "default" and torch.equal(_logits(model), before)
     mmpreproj.set_adapter(model, "b")
     assert torch.all(model.gpt_neox.final_layer_norm.weight == 3.0)
+
+
+def test_the_peft_model_switch_runs_peft_functional_and_moves_modules_to_save(tmp_path):
+    """`PeftModel.set_adapter` / `delete_adapter` are `peft.functional`'s over the tuner's model: its per-layer
+    switch, which each layer refuses alone while the `modules_to_save` values wait aside, runs after the values'
+    swap; the values follow the active adapter, through a switch and a delete of the active one."""
+    cfg = dict(modules_to_save=["gpt_neox.final_layer_norm"])
+    other = mmpreproj.inject(tiny_neox(), PreProjConfig(**cfg))
+    with torch.no_grad():
+        other.gpt_neox.final_layer_norm.weight.fill_(3.0)
+    mmpreproj.save_adapter(other, tmp_path / "b")
+    model = peft.get_peft_model(tiny_neox(), PreProjConfig(**cfg))
+    norm = model.get_base_model().gpt_neox.final_layer_norm.weight
+    first = norm.detach().clone()
+    mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+    with pytest.raises(ValueError, match=r"modules_to_save in place"):
+        pf.set_adapter(model, "b")  # a layer alone still refuses
+    model.set_adapter("b")
+    assert model.active_adapter == mmpreproj.active_adapter(model) == "b" and torch.all(norm == 3.0)
+    assert all(p.requires_grad for p in _weights(model, "preproj", "b").values()) and norm.requires_grad
+    assert not any(p.requires_grad for p in _weights(model, "preproj", "default").values())
+    with pytest.warns(UserWarning, match="Adapter b was active which is now deleted"):
+        model.delete_adapter("b")
+    assert mmpreproj.adapter_names(model) == ["default"] and torch.equal(norm, first)
+    assert not _weights(model, "preproj", "b") and model.active_adapter == "default"
+
+
+class _Outer(torch.nn.Module):
+    """A host one level down, under an attribute whose name holds peft's prefix ("preproj")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preproj_host = tiny_neox()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.preproj_host(ids).logits
+
+
+def test_delete_reaches_wrappers_whose_path_holds_peft_prefix():
+    """`peft.functional.delete_adapter` skips every module whose path holds the method's prefix; the tuner's
+    delete still takes the adapter out of such wrappers (nothing of it left in the state dict)."""
+    part = {
+        "name": "language",
+        "blocks": "preproj_host.gpt_neox.layers",
+        "attention": "attention",
+        "norm": "input_layernorm",
+        "call": {"inputs": [[0, "hidden_states"]], "output_index": 0},
+    }
+    host = {"name": "outer_neox", "parts": [part]}
+    model = peft.get_peft_model(_Outer(), PreProjConfig(host=host), adapter_name="a")
+    model.add_adapter("b", PreProjConfig(host=host))
+    assert any(".b." in k for k in model.state_dict())
+    model.delete_adapter("b")
+    assert mmpreproj.adapter_names(model) == ["a"] and not any(".b." in k for k in model.state_dict())
