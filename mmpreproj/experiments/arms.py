@@ -43,16 +43,23 @@ def arm_key(cfg: TrainConfig | None, eval_settings: dict[str, Any]) -> dict[str,
     return json.loads(json.dumps({"train": train_part, "eval": eval_settings}, default=str))
 
 
-def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved `{"row", "items"}` of a finished arm with this `key`, else None."""
-    path = Path(arm_dir) / ARM_FILE
-    if not path.is_file():
-        return None
+def read_record(path: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved `{"key", "row", "items", ...}` at `path` when its key is `key`, else None (missing or torn)."""
     try:
-        saved = json.loads(path.read_text())
-    except (ValueError, RecursionError):  # torn or garbage (not UTF-8, nested too deeply): computed again
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):  # garbage (not UTF-8, nested too deeply): computed again
         return None
     return saved if isinstance(saved, dict) and saved.get("key") == key else None
+
+
+def write_record(path: str | Path, key: dict[str, Any], row: dict[str, Any], items: dict[str, Any], **extra) -> None:
+    """Write a finished step's `{"key", "row", "items", ...}`, what `read_record` reads back under `key`."""
+    write_json(path, {"key": key, "row": row, "items": items, **extra})
+
+
+def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved `{"row", "items"}` of a finished arm with this `key`, else None."""
+    return read_record(Path(arm_dir) / ARM_FILE, key)
 
 
 def run_arm(
@@ -70,7 +77,7 @@ def run_arm(
     fresh = (arm_dir / ARM_FILE).is_file()
     row, items = compute(fresh)
     arm_dir.mkdir(parents=True, exist_ok=True)
-    write_json(arm_dir / ARM_FILE, {"key": key, "row": row, "items": items})
+    write_record(arm_dir / ARM_FILE, key, row, items)
     (arm_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
     return row, items, False
 
@@ -102,23 +109,6 @@ def eval_arm(
     return flat, items
 
 
-def baseline_arm(
-    out: Path,
-    model_id: str,
-    base: nn.Module,
-    eval_key: dict[str, Any],
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
-) -> dict[str, Any]:
-    """The untrained base's row (`out/baseline`, read back when finished with the same `eval_key`)."""
-
-    def baseline(fresh: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        row, its = run_eval(base)
-        return {"method": "baseline", "params": 0, **row}, its
-
-    row, _, _ = run_arm(out / "baseline", {"model": model_id, **eval_key}, baseline)
-    return row
-
-
 def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> tuple[nn.Module, dict[str, Any]]:
     """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`, or unless the run
     stopped before its first checkpoint: then it starts over); writes the run folder's `loss_curve.png`. Returns
@@ -148,42 +138,6 @@ def skip_rows(model: nn.Module, row: dict[str, Any], ratio_batches: Callable[[],
     """Add routing ratios `||W_skip x~|| / ||attn_out||` to `row` for a model with a skip."""
     if "skip_norms" in row and ratio_batches is not None:
         row["routing_ratios"] = list(routing_ratios(model, ratio_batches()).values())
-
-
-def _train_and_eval(
-    cfg: TrainConfig,
-    base: nn.Module,
-    tokenizer,
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
-    title: str,
-    *,
-    fresh: bool,
-    ratio_batches: Callable[[], Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An arm's `compute`: train `cfg` (`train_arm`), evaluate, add the routing ratios (with `ratio_batches`),
-    write the loss curve titled `title`; returns (row, per-item scores)."""
-    model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-    metrics, its = run_eval(model)
-    row.update(metrics)
-    skip_rows(model, row, ratio_batches)
-    finish_curve(Path(cfg.out), row, cfg.steps, title)
-    return row, its
-
-
-def _run_or_diverged(
-    arm_dir: Path,
-    key: dict[str, Any],
-    compute: Callable[[bool], tuple[dict[str, Any], dict[str, Any]]],
-    facts: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """`run_arm`, where a diverged point (NaN loss) is a result, not a crash of the study: its row is `facts`
-    with no PPL and the error, not recorded (computed again next time)."""
-    try:
-        return run_arm(arm_dir, key, compute)
-    except Exception as err:
-        if type(err).__name__ != "NonFiniteLossError":
-            raise
-        return {**facts, "ppl.ppl": None, "diverged": str(err)}, {}, False
 
 
 def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:

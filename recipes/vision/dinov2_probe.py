@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))  # the repository root: `recipes.kit`
 import mmpreproj  # noqa: E402
 from mmpreproj.analysis import routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data import asset_path  # noqa: E402
-from mmpreproj.experiments.study import LR_LADDER, _claim, _next_lr  # noqa: E402
+from mmpreproj.experiments.runner import LR_LADDER, claim, next_lr  # noqa: E402
 from recipes.kit import environment, fit_classifier, load_image_zip, parse_config  # noqa: E402
 from recipes.kit.backbones import Backbone, BackboneUnavailable, load_backbone  # noqa: E402
 from recipes.smollm2.table2 import commit  # noqa: E402
@@ -367,7 +367,7 @@ def search(start: tuple[float, ...], heldout: dict[float, float | None], max_ext
             return missing, None
         tried = {lr: heldout[lr] for lr in sorted(lrs)}
         if len(lrs) - len(start) < max_extend:
-            nxt = _next_lr({lr: None if v is None else -v for lr, v in tried.items()})  # it minimises
+            nxt = next_lr({lr: None if v is None else -v for lr, v in tried.items()})  # it minimises
             if nxt is not None:
                 lrs.append(nxt)
                 continue
@@ -616,7 +616,7 @@ def work(cfg: Config, data: dict, on_finish: Callable[[Cell], None]) -> list[str
         if not cells:
             return ran
         for cell in cells:
-            with _claim(Path(cfg.runs) / ".claims" / cell.id) as mine:
+            with claim(Path(cfg.runs) / ".claims" / cell.id) as mine:
                 if not mine:
                     continue
                 done = cell not in plan(cfg)  # finished by another worker meanwhile
