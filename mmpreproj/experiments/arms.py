@@ -1,7 +1,10 @@
 """One arm of an experiment (a method, a seed, a learning rate): train on a copy of the base, evaluate,
 record the result in `arm_dir/eval.json`, and read it back instead of recomputing when it is already there.
 
-    row, reused = run_arm(arm_dir, key, compute)
+    row, items, reused = run_arm(arm_dir, key, compute)
+
+Every step of every experiment is recorded as `{"key", "row", "items"}` (`write_record`) and read back only under
+the same key (`read_record`); `runner.ArmRunner` is the arm the experiments run.
 
 `key` holds every setting the numbers depend on (the training config less the fields that do not change
 them, the evaluation settings); a saved result whose key differs is recomputed, so changing a setting never
@@ -19,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ..analysis import plot_loss_curve, routing_ratios, skip_norms
+from ..analysis import skip_norms
 from ..eval import evaluate
 from ..method.estimate import trainable_report
 from ..train import get_preset, train
@@ -134,12 +137,6 @@ def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> t
     return model, row
 
 
-def skip_rows(model: nn.Module, row: dict[str, Any], ratio_batches: Callable[[], Any] | None) -> None:
-    """Add routing ratios `||W_skip x~|| / ||attn_out||` to `row` for a model with a skip."""
-    if "skip_norms" in row and ratio_batches is not None:
-        row["routing_ratios"] = list(routing_ratios(model, ratio_batches()).values())
-
-
 def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
     """The rows' own train + eval wall seconds, summed."""
     return sum(_arm_seconds(r) for r in rows)
@@ -148,12 +145,6 @@ def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
 def _arm_seconds(row: dict[str, Any]) -> float:
     """One row's train + eval wall seconds."""
     return (row.get("train_wall_seconds") or 0) + (row.get("eval_seconds") or 0)
-
-
-def finish_curve(run_dir: str | Path, row: dict[str, Any], steps: int, title: str) -> None:
-    """The run folder's loss curve with the held-out mean row loss at the last step (when measured)."""
-    held = row.get("ppl.mean_loss")
-    plot_loss_curve(run_dir, heldout=(steps, held) if held is not None else None, title=title)
 
 
 def preset_grid(

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from mmpreproj_tables.tables import BUDGET_METHODS, DEFAULT_BUDGETS
 from mmpreproj_tables.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
 
@@ -39,7 +37,7 @@ from ..train.presets import ppl_split_for
 from ..train.sizes import sizes_for_budget
 from .arms import _compute_seconds, read_arm
 from .report_md import format_budget_table
-from .runner import ArmRunner, best_lr, doubling_step, search_lrs
+from .runner import ArmRunner, best_lr, doubling_step, point_config, search_lrs
 from .sweep import SWEEP_EVAL
 
 log = logging.getLogger("mmpreproj.budget")
@@ -85,23 +83,23 @@ def budget_study(
     runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
     dim, layers = host_shape(runner.base)
     per_rank = lora_per_rank(runner.base)
-    seed_list = [base_cfg.seed + i for i in range(seeds)]
     t0 = time.time()
     base_row, _, _ = runner.baseline(out, base_cfg.model)
-    study = _Search(
-        preset=preset,
-        out=out,
-        overrides=overrides,
-        base_cfg=base_cfg,
-        runner=runner,
-        seed_methods=seed_methods,
-        seeds=seeds,
-        max_extend=max_extend,
-        progress=progress,
-        read_only=read_only,
-        t0=t0,
-        state=_first_state(preset, command, runner.base, (dim, layers), base_row, seed_list, settings["ppl_split"]),
-    )
+    state = {  # what budget.json holds before the first point: the setting, the host's shape and the baseline
+        "preset": preset,
+        "command": command,
+        "dim": dim,
+        "layers": layers,
+        "base_params": sum(p.numel() for p in runner.base.parameters()),
+        "baseline": base_row,
+        "seeds": [base_cfg.seed + i for i in range(seeds)],
+        "ppl_split": settings["ppl_split"],
+        "points": [],
+        "unreachable": [],
+        "not_run": [],
+        "reused": 0,
+    }
+    study = _Search(preset, out, overrides, base_cfg, runner, seed_methods, max_extend, progress, read_only, t0, state)
     for b in budgets:
         target = round(b * study.state["base_params"])
         for method in methods:
@@ -134,33 +132,6 @@ def _checked_seed_methods(
     return seed_methods
 
 
-def _first_state(
-    preset: str,
-    command: str | None,
-    base: nn.Module,
-    shape: tuple[int, int],
-    base_row: dict[str, Any],
-    seed_list: list[int],
-    ppl_split: str,
-) -> dict[str, Any]:
-    """What budget.json holds before the first point: the setting, the host's shape and the baseline."""
-    dim, layers = shape
-    return {
-        "preset": preset,
-        "command": command,
-        "dim": dim,
-        "layers": layers,
-        "base_params": sum(p.numel() for p in base.parameters()),
-        "baseline": base_row,
-        "seeds": seed_list,
-        "ppl_split": ppl_split,
-        "points": [],
-        "unreachable": [],
-        "not_run": [],
-        "reused": 0,
-    }
-
-
 @dataclass
 class _Search:
     """One study's points (trained, or read back into `state` and `items`) and the LR search over them."""
@@ -171,7 +142,6 @@ class _Search:
     base_cfg: TrainConfig
     runner: ArmRunner
     seed_methods: list[str]
-    seeds: int
     max_extend: int
     progress: bool
     read_only: bool
@@ -214,25 +184,16 @@ class _Search:
 
     def _config(self, label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> TrainConfig:
         """The point's training config: the preset, the overrides, then the point's method, LR, seed and sizes."""
-        return get_preset(
-            self.preset,
-            **{
-                **self.overrides,
-                "method": method,
-                "lr": lr,
-                "seed": seed,
-                **sizes,
-                "out": str(self.out / label / method / f"lr-{lr:g}-seed-{seed}"),
-                "progress": self.progress,
-            },
-        )
+        run = self.out / label / method / f"lr-{lr:g}-seed-{seed}"
+        point = dict(method=method, lr=lr, seed=seed, **sizes)
+        return point_config(self.preset, self.overrides, run, progress=self.progress, **point)
 
     def write(self) -> None:
         """budget.json, report.md and the figures of what the study has reached."""
-        _write(self.out, self.state, self.items, self.base_cfg, self.seeds, time.time() - self.t0)
+        _write(self.out, self.state, self.items, self.base_cfg, time.time() - self.t0)
 
 
-def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> list[dict[str, Any]]:
+def _summary(state: dict[str, Any], items: dict[tuple, dict]) -> list[dict[str, Any]]:
     """One row per (budget, method): sizes, params, LRs tried, best LR, PPL over seeds, interval against LoRA."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in state["points"]:
@@ -283,8 +244,9 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
     return rows
 
 
-def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg, seeds: int, seconds: float) -> None:
-    rows = _summary(state, items, seeds)
+def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg: TrainConfig, seconds: float) -> None:
+    """budget.json, report.md, pareto.png and lr-<budget>.png of what the study has reached."""
+    rows = _summary(state, items)
     compute_s = _compute_seconds(state["points"])
     doc = {k: v for k, v in state.items() if k != "points"}
     doc.update(seconds=seconds, compute_seconds=compute_s, summary=rows, points=state["points"])

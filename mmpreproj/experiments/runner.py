@@ -23,9 +23,10 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from ..train import load_model_and_tokenizer
+from ..analysis import plot_loss_curve, routing_ratios
+from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
-from .arms import arm_key, eval_arm, finish_curve, run_arm, skip_rows, train_arm
+from .arms import arm_key, eval_arm, run_arm, train_arm
 
 LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
 DOUBLING_BOUNDS = (1e-5, 0.5)  # a search by 2x steps never leaves these
@@ -93,6 +94,11 @@ def search_lrs(
             return tried, False
         tried[nxt] = row.get(metric)
     return tried, settled
+
+
+def point_config(preset: str, overrides: dict[str, Any], out: Path, *, progress: bool, **point: Any) -> TrainConfig:
+    """The preset under `overrides`, then the point's own fields (method, lr, seed, sizes), run folder `out`."""
+    return get_preset(preset, **{**overrides, **point, "out": str(out), "progress": progress})
 
 
 @contextlib.contextmanager
@@ -219,8 +225,10 @@ class ArmRunner:
             model, row = train_arm(cfg, self.base, self.tokenizer, fresh=fresh)
             metrics, items = self.evaluate(model)
             row.update(metrics)
-            skip_rows(model, row, self.ratio_batches)
-            finish_curve(Path(cfg.out), row, cfg.steps, title)
+            if "skip_norms" in row and self.ratio_batches is not None:  # ||W_skip x~|| / ||attn_out||
+                row["routing_ratios"] = list(routing_ratios(model, self.ratio_batches()).values())
+            held = row.get("ppl.mean_loss")  # the held-out mean row loss at the last step, when measured
+            plot_loss_curve(cfg.out, heldout=(cfg.steps, held) if held is not None else None, title=title)
             return row, items
 
         try:

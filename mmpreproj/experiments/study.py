@@ -43,11 +43,12 @@ from ..eval import evaluate
 from ..method.load import load_adapter
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.checkpoint import CHECKPOINT_NAME
+from ..train.config import TrainConfig
 from ..train.errors import NonFiniteLossError
 from ..train.methods import host_shape, lora_per_rank
 from ..train.sizes import sizes_for_budget
 from .arms import arm_key, read_record, train_arm, write_record
-from .runner import Scores, best_lr, claim, next_lr, search_lrs, work_through
+from .runner import Scores, best_lr, claim, next_lr, point_config, search_lrs, work_through
 
 log = logging.getLogger("mmpreproj.study")
 
@@ -144,19 +145,10 @@ class Study:
         self.base_cfg = get_preset(preset, **self.overrides)
         self.seeds = [self.base_cfg.seed + i for i in range(max(g.seeds for g in self.groups))]
 
-    def cfg(self, step: Step):
-        return get_preset(
-            self.preset,
-            **{
-                **self.overrides,
-                "method": step.group.method,
-                "lr": step.lr,
-                "seed": step.seed,
-                **dict(step.group.sizes),
-                "out": str(self.runs / step.arm),
-                "progress": False,
-            },
-        )
+    def cfg(self, step: Step) -> TrainConfig:
+        sizes = dict(step.group.sizes)
+        point = dict(method=step.group.method, lr=step.lr, seed=step.seed, **sizes)
+        return point_config(self.preset, self.overrides, self.runs / step.arm, progress=False, **point)
 
     def select_key(self, step: Step) -> dict[str, Any]:
         return arm_key(self.cfg(step), {**self.select_eval, "model": self.base_cfg.model})

@@ -93,8 +93,9 @@ def _write(
     reused: int,
     command: str | None,
 ) -> None:
-    """sweep.md, sweep.json, lr_sweep.png and report.md under `out`."""
-    baseline_ppl = base_row.get("ppl.ppl")
+    """sweep.md, sweep.json, lr_sweep.png (each method's PPL against the LR, with the paper's and the preset's LR
+    marked) and report.md under `out`."""
+    baseline_ppl, ppl_split, preset_lr = base_row.get("ppl.ppl"), settings["ppl_split"], get_preset(preset).lr
     table = format_sweep_table(points, baseline_ppl)
     (out / "sweep.md").write_text(table + "\n")
     compute_s = _compute_seconds(r for by_lr in points.values() for r in by_lr.values())
@@ -109,45 +110,14 @@ def _write(
         "points": {m: {f"{lr:g}": r for lr, r in p.items()} for m, p in points.items()},
     }
     (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(out, preset, points, baseline_ppl, base_cfg, settings["ppl_split"])
-    report = _report_lines(preset, table, base_cfg, settings["ppl_split"], seconds, compute_s, reused, command)
-    (out / "report.md").write_text("\n".join(report))
-
-
-def _plot(
-    out: Path,
-    preset: str,
-    points: dict[str, dict[float, dict[str, Any]]],
-    baseline_ppl: float | None,
-    base_cfg: TrainConfig,
-    ppl_split: str,
-) -> None:
-    """lr_sweep.png: each method's PPL against the LR, with the paper's and the preset's LR marked."""
-    series = {
-        m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()
-    }
-    marks = {"paper's LR (1e-5)": 1e-5, f"preset's LR ({get_preset(preset).lr:g})": get_preset(preset).lr}
     plot_lr_sweep(
-        series,
+        {m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()},
         out / "lr_sweep.png",
         baseline=baseline_ppl,
-        marks=marks,
+        marks={"paper's LR (1e-5)": 1e-5, f"preset's LR ({preset_lr:g})": preset_lr},
         title=f"{preset}: final line PPL ({ppl_split}) vs peak LR, {base_cfg.steps} steps, seed {base_cfg.seed}",
     )
-
-
-def _report_lines(
-    preset: str,
-    table: str,
-    base_cfg: TrainConfig,
-    ppl_split: str,
-    seconds: float,
-    compute_s: float,
-    reused: int,
-    command: str | None,
-) -> list[str]:
-    """The lines of report.md."""
-    return [
+    report = [
         f"# Learning-rate sweep: {preset}",
         "",
         f"Command: `{command or 'mmpreproj sweep --preset ' + preset}`",
@@ -167,3 +137,4 @@ def _report_lines(
         "Each point's run folder (`<method>/lr-<lr>/`) holds its `loss_curve.png`.",
         "",
     ]
+    (out / "report.md").write_text("\n".join(report))
