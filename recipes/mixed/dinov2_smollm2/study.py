@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from mmpreproj.data.assets import asset_path
-from mmpreproj.experiments.arms import read_record
+from mmpreproj.experiments.arms import read_record, write_record
 from mmpreproj.experiments.runner import claim, work_through
 from mmpreproj.experiments.study import SELECT_FILE, Step, Study, plan
 from mmpreproj.train.runlog import write_json
@@ -240,17 +240,14 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
             )
         except NonFiniteLoss as err:
             row.update({"diverged": str(err), "select.ppl": None})
-            write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": row, "items": {}})
+            write_record(arm_dir / SELECT_FILE, s.select_key(step), row, {})
             return
         save_arm(arm, folder)
         res = score(
             arm, enc, data.feats["train"], data.heldout[g.task], batch=cfg.eval_batch, times=times, kind="select"
         )
         row.update({"select.ppl": res["answer_ppl"], "select.acc": res["acc"], "final_loss": _tail_mean(losses)})
-        write_json(
-            arm_dir / SELECT_FILE,
-            {"key": s.select_key(step), "row": row, "items": {"select": res["items"]}, "losses": losses},
-        )
+        write_record(arm_dir / SELECT_FILE, s.select_key(step), row, {"select": res["items"]}, losses=losses)
         trained.clear()
         trained[step.arm] = arm
         return
@@ -263,14 +260,8 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
     test = data.test[g.task]
     res = score(arm, enc, data.feats["test"], test, batch=cfg.eval_batch, times=times, kind="test", with_loss=False)
     items = {**res["items"], "answer": [it.answer for it in test]}
-    write_json(
-        arm_dir / FULL_FILE,
-        {
-            "key": s.full_key(step),
-            "row": {"test.acc": res["acc"], "device": device_name(next(base.parameters()).device)},
-            "items": {"test": items},
-        },
-    )
+    row = {"test.acc": res["acc"], "device": device_name(next(base.parameters()).device)}
+    write_record(arm_dir / FULL_FILE, s.full_key(step), row, {"test": items})
 
 
 def device_name(device: torch.device) -> str:
