@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from mmpreproj.experiments import study as study_mod
-from mmpreproj.experiments.study import LR_LADDER, Group, _claim, _next_lr, study
+from mmpreproj.experiments.runner import LR_LADDER, claim, next_lr
+from mmpreproj.experiments.study import Group, study
 from mmpreproj.experiments.study_report import write_report
 from recipes.smollm2 import gpu_table2
 from tests.helpers.gguf_tiny import write_tiny_llama_gguf
@@ -25,22 +26,22 @@ def tiny_gguf(tmp_path, monkeypatch):
 
 
 def test_next_lr_walks_the_ladder_past_an_edge():
-    assert _next_lr({1e-3: 10.0, 3e-3: 12.0}) == 3e-4  # best at the low edge: one rung lower
-    assert _next_lr({1e-3: 12.0, 3e-3: 10.0}) == 1e-2  # best at the high edge: one rung higher
-    assert _next_lr({3e-4: 11.0, 1e-3: 10.0, 3e-3: 12.0}) is None  # inside: settled
-    assert _next_lr({1e-3: None, 3e-3: None}) == 3e-4  # every LR diverged: go lower
-    assert _next_lr({LR_LADDER[0]: 1.0, LR_LADDER[1]: 2.0}) is None  # the ladder ends
+    assert next_lr({1e-3: 10.0, 3e-3: 12.0}) == 3e-4  # best at the low edge: one rung lower
+    assert next_lr({1e-3: 12.0, 3e-3: 10.0}) == 1e-2  # best at the high edge: one rung higher
+    assert next_lr({3e-4: 11.0, 1e-3: 10.0, 3e-3: 12.0}) is None  # inside: settled
+    assert next_lr({1e-3: None, 3e-3: None}) == 3e-4  # every LR diverged: go lower
+    assert next_lr({LR_LADDER[0]: 1.0, LR_LADDER[1]: 2.0}) is None  # the ladder ends
 
 
 def test_claim_is_exclusive_and_a_dead_workers_claim_is_taken(tmp_path):
-    with _claim(tmp_path / "a") as first:
+    with claim(tmp_path / "a") as first:
         assert first
-        with _claim(tmp_path / "a") as second:
+        with claim(tmp_path / "a") as second:
             assert not second  # held by a live process (this one)
     assert not (tmp_path / "a" / ".claim").exists()  # released
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / ".claim").write_text(f"{socket.gethostname()} 999999999")  # no such pid
-    with _claim(tmp_path / "b") as mine:
+    with claim(tmp_path / "b") as mine:
         assert mine
 
 

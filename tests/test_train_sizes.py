@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from mmpreproj.experiments.arms import arm_key
-from mmpreproj.experiments.budget import _next_lr, budget_study
+from mmpreproj.experiments.budget import budget_study
+from mmpreproj.experiments.runner import doubling_step, next_lr
 from mmpreproj.train import get_preset
 from mmpreproj.train.sizes import budget_params, sizes_for_budget, sizes_for_method
 from mmpreproj_tables.values import parse_budgets
@@ -78,11 +80,12 @@ def test_parse_budgets_and_the_lr_search_step():
     for bad in ("0", "1.5", "x", "0.1,0.1", ","):
         with pytest.raises(ValueError, match="budgets"):
             parse_budgets(bad)
-    assert _next_lr({1e-3: 10.0, 2e-3: 9.0, 4e-3: 8.0}) == 8e-3  # best at the top edge: 2x up
-    assert _next_lr({1e-3: 8.0, 2e-3: 9.0}) == 5e-4  # at the bottom edge: 2x down
-    assert _next_lr({1e-3: 9.0, 2e-3: 8.0, 4e-3: None}) is None  # inside (a diverged neighbour counts as tried)
-    assert _next_lr({1e-3: None, 2e-3: None}) == 5e-4  # all diverged: lower
-    assert _next_lr({0.4: 9.0, 0.2: 10.0}) is None  # 0.8 is past the search's bound
+    two_x = functools.partial(next_lr, step=doubling_step)  # the budget search's step: 2x past an edge
+    assert two_x({1e-3: 10.0, 2e-3: 9.0, 4e-3: 8.0}) == 8e-3  # best at the top edge: 2x up
+    assert two_x({1e-3: 8.0, 2e-3: 9.0}) == 5e-4  # at the bottom edge: 2x down
+    assert two_x({1e-3: 9.0, 2e-3: 8.0, 4e-3: None}) is None  # inside (a diverged neighbour counts as tried)
+    assert two_x({1e-3: None, 2e-3: None}) == 5e-4  # all diverged: lower
+    assert two_x({0.4: 9.0, 0.2: 10.0}) is None  # 0.8 is past the search's bound
 
 
 def test_budget_study_end_to_end(tiny_model_dir, tmp_path):

@@ -1,7 +1,10 @@
 """One arm of an experiment (a method, a seed, a learning rate): train on a copy of the base, evaluate,
 record the result in `arm_dir/eval.json`, and read it back instead of recomputing when it is already there.
 
-    row, reused = run_arm(arm_dir, key, compute)
+    row, items, reused = run_arm(arm_dir, key, compute)
+
+Every step of every experiment is recorded as `{"key", "row", "items"}` (`write_record`) and read back only under
+the same key (`read_record`); `runner.ArmRunner` is the arm the experiments run.
 
 `key` holds every setting the numbers depend on (the training config less the fields that do not change
 them, the evaluation settings); a saved result whose key differs is recomputed, so changing a setting never
@@ -19,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ..analysis import plot_loss_curve, routing_ratios, skip_norms
+from ..analysis import skip_norms
 from ..eval import evaluate
 from ..method.estimate import trainable_report
 from ..train import get_preset, train
@@ -43,16 +46,23 @@ def arm_key(cfg: TrainConfig | None, eval_settings: dict[str, Any]) -> dict[str,
     return json.loads(json.dumps({"train": train_part, "eval": eval_settings}, default=str))
 
 
-def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved `{"row", "items"}` of a finished arm with this `key`, else None."""
-    path = Path(arm_dir) / ARM_FILE
-    if not path.is_file():
-        return None
+def read_record(path: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved `{"key", "row", "items", ...}` at `path` when its key is `key`, else None (missing or torn)."""
     try:
-        saved = json.loads(path.read_text())
-    except (ValueError, RecursionError):  # torn or garbage (not UTF-8, nested too deeply): computed again
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):  # garbage (not UTF-8, nested too deeply): computed again
         return None
     return saved if isinstance(saved, dict) and saved.get("key") == key else None
+
+
+def write_record(path: str | Path, key: dict[str, Any], row: dict[str, Any], items: dict[str, Any], **extra) -> None:
+    """Write a finished step's `{"key", "row", "items", ...}`, what `read_record` reads back under `key`."""
+    write_json(path, {"key": key, "row": row, "items": items, **extra})
+
+
+def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved `{"row", "items"}` of a finished arm with this `key`, else None."""
+    return read_record(Path(arm_dir) / ARM_FILE, key)
 
 
 def run_arm(
@@ -70,7 +80,7 @@ def run_arm(
     fresh = (arm_dir / ARM_FILE).is_file()
     row, items = compute(fresh)
     arm_dir.mkdir(parents=True, exist_ok=True)
-    write_json(arm_dir / ARM_FILE, {"key": key, "row": row, "items": items})
+    write_record(arm_dir / ARM_FILE, key, row, items)
     (arm_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
     return row, items, False
 
@@ -102,23 +112,6 @@ def eval_arm(
     return flat, items
 
 
-def baseline_arm(
-    out: Path,
-    model_id: str,
-    base: nn.Module,
-    eval_key: dict[str, Any],
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
-) -> dict[str, Any]:
-    """The untrained base's row (`out/baseline`, read back when finished with the same `eval_key`)."""
-
-    def baseline(fresh: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        row, its = run_eval(base)
-        return {"method": "baseline", "params": 0, **row}, its
-
-    row, _, _ = run_arm(out / "baseline", {"model": model_id, **eval_key}, baseline)
-    return row
-
-
 def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> tuple[nn.Module, dict[str, Any]]:
     """Train `cfg` on a deep copy of `base` (resuming a checkpoint in `cfg.out` unless `fresh`, or unless the run
     stopped before its first checkpoint: then it starts over); writes the run folder's `loss_curve.png`. Returns
@@ -144,48 +137,6 @@ def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> t
     return model, row
 
 
-def skip_rows(model: nn.Module, row: dict[str, Any], ratio_batches: Callable[[], Any] | None) -> None:
-    """Add routing ratios `||W_skip x~|| / ||attn_out||` to `row` for a model with a skip."""
-    if "skip_norms" in row and ratio_batches is not None:
-        row["routing_ratios"] = list(routing_ratios(model, ratio_batches()).values())
-
-
-def _train_and_eval(
-    cfg: TrainConfig,
-    base: nn.Module,
-    tokenizer,
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
-    title: str,
-    *,
-    fresh: bool,
-    ratio_batches: Callable[[], Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An arm's `compute`: train `cfg` (`train_arm`), evaluate, add the routing ratios (with `ratio_batches`),
-    write the loss curve titled `title`; returns (row, per-item scores)."""
-    model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-    metrics, its = run_eval(model)
-    row.update(metrics)
-    skip_rows(model, row, ratio_batches)
-    finish_curve(Path(cfg.out), row, cfg.steps, title)
-    return row, its
-
-
-def _run_or_diverged(
-    arm_dir: Path,
-    key: dict[str, Any],
-    compute: Callable[[bool], tuple[dict[str, Any], dict[str, Any]]],
-    facts: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """`run_arm`, where a diverged point (NaN loss) is a result, not a crash of the study: its row is `facts`
-    with no PPL and the error, not recorded (computed again next time)."""
-    try:
-        return run_arm(arm_dir, key, compute)
-    except Exception as err:
-        if type(err).__name__ != "NonFiniteLossError":
-            raise
-        return {**facts, "ppl.ppl": None, "diverged": str(err)}, {}, False
-
-
 def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
     """The rows' own train + eval wall seconds, summed."""
     return sum(_arm_seconds(r) for r in rows)
@@ -194,12 +145,6 @@ def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
 def _arm_seconds(row: dict[str, Any]) -> float:
     """One row's train + eval wall seconds."""
     return (row.get("train_wall_seconds") or 0) + (row.get("eval_seconds") or 0)
-
-
-def finish_curve(run_dir: str | Path, row: dict[str, Any], steps: int, title: str) -> None:
-    """The run folder's loss curve with the held-out mean row loss at the last step (when measured)."""
-    held = row.get("ppl.mean_loss")
-    plot_loss_curve(run_dir, heldout=(steps, held) if held is not None else None, title=title)
 
 
 def preset_grid(

@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from torch import nn
 
 from mmpreproj_tables.tables import BUDGET_METHODS, DEFAULT_BUDGETS
 from mmpreproj_tables.values import check_lrs, parse_budgets  # light: the command checks --budgets with them
@@ -33,13 +30,14 @@ from mmpreproj_tables.values import check_lrs, parse_budgets  # light: the comma
 from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto
 from ..analysis.stats import compare, mean_std
-from ..train import get_preset, load_model_and_tokenizer
+from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import host_shape, lora_per_rank
 from ..train.presets import ppl_split_for
 from ..train.sizes import sizes_for_budget
-from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm
+from .arms import _compute_seconds, read_arm
 from .report_md import format_budget_table
+from .runner import ArmRunner, best_lr, doubling_step, point_config, search_lrs
 from .sweep import SWEEP_EVAL
 
 log = logging.getLogger("mmpreproj.budget")
@@ -52,24 +50,6 @@ START_LRS: Mapping[str, tuple[float, ...]] = {
     "preproj": (5e-3, 1e-2, 2e-2),
     "skip": (1.5e-2, 3e-2, 6e-2),
 }
-LR_BOUNDS = (1e-5, 0.5)  # the search never leaves these
-
-
-def _next_lr(tried: Mapping[float, float | None]) -> float | None:
-    """The next LR (2x past an edge) while the best finite PPL is at an edge of `tried`; None once it is inside."""
-    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
-    lrs = sorted(tried)
-    if not ok:  # all diverged: go lower
-        nxt = lrs[0] / 2
-    else:
-        best = min(ok, key=ok.get)
-        if best == lrs[0]:
-            nxt = best / 2
-        elif best == lrs[-1]:
-            nxt = best * 2
-        else:
-            return None
-    return nxt if LR_BOUNDS[0] <= nxt <= LR_BOUNDS[1] else None
 
 
 def budget_study(
@@ -99,35 +79,27 @@ def budget_study(
     overrides = dict(train_overrides or {})
     base_cfg = get_preset(preset, **overrides)
     settings = dict(SWEEP_EVAL, ppl_split=ppl_split_for(preset), **(eval_settings or {}))
-    eval_key = {**settings, "protocol": "paper", "data_source": data_source}
     out.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = load_model_and_tokenizer(base_cfg)
-    dim, layers = host_shape(base)
-    per_rank = lora_per_rank(base)
-    seed_list = [base_cfg.seed + i for i in range(seeds)]
+    runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
+    dim, layers = host_shape(runner.base)
+    per_rank = lora_per_rank(runner.base)
     t0 = time.time()
-
-    def run_eval(model):
-        return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
-
-    base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
-    study = _Search(
-        preset=preset,
-        out=out,
-        overrides=overrides,
-        base_cfg=base_cfg,
-        base=base,
-        tokenizer=tokenizer,
-        run_eval=run_eval,
-        eval_key=eval_key,
-        seed_methods=seed_methods,
-        seeds=seeds,
-        max_extend=max_extend,
-        progress=progress,
-        read_only=read_only,
-        t0=t0,
-        state=_first_state(preset, command, base, (dim, layers), base_row, seed_list, settings["ppl_split"]),
-    )
+    base_row, _, _ = runner.baseline(out, base_cfg.model)
+    state = {  # what budget.json holds before the first point: the setting, the host's shape and the baseline
+        "preset": preset,
+        "command": command,
+        "dim": dim,
+        "layers": layers,
+        "base_params": sum(p.numel() for p in runner.base.parameters()),
+        "baseline": base_row,
+        "seeds": [base_cfg.seed + i for i in range(seeds)],
+        "ppl_split": settings["ppl_split"],
+        "points": [],
+        "unreachable": [],
+        "not_run": [],
+        "reused": 0,
+    }
+    study = _Search(preset, out, overrides, base_cfg, runner, seed_methods, max_extend, progress, read_only, t0, state)
     for b in budgets:
         target = round(b * study.state["base_params"])
         for method in methods:
@@ -160,33 +132,6 @@ def _checked_seed_methods(
     return seed_methods
 
 
-def _first_state(
-    preset: str,
-    command: str | None,
-    base: nn.Module,
-    shape: tuple[int, int],
-    base_row: dict[str, Any],
-    seed_list: list[int],
-    ppl_split: str,
-) -> dict[str, Any]:
-    """What budget.json holds before the first point: the setting, the host's shape and the baseline."""
-    dim, layers = shape
-    return {
-        "preset": preset,
-        "command": command,
-        "dim": dim,
-        "layers": layers,
-        "base_params": sum(p.numel() for p in base.parameters()),
-        "baseline": base_row,
-        "seeds": seed_list,
-        "ppl_split": ppl_split,
-        "points": [],
-        "unreachable": [],
-        "not_run": [],
-        "reused": 0,
-    }
-
-
 @dataclass
 class _Search:
     """One study's points (trained, or read back into `state` and `items`) and the LR search over them."""
@@ -195,12 +140,8 @@ class _Search:
     out: Path
     overrides: dict[str, Any]
     base_cfg: TrainConfig
-    base: nn.Module
-    tokenizer: Any
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]]
-    eval_key: dict[str, Any]
+    runner: ArmRunner
     seed_methods: list[str]
-    seeds: int
     max_extend: int
     progress: bool
     read_only: bool
@@ -209,51 +150,31 @@ class _Search:
     items: dict[tuple, dict] = field(default_factory=dict)
 
     def search(self, label: str, method: str, sizes: dict[str, Any], first: Sequence[float]) -> None:
-        """Search the LR from `first` on the first seed, train the other seeds at the best one, rewrite the report."""
-        tried = self._tried(label, method, sizes, first)
+        """Search the LR from `first` on the first seed (2x steps past an edge), train the other seeds at the best
+        one, rewrite the report."""
+        seed = self.state["seeds"][0]
+        point = lambda lr: self.point(label, method, sizes, lr, seed)  # noqa: E731
+        tried, _ = search_lrs(first, point, "ppl.ppl", max_extend=self.max_extend, step=doubling_step)
         if not tried:  # read_only, nothing finished
             self.state["not_run"].append(f"{label} {method}")
             return
-        ok = {lr: v for lr, v in tried.items() if v is not None}
-        if ok and method in self.seed_methods:
-            best = min(ok, key=ok.get)
+        best = best_lr(tried)
+        if best is not None and method in self.seed_methods:
             for seed in self.state["seeds"][1:]:
                 self.point(label, method, sizes, best, seed)
         self.write()
 
-    def _tried(
-        self, label: str, method: str, sizes: dict[str, Any], first: Sequence[float]
-    ) -> dict[float, float | None]:
-        """{LR: PPL} of the first seed at `first`, then 2x past the edge where the best is (`max_extend` times)."""
-        seed = self.state["seeds"][0]
-        tried: dict[float, float | None] = {}
-        for lr in first:
-            row = self.point(label, method, sizes, lr, seed)
-            if row is not None:
-                tried[lr] = row.get("ppl.ppl")
-        for _ in range(self.max_extend if tried else 0):
-            nxt = _next_lr(tried)
-            row = None if nxt is None else self.point(label, method, sizes, nxt, seed)
-            if row is None:
-                break
-            tried[nxt] = row.get("ppl.ppl")
-        return tried
-
     def point(self, label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> dict[str, Any] | None:
         """The point's row (trained, or read back); None when `read_only` and it has not finished."""
         cfg = self._config(label, method, sizes, lr, seed)
-        title = f"{method} {sizes}, LR {lr:g}, seed {seed}"
-
-        def compute(fresh: bool):
-            if self.read_only:
-                raise _NotRun
-            return _train_and_eval(cfg, self.base, self.tokenizer, self.run_eval, title, fresh=fresh)
-
-        facts = {"method": method, "lr": lr, "seed": seed}
-        try:
-            row, its, reused = _run_or_diverged(Path(cfg.out), arm_key(cfg, self.eval_key), compute, facts)
-        except _NotRun:
-            return None
+        if self.read_only:
+            saved = read_arm(cfg.out, self.runner.key(cfg))
+            if saved is None:
+                return None
+            row, its, reused = saved["row"], saved.get("items", {}), True
+        else:
+            title = f"{method} {sizes}, LR {lr:g}, seed {seed}"
+            row, its, reused = self.runner.arm(cfg, title, diverged={"method": method, "lr": lr, "seed": seed})
         self.state["reused"] += reused
         row = {**row, "budget": label, "sizes": sizes}
         self.state["points"].append(row)
@@ -263,29 +184,16 @@ class _Search:
 
     def _config(self, label: str, method: str, sizes: dict[str, Any], lr: float, seed: int) -> TrainConfig:
         """The point's training config: the preset, the overrides, then the point's method, LR, seed and sizes."""
-        return get_preset(
-            self.preset,
-            **{
-                **self.overrides,
-                "method": method,
-                "lr": lr,
-                "seed": seed,
-                **sizes,
-                "out": str(self.out / label / method / f"lr-{lr:g}-seed-{seed}"),
-                "progress": self.progress,
-            },
-        )
+        run = self.out / label / method / f"lr-{lr:g}-seed-{seed}"
+        point = dict(method=method, lr=lr, seed=seed, **sizes)
+        return point_config(self.preset, self.overrides, run, progress=self.progress, **point)
 
     def write(self) -> None:
         """budget.json, report.md and the figures of what the study has reached."""
-        _write(self.out, self.state, self.items, self.base_cfg, self.seeds, time.time() - self.t0)
+        _write(self.out, self.state, self.items, self.base_cfg, time.time() - self.t0)
 
 
-class _NotRun(Exception):
-    """A point `read_only` found unfinished."""
-
-
-def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> list[dict[str, Any]]:
+def _summary(state: dict[str, Any], items: dict[tuple, dict]) -> list[dict[str, Any]]:
     """One row per (budget, method): sizes, params, LRs tried, best LR, PPL over seeds, interval against LoRA."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in state["points"]:
@@ -294,8 +202,7 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
     for (label, method), pts in groups.items():
         first = state["seeds"][0]
         curve = {r["lr"]: r.get("ppl.ppl") for r in pts if r["seed"] == first}
-        ok = {lr: v for lr, v in curve.items() if v is not None}
-        best = min(ok, key=ok.get) if ok else None
+        best = best_lr(curve)
         at_best = {r["seed"]: r["ppl.ppl"] for r in pts if r["lr"] == best and r.get("ppl.ppl") is not None}
         mean, std, n = mean_std(list(at_best.values())) if at_best else (None, None, 0)
         params = next((r.get("params") for r in pts if r.get("params")), None)
@@ -337,8 +244,9 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict], seeds: int) -> lis
     return rows
 
 
-def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg, seeds: int, seconds: float) -> None:
-    rows = _summary(state, items, seeds)
+def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg: TrainConfig, seconds: float) -> None:
+    """budget.json, report.md, pareto.png and lr-<budget>.png of what the study has reached."""
+    rows = _summary(state, items)
     compute_s = _compute_seconds(state["points"])
     doc = {k: v for k, v in state.items() if k != "points"}
     doc.update(seconds=seconds, compute_seconds=compute_s, summary=rows, points=state["points"])

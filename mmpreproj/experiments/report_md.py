@@ -8,6 +8,7 @@ from typing import Any
 
 from ..analysis.stats import Comparison
 from .paper import PAPER_TABLE2, TABLE_METRICS
+from .runner import best_lr
 
 METRIC_LABELS = {
     "lambada.acc": "LAMBADA acc",
@@ -104,8 +105,7 @@ def format_sweep_table(points: Mapping[str, Mapping[float, Mapping[str, Any]]], 
     ]
     for method, by_lr in points.items():
         ppl = {lr: by_lr[lr].get("ppl.ppl") for lr in lrs if lr in by_lr}
-        ok = {lr: v for lr, v in ppl.items() if v is not None}
-        best = min(ok, key=ok.get) if ok else None
+        best = best_lr(ppl)
         cells = ["n/a" if ppl.get(lr) is None else f"{ppl[lr]:.1f}" for lr in lrs]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {'n/a' if best is None else f'{best:g}'} |")
     if baseline is not None:

@@ -33,12 +33,12 @@ from ..analysis.plot import read_losses
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from ..data import wikitext_lines
 from ..method.config import PreProjConfig
-from ..train import get_preset, load_model_and_tokenizer
+from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS
-from .arms import _arm_seconds, _compute_seconds, _train_and_eval, arm_key, eval_arm, preset_grid, run_arm
+from .arms import _arm_seconds, _compute_seconds, preset_grid
 from .paper import PAPER_TABLE2
 from .report_md import (
     METRIC_LABELS,
@@ -48,6 +48,7 @@ from .report_md import (
     format_summary_table,
     noise_sentences,
 )
+from .runner import ArmRunner
 
 log = logging.getLogger("mmpreproj.reproduce")
 
@@ -185,34 +186,18 @@ def reproduce(
     seed_list = parse_seeds(seeds, base_cfg.seed)
     cfgs = preset_grid(preset, out, methods, "seed", seed_list, train_overrides or {}, progress)
     out.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = load_model_and_tokenizer(base_cfg)
-    device = next(base.parameters()).device
-    eval_key = {**settings, "protocol": protocol, "data_source": data_source}
+    runner = ArmRunner.open(base_cfg, settings, data_source=data_source, protocol=protocol, progress=progress)
+    device = next(runner.base.parameters()).device
     texts = _ratio_texts(data_source, settings["ppl_split"])
+    runner.ratio_batches = lambda: _ratio_batches(runner.tokenizer, texts, base_cfg.max_len, device)
     t0 = time.time()
-
-    def run_eval(model):
-        return eval_arm(model, tokenizer, settings, data_source=data_source, protocol=protocol, progress=progress)
-
-    def baseline(fresh: bool):
-        row, its = run_eval(base)
-        return {"method": "baseline", "seed": None, "params": 0, **row}, its
-
-    def ratio_batches():
-        return _ratio_batches(tokenizer, texts, base_cfg.max_len, device)
-
-    row, its, reused = run_arm(out / "baseline", {"model": base_cfg.model, **eval_key}, baseline)
+    row, its, reused = runner.baseline(out, base_cfg.model, seed=None)
     log.info("baseline: %s", "read back" if reused else "evaluated")
     rows, items, reused_arms = [row], {("baseline", None): its}, []
     for seed in seed_list:
         for method in methods:
             cfg = cfgs[(seed, method)]
-            title = f"{cfg.method}, seed {cfg.seed}, LR {cfg.lr:g}"
-
-            def compute(fresh: bool, cfg=cfg, title=title):
-                return _train_and_eval(cfg, base, tokenizer, run_eval, title, fresh=fresh, ratio_batches=ratio_batches)
-
-            row, its, reused = run_arm(Path(cfg.out), arm_key(cfg, eval_key), compute)
+            row, its, reused = runner.arm(cfg, f"{cfg.method}, seed {cfg.seed}, LR {cfg.lr:g}")
             if reused:
                 reused_arms.append(f"{method}/seed-{seed}")
             log.info("%s seed %d: %s", method, seed, "read back" if reused else "trained and evaluated")
@@ -227,7 +212,7 @@ def reproduce(
         seed_list,
         settings,
         base_cfg,
-        base,
+        runner.base,
         seconds=time.time() - t0,
         reused=reused_arms,
         command=command,

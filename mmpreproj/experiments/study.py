@@ -24,14 +24,9 @@ arms at once. `study_report.write_report` reads back what is finished and writes
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 import logging
-import math
-import os
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,15 +42,16 @@ from ..data import wikitext_lines
 from ..eval import evaluate
 from ..method.load import load_adapter
 from ..train import get_preset, load_model_and_tokenizer
+from ..train.checkpoint import CHECKPOINT_NAME
+from ..train.config import TrainConfig
 from ..train.errors import NonFiniteLossError
 from ..train.methods import host_shape, lora_per_rank
-from ..train.runlog import write_json
 from ..train.sizes import sizes_for_budget
-from .arms import arm_key, train_arm
+from .arms import arm_key, read_record, train_arm, write_record
+from .runner import Scores, best_lr, claim, next_lr, point_config, search_lrs, work_through
 
 log = logging.getLogger("mmpreproj.study")
 
-LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
 SELECT_EVAL: dict[str, Any] = {"tasks": ["ppl"], "ppl_split": "heldout", "limit": None}
 FULL_EVAL: dict[str, Any] = {
     "tasks": ["ppl", "lambada", "hellaswag"],
@@ -63,7 +59,7 @@ FULL_EVAL: dict[str, Any] = {
     "limits": {"ppl": 300, "lambada": 500, "hellaswag": 200},
     "routing_rows": 32,
 }
-SELECT_FILE, FULL_FILE, CLAIM_FILE = "select.json", "full.json", ".claim"
+SELECT_FILE, FULL_FILE = "select.json", "full.json"
 
 
 @dataclass(frozen=True)
@@ -120,19 +116,6 @@ def table2_groups(base: nn.Module, *, budget: float = 0.01, seeds: int = 3) -> l
     ]
 
 
-def _next_lr(tried: dict[float, float | None]) -> float | None:
-    """The next ladder rung past an edge while the best finite held-out PPL is at an edge; None once inside."""
-    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
-    lrs = sorted(tried)
-    best = min(ok, key=ok.get) if ok else lrs[0]
-    if ok and lrs[0] < best < lrs[-1]:
-        return None
-    lower = best == lrs[0]
-    rung = min(range(len(LR_LADDER)), key=lambda i: abs(math.log(LR_LADDER[i] / best)))
-    nxt = rung - 1 if lower else rung + 1
-    return LR_LADDER[nxt] if 0 <= nxt < len(LR_LADDER) and LR_LADDER[nxt] not in tried else None
-
-
 class Study:
     """Where a study's files are, and what is finished (everything read from disk on each call)."""
 
@@ -162,19 +145,10 @@ class Study:
         self.base_cfg = get_preset(preset, **self.overrides)
         self.seeds = [self.base_cfg.seed + i for i in range(max(g.seeds for g in self.groups))]
 
-    def cfg(self, step: Step):
-        return get_preset(
-            self.preset,
-            **{
-                **self.overrides,
-                "method": step.group.method,
-                "lr": step.lr,
-                "seed": step.seed,
-                **dict(step.group.sizes),
-                "out": str(self.runs / step.arm),
-                "progress": False,
-            },
-        )
+    def cfg(self, step: Step) -> TrainConfig:
+        sizes = dict(step.group.sizes)
+        point = dict(method=step.group.method, lr=step.lr, seed=step.seed, **sizes)
+        return point_config(self.preset, self.overrides, self.runs / step.arm, progress=False, **point)
 
     def select_key(self, step: Step) -> dict[str, Any]:
         return arm_key(self.cfg(step), {**self.select_eval, "model": self.base_cfg.model})
@@ -185,30 +159,16 @@ class Study:
     def read(self, step: Step, kind: str | None = None) -> dict[str, Any] | None:
         kind = kind or step.kind
         key = self.select_key(step) if kind == "select" else self.full_key(step)
-        return _read(self.out / "arms" / step.arm / (SELECT_FILE if kind == "select" else FULL_FILE), key)
+        return read_record(self.out / "arms" / step.arm / (SELECT_FILE if kind == "select" else FULL_FILE), key)
 
     def selected(self, g: Group) -> tuple[dict[float, float | None], bool]:
         """(held-out PPL by LR on the first seed for the finished LRs, whether the search is settled)."""
-        tried, seed0 = {}, self.seeds[0]
-        lrs = list(g.start_lrs)
-        while True:
-            for lr in lrs:
-                if lr not in tried:
-                    done = self.read(Step("select", g, lr, seed0))
-                    if done is None:
-                        return tried, False
-                    tried[lr] = done["row"].get("select.ppl")
-            if len(tried) - len(g.start_lrs) >= self.max_extend:
-                return tried, True
-            nxt = _next_lr(tried)
-            if nxt is None:
-                return tried, True
-            lrs.append(nxt)
 
+        def point(lr: float) -> dict[str, Any] | None:
+            done = self.read(Step("select", g, lr, self.seeds[0]))
+            return None if done is None else done["row"]
 
-def best_lr(tried: dict[float, float | None]) -> float | None:
-    ok = {lr: v for lr, v in tried.items() if v is not None and math.isfinite(v)}
-    return min(ok, key=ok.get) if ok else None
+        return search_lrs(g.start_lrs, point, "select.ppl", max_extend=self.max_extend)
 
 
 def plan(s: Study) -> Iterator[Step]:
@@ -222,7 +182,7 @@ def plan(s: Study) -> Iterator[Step]:
             if missing:
                 yield from (Step("select", g, lr, seed0) for lr in missing)
             else:
-                yield Step("select", g, _next_lr(tried), seed0)  # type: ignore[arg-type]
+                yield Step("select", g, next_lr(tried), seed0)  # type: ignore[arg-type]
             continue
         best = best_lr(tried)
         if best is None:
@@ -235,49 +195,6 @@ def plan(s: Study) -> Iterator[Step]:
                     break
 
 
-def _read(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
-    return saved if isinstance(saved, dict) and saved.get("key") == key else None
-
-
-@contextlib.contextmanager
-def _claim(folder: Path) -> Iterator[bool]:
-    """Hold `folder/.claim` (True), or False when a live process on this host holds it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path, me = folder / CLAIM_FILE, f"{socket.gethostname()} {os.getpid()}"
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            host, _, pid = path.read_text().partition(" ") if path.is_file() else ("", "", "")
-            if host == socket.gethostname() and pid.strip().isdigit() and not _alive(int(pid)):
-                path.unlink(missing_ok=True)  # a killed worker's claim
-                continue
-            yield False
-            return
-        os.write(fd, me.encode())
-        os.close(fd)
-        try:
-            yield True
-        finally:
-            path.unlink(missing_ok=True)
-        return
-    yield False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _routing_batches(tokenizer, max_len: int, n: int) -> list[dict[str, torch.Tensor]]:
     texts = [line for line in wikitext_lines("test") if len(line.strip()) > 50][:n]
     return [dict(tokenizer(t, return_tensors="pt", truncation=True, max_length=max_len)) for t in texts]
@@ -285,36 +202,36 @@ def _routing_batches(tokenizer, max_len: int, n: int) -> list[dict[str, torch.Te
 
 def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str, nn.Module]) -> None:
     """Do `step` and write its file. `trained` keeps this process's last trained model for its full step."""
-    arm_dir = s.out / "arms" / step.arm
-    cfg = s.cfg(step)
-    if step.kind == "select":
-        fresh = (arm_dir / SELECT_FILE).is_file()  # a result for other settings: start over, do not resume
-        try:
-            model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
-        except NonFiniteLossError as err:
-            row, items = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "diverged": str(err)}, {}
-            write_json(
-                arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": {**row, "select.ppl": None}, "items": items}
-            )
-            return
-        items: dict[str, Any] = {}
-        t0 = time.time()
-        res = evaluate(
-            model, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False, per_item=True
-        )["ppl"]
-        row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
-        row["select_seconds"] = time.time() - t0
-        items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
-        arm_dir.mkdir(parents=True, exist_ok=True)
-        for f in ("log.jsonl", "metrics.json"):
-            if (Path(cfg.out) / f).is_file():
-                shutil.copyfile(Path(cfg.out) / f, arm_dir / f)
-        plot_loss_curve(arm_dir, title=f"{step.group.label}, LR {step.lr:g}, seed {step.seed}")
-        write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": row, "items": items})
-        (Path(cfg.out) / "checkpoint.pt").unlink(missing_ok=True)
-        trained.clear()
-        trained[step.arm] = model
+    (_select_step if step.kind == "select" else _full_step)(s, step, base, tokenizer, trained)
+
+
+def _select_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str, nn.Module]) -> None:
+    """Train the arm and score held-out line PPL into select.json (a diverged arm: its facts, no PPL)."""
+    arm_dir, cfg = s.out / "arms" / step.arm, s.cfg(step)
+    fresh = (arm_dir / SELECT_FILE).is_file()  # a result for other settings: start over, do not resume
+    try:
+        model, row = train_arm(cfg, base, tokenizer, fresh=fresh)
+    except NonFiniteLossError as err:
+        row = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "diverged": str(err), "select.ppl": None}
+        write_record(arm_dir / SELECT_FILE, s.select_key(step), row, {})
         return
+    t0 = time.time()
+    metrics, items = _scores(model, tokenizer, "ppl", "select", limit=s.select_eval["limit"], ppl_split="heldout")
+    row.update(metrics, select_seconds=time.time() - t0)
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    for f in ("log.jsonl", "metrics.json"):
+        if (Path(cfg.out) / f).is_file():
+            shutil.copyfile(Path(cfg.out) / f, arm_dir / f)
+    plot_loss_curve(arm_dir, title=f"{step.group.label}, LR {step.lr:g}, seed {step.seed}")
+    write_record(arm_dir / SELECT_FILE, s.select_key(step), row, items)
+    (Path(cfg.out) / CHECKPOINT_NAME).unlink(missing_ok=True)
+    trained.clear()
+    trained[step.arm] = model
+
+
+def _full_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str, nn.Module]) -> None:
+    """The full evaluation of the arm's model (this process's, its saved adapter, or trained again) into full.json."""
+    cfg = s.cfg(step)
     model = trained.get(step.arm)
     if model is None and (Path(cfg.out) / "adapter").is_dir():
         model = load_adapter(copy.deepcopy(base), cfg.out)
@@ -327,46 +244,40 @@ def run_step(s: Study, step: Step, base: nn.Module, tokenizer, trained: dict[str
         batches = _routing_batches(tokenizer, s.base_cfg.max_len, s.full_eval["routing_rows"])
         row["routing_ratios"] = list(routing_ratios(model, batches).values())
     row["eval_seconds"] = time.time() - t0
-    write_json(arm_dir / FULL_FILE, {"key": s.full_key(step), "row": row, "items": items})
+    write_record(s.out / "arms" / step.arm / FULL_FILE, s.full_key(step), row, items)
 
 
-def _full_eval(model: nn.Module, tokenizer, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _scores(model: nn.Module, tokenizer, task: str, name: str, *, limit: int | None, ppl_split: str) -> Scores:
+    """One task's evaluation as (`{name.metric: value}`, `{name: per-item scores}`)."""
+    res = evaluate(model, tokenizer, [task], limit=limit, ppl_split=ppl_split, progress=False, per_item=True)[task]
+    return (
+        {f"{name}.{k}": v for k, v in res.items() if not isinstance(v, list)},
+        {name: {k: v for k, v in res.items() if isinstance(v, list)}},
+    )
+
+
+def _full_eval(model: nn.Module, tokenizer, settings: dict[str, Any]) -> Scores:
     """The full evaluation: line PPL on test rows, LAMBADA, HellaSwag (flat metrics, per-item scores)."""
     row: dict[str, Any] = {}
     items: dict[str, Any] = {}
     for task in settings["tasks"]:
-        res = evaluate(
-            model,
-            tokenizer,
-            [task],
-            limit=settings["limits"].get(task),
-            ppl_split=settings["ppl_split"],
-            progress=False,
-            per_item=True,
-        )[task]
-        row.update({f"{task}.{k}": v for k, v in res.items() if not isinstance(v, list)})
-        items[task] = {k: v for k, v in res.items() if isinstance(v, list)}
+        metrics, its = _scores(
+            model, tokenizer, task, task, limit=settings["limits"].get(task), ppl_split=settings["ppl_split"]
+        )
+        row.update(metrics)
+        items.update(its)
     return row, items
 
 
 def baseline(s: Study, base: nn.Module, tokenizer) -> None:
     """Evaluate the untrained base under both evaluations into `out/baseline.json` (unless finished)."""
-    key = baseline_key(s)
-    if _read(s.out / "baseline.json", key) is not None:
+    if read_baseline(s) is not None:
         return
-    row: dict[str, Any] = {"method": "baseline", "params": 0}
-    items: dict[str, Any] = {}
     t0 = time.time()
-    res = evaluate(
-        base, tokenizer, ["ppl"], ppl_split="heldout", limit=s.select_eval["limit"], progress=False, per_item=True
-    )["ppl"]
-    row.update({f"select.{k}": v for k, v in res.items() if not isinstance(v, list)})
-    items["select"] = {k: v for k, v in res.items() if isinstance(v, list)}
+    select, items = _scores(base, tokenizer, "ppl", "select", limit=s.select_eval["limit"], ppl_split="heldout")
     full, full_items = _full_eval(base, tokenizer, s.full_eval)
-    row.update(full)
-    items.update(full_items)
-    row["eval_seconds"] = time.time() - t0
-    write_json(s.out / "baseline.json", {"key": key, "row": row, "items": items})
+    row = {"method": "baseline", "params": 0, **select, **full, "eval_seconds": time.time() - t0}
+    write_record(s.out / "baseline.json", baseline_key(s), row, {**items, **full_items})
 
 
 def baseline_key(s: Study) -> dict[str, Any]:
@@ -374,7 +285,7 @@ def baseline_key(s: Study) -> dict[str, Any]:
 
 
 def read_baseline(s: Study) -> dict[str, Any] | None:
-    return _read(s.out / "baseline.json", baseline_key(s))
+    return read_record(s.out / "baseline.json", baseline_key(s))
 
 
 def open_study(
@@ -420,26 +331,23 @@ def study(
     base, tokenizer = load_model_and_tokenizer(base_cfg)
     s = open_study(preset, out, runs, base, groups=groups, max_extend=max_extend, overrides=overrides, limit=limit)
     s.out.mkdir(parents=True, exist_ok=True)
-    with _claim(s.runs / ".claims" / "baseline") as mine:
+    with claim(s.runs / ".claims" / "baseline") as mine:
         if mine and read_baseline(s) is None:
             baseline(s, base, tokenizer)
             if on_finish:
                 on_finish(None)
     trained: dict[str, nn.Module] = {}
-    while True:
-        steps = list(plan(s))
-        if not steps:
-            return s
-        for step in steps:
-            with _claim(s.runs / ".claims" / step.arm / step.kind) as mine:
-                if not mine:
-                    continue
-                if s.read(step) is not None:  # finished by another worker meanwhile
-                    break
-                log.info("%s %s", step.kind, step.arm)
-                run_step(s, step, base, tokenizer, trained)
-            if on_finish:
-                on_finish(step)
-            break
-        else:
-            time.sleep(poll_seconds)  # every runnable step is held by another worker
+
+    def run(step: Step) -> None:
+        log.info("%s %s", step.kind, step.arm)
+        run_step(s, step, base, tokenizer, trained)
+
+    work_through(
+        lambda: plan(s),
+        lambda step: s.runs / ".claims" / step.arm / step.kind,
+        lambda step: s.read(step) is not None,  # finished by another worker meanwhile
+        run,
+        on_finish=on_finish,
+        poll_seconds=poll_seconds,
+    )
+    return s

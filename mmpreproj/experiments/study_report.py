@@ -14,7 +14,8 @@ from typing import Any
 from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
 from .report_md import METRIC_LABELS, _comparison_rows, _figure_lines, format_comparisons, noise_sentences
-from .study import Step, Study, best_lr, read_baseline
+from .runner import best_lr
+from .study import Step, Study, read_baseline
 
 METRICS = ("lambada.acc", "lambada.ppl", "hellaswag.acc", "ppl.ppl")
 # The paper's Table 2 at Pythia-160M (500-sample evaluations, one run): relative changes over its baseline.

@@ -13,23 +13,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from torch import nn
 
 from mmpreproj_tables.tables import DEFAULT_LRS
 from mmpreproj_tables.values import check_lrs  # light: the command checks --lrs with the same rule
 
 from ..analysis import plot_lr_sweep
-from ..train import get_preset, load_model_and_tokenizer
+from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
 from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS
-from .arms import _compute_seconds, _run_or_diverged, _train_and_eval, arm_key, baseline_arm, eval_arm, preset_grid
+from .arms import _compute_seconds, preset_grid
 from .report_md import format_sweep_table
+from .runner import ArmRunner
 
 log = logging.getLogger("mmpreproj.sweep")
 
@@ -62,45 +61,23 @@ def lr_sweep(
     base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     cfgs = preset_grid(preset, out, methods, "lr", lrs, overrides, progress)
     out.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = load_model_and_tokenizer(base_cfg)
-    eval_key = {**settings, "protocol": "paper", "data_source": data_source}
+    runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
     t0 = time.time()
-
-    def run_eval(model):
-        return eval_arm(model, tokenizer, settings, data_source=data_source, protocol="paper", progress=progress)
-
-    base_row = baseline_arm(out, base_cfg.model, base, eval_key, run_eval)
+    base_row, _, _ = runner.baseline(out, base_cfg.model)
     points: dict[str, dict[float, dict[str, Any]]] = {}
     reused_n = 0
     for lr in lrs:  # LR-major: a sweep cut short still compares the methods at the LRs it reached
         for method in methods:
-            row, reused = _point(cfgs[(lr, method)], base, tokenizer, run_eval, eval_key)
+            cfg = cfgs[(lr, method)]
+            title = f"{cfg.method}, LR {cfg.lr:g}, seed {cfg.seed}"
+            row, _, reused = runner.arm(cfg, title, diverged={"method": cfg.method, "lr": cfg.lr})
+            log.info("%s lr %g: %s", cfg.method, cfg.lr, "read back" if reused else "trained and evaluated")
             reused_n += reused
             points.setdefault(method, {})[lr] = row
     points = {m: dict(sorted(points[m].items())) for m in methods}
     seconds = time.time() - t0
     _write(out, preset, lrs, points, base_row, base_cfg, settings, seconds=seconds, reused=reused_n, command=command)
     return points
-
-
-def _point(
-    cfg: TrainConfig,
-    base: nn.Module,
-    tokenizer,
-    run_eval: Callable[[nn.Module], tuple[dict[str, Any], dict[str, Any]]],
-    eval_key: dict[str, Any],
-) -> tuple[dict[str, Any], bool]:
-    """(row, reused) of one point: trained and evaluated, or read back; a diverged point's row says so."""
-    run_dir = Path(cfg.out)
-    title = f"{cfg.method}, LR {cfg.lr:g}, seed {cfg.seed}"
-
-    def compute(fresh: bool):
-        return _train_and_eval(cfg, base, tokenizer, run_eval, title, fresh=fresh)
-
-    facts = {"method": cfg.method, "lr": cfg.lr}
-    row, _, reused = _run_or_diverged(run_dir, arm_key(cfg, eval_key), compute, facts)
-    log.info("%s lr %g: %s", cfg.method, cfg.lr, "read back" if reused else "trained and evaluated")
-    return row, reused
 
 
 def _write(
@@ -116,8 +93,9 @@ def _write(
     reused: int,
     command: str | None,
 ) -> None:
-    """sweep.md, sweep.json, lr_sweep.png and report.md under `out`."""
-    baseline_ppl = base_row.get("ppl.ppl")
+    """sweep.md, sweep.json, lr_sweep.png (each method's PPL against the LR, with the paper's and the preset's LR
+    marked) and report.md under `out`."""
+    baseline_ppl, ppl_split, preset_lr = base_row.get("ppl.ppl"), settings["ppl_split"], get_preset(preset).lr
     table = format_sweep_table(points, baseline_ppl)
     (out / "sweep.md").write_text(table + "\n")
     compute_s = _compute_seconds(r for by_lr in points.values() for r in by_lr.values())
@@ -132,45 +110,14 @@ def _write(
         "points": {m: {f"{lr:g}": r for lr, r in p.items()} for m, p in points.items()},
     }
     (out / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(out, preset, points, baseline_ppl, base_cfg, settings["ppl_split"])
-    report = _report_lines(preset, table, base_cfg, settings["ppl_split"], seconds, compute_s, reused, command)
-    (out / "report.md").write_text("\n".join(report))
-
-
-def _plot(
-    out: Path,
-    preset: str,
-    points: dict[str, dict[float, dict[str, Any]]],
-    baseline_ppl: float | None,
-    base_cfg: TrainConfig,
-    ppl_split: str,
-) -> None:
-    """lr_sweep.png: each method's PPL against the LR, with the paper's and the preset's LR marked."""
-    series = {
-        m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()
-    }
-    marks = {"paper's LR (1e-5)": 1e-5, f"preset's LR ({get_preset(preset).lr:g})": get_preset(preset).lr}
     plot_lr_sweep(
-        series,
+        {m: [(lr, r["ppl.ppl"]) for lr, r in p.items() if r.get("ppl.ppl") is not None] for m, p in points.items()},
         out / "lr_sweep.png",
         baseline=baseline_ppl,
-        marks=marks,
+        marks={"paper's LR (1e-5)": 1e-5, f"preset's LR ({preset_lr:g})": preset_lr},
         title=f"{preset}: final line PPL ({ppl_split}) vs peak LR, {base_cfg.steps} steps, seed {base_cfg.seed}",
     )
-
-
-def _report_lines(
-    preset: str,
-    table: str,
-    base_cfg: TrainConfig,
-    ppl_split: str,
-    seconds: float,
-    compute_s: float,
-    reused: int,
-    command: str | None,
-) -> list[str]:
-    """The lines of report.md."""
-    return [
+    report = [
         f"# Learning-rate sweep: {preset}",
         "",
         f"Command: `{command or 'mmpreproj sweep --preset ' + preset}`",
@@ -190,3 +137,4 @@ def _report_lines(
         "Each point's run folder (`<method>/lr-<lr>/`) holds its `loss_curve.png`.",
         "",
     ]
+    (out / "report.md").write_text("\n".join(report))

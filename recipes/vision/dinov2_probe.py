@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))  # the repository root: `recipes.kit`
 import mmpreproj  # noqa: E402
 from mmpreproj.analysis import routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data import asset_path  # noqa: E402
-from mmpreproj.experiments.study import LR_LADDER, _claim, _next_lr  # noqa: E402
+from mmpreproj.experiments.runner import LR_LADDER, next_lr, work_through  # noqa: E402
 from recipes.kit import environment, fit_classifier, load_image_zip, parse_config  # noqa: E402
 from recipes.kit.backbones import Backbone, BackboneUnavailable, load_backbone  # noqa: E402
 from recipes.smollm2.table2 import commit  # noqa: E402
@@ -367,7 +367,7 @@ def search(start: tuple[float, ...], heldout: dict[float, float | None], max_ext
             return missing, None
         tried = {lr: heldout[lr] for lr in sorted(lrs)}
         if len(lrs) - len(start) < max_extend:
-            nxt = _next_lr({lr: None if v is None else -v for lr, v in tried.items()})  # it minimises
+            nxt = next_lr({lr: None if v is None else -v for lr, v in tried.items()})  # it minimises
             if nxt is not None:
                 lrs.append(nxt)
                 continue
@@ -611,26 +611,23 @@ class _Call(nn.Module):
 def work(cfg: Config, data: dict, on_finish: Callable[[Cell], None]) -> list[str]:
     """Run cells until none is left, waiting while other workers hold the last ones; the ids this one ran."""
     ran: list[str] = []
-    while True:
-        cells = list(plan(cfg))
-        if not cells:
-            return ran
-        for cell in cells:
-            with _claim(Path(cfg.runs) / ".claims" / cell.id) as mine:
-                if not mine:
-                    continue
-                done = cell not in plan(cfg)  # finished by another worker meanwhile
-                if not done:
-                    m = run_cell(cfg, cell, data)
-                    acc = m.get("heldout_accuracy", m.get("test_accuracy"))
-                    shown = "" if acc is None else f" acc {acc:.4f}"
-                    print(f"[{os.getpid()}] {cell.id}{shown} ({m['cell_seconds']:.0f} s)", flush=True)
-            if not done:
-                ran.append(cell.id)
-                on_finish(cell)
-            break
-        else:
-            time.sleep(cfg.poll_seconds)  # every runnable cell is held by another worker
+
+    def run(cell: Cell) -> None:
+        m = run_cell(cfg, cell, data)
+        acc = m.get("heldout_accuracy", m.get("test_accuracy"))
+        shown = "" if acc is None else f" acc {acc:.4f}"
+        print(f"[{os.getpid()}] {cell.id}{shown} ({m['cell_seconds']:.0f} s)", flush=True)
+        ran.append(cell.id)
+
+    work_through(
+        lambda: plan(cfg),
+        lambda cell: Path(cfg.runs) / ".claims" / cell.id,
+        lambda cell: cell not in plan(cfg),  # finished by another worker meanwhile
+        run,
+        on_finish=on_finish,
+        poll_seconds=cfg.poll_seconds,
+    )
+    return ran
 
 
 def collect(cfg: Config) -> dict:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mmpreproj.analysis.stats import compare, mean_std
-from mmpreproj.experiments.study import Step, best_lr
+from mmpreproj.experiments.runner import best_lr
+from mmpreproj.experiments.study import Step
 
 from .study import Group, VlmStudy
 from .tasks import WHERE

@@ -2,7 +2,7 @@
 
 It runs on the text study's planner (`mmpreproj.experiments.study`): `plan` orders the steps (LR search on the
 first seed, moving one rung of `LR_LADDER` past an edge; then every seed at the best LR, "select" then "full"),
-`Study.read` / `Study.selected` read finished steps back by key, `_claim` lets several processes share the work.
+`Study.read` / `Study.selected` read finished steps back by key, `runner.claim` lets several processes share the work.
 What differs is what a step does:
 
 - "select": train the arm at (LR, seed), save its projector and adapter under `runs`, score held-out items of
@@ -31,7 +31,9 @@ import torch
 from torch import nn
 
 from mmpreproj.data.assets import asset_path
-from mmpreproj.experiments.study import SELECT_FILE, Step, Study, _claim, _read, plan
+from mmpreproj.experiments.arms import read_record, write_record
+from mmpreproj.experiments.runner import claim, work_through
+from mmpreproj.experiments.study import SELECT_FILE, Step, Study, plan
 from mmpreproj.train.runlog import write_json
 from recipes.kit import load_image_zip
 
@@ -162,7 +164,7 @@ def load_data(cfg: Config, tower: nn.Module, runs: Path, out: Path) -> tuple[Dat
         images[split], labels[split], classes = load_image_zip(asset_path("cifar10", f"{split}.zip"), per_class)
     key = f"{cfg.tower}-{weights_digest(tower)}-s{cfg.size}-p{cfg.pool}"
     while True:  # one process computes; the others wait for its file
-        with _claim(runs / ".claims" / "features") as mine:
+        with claim(runs / ".claims" / "features") as mine:
             if mine:
                 t0 = time.process_time()
                 feats = cached_features(
@@ -174,7 +176,7 @@ def load_data(cfg: Config, tower: nn.Module, runs: Path, out: Path) -> tuple[Dat
                     pool=cfg.pool,
                     times=out / "features-times.jsonl",
                 )
-                if _read(out / "features.json", {"features": key}) is None:
+                if read_record(out / "features.json", {"features": key}) is None:
                     info = {
                         "images": {s: int(x.shape[0]) for s, x in images.items()},
                         "cpu_s": time.process_time() - t0,
@@ -238,17 +240,14 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
             )
         except NonFiniteLoss as err:
             row.update({"diverged": str(err), "select.ppl": None})
-            write_json(arm_dir / SELECT_FILE, {"key": s.select_key(step), "row": row, "items": {}})
+            write_record(arm_dir / SELECT_FILE, s.select_key(step), row, {})
             return
         save_arm(arm, folder)
         res = score(
             arm, enc, data.feats["train"], data.heldout[g.task], batch=cfg.eval_batch, times=times, kind="select"
         )
         row.update({"select.ppl": res["answer_ppl"], "select.acc": res["acc"], "final_loss": _tail_mean(losses)})
-        write_json(
-            arm_dir / SELECT_FILE,
-            {"key": s.select_key(step), "row": row, "items": {"select": res["items"]}, "losses": losses},
-        )
+        write_record(arm_dir / SELECT_FILE, s.select_key(step), row, {"select": res["items"]}, losses=losses)
         trained.clear()
         trained[step.arm] = arm
         return
@@ -261,14 +260,8 @@ def run_step(s: VlmStudy, step: Step, data: Data, base: nn.Module, tok, trained:
     test = data.test[g.task]
     res = score(arm, enc, data.feats["test"], test, batch=cfg.eval_batch, times=times, kind="test", with_loss=False)
     items = {**res["items"], "answer": [it.answer for it in test]}
-    write_json(
-        arm_dir / FULL_FILE,
-        {
-            "key": s.full_key(step),
-            "row": {"test.acc": res["acc"], "device": device_name(next(base.parameters()).device)},
-            "items": {"test": items},
-        },
-    )
+    row = {"test.acc": res["acc"], "device": device_name(next(base.parameters()).device)}
+    write_record(arm_dir / FULL_FILE, s.full_key(step), row, {"test": items})
 
 
 def device_name(device: torch.device) -> str:
@@ -311,23 +304,21 @@ def run(
         on_finish(None)
     s = open_study(cfg, out, runs, groups, key)
     trained: dict[str, Arm] = {}
-    while True:
-        steps = list(plan(s))
-        if not steps or (stop is not None and stop()):
-            return s
-        for step in steps:
-            with _claim(runs / ".claims" / step.arm / step.kind) as mine:
-                if not mine:
-                    continue
-                if s.read(step) is not None:  # finished by another worker meanwhile
-                    break
-                log.info("%s %s", step.kind, step.arm)
-                run_step(s, step, data, base, tok, trained, Times(s.arm_dir(step) / TIMES_FILE))
-            if on_finish:
-                on_finish(step)
-            break
-        else:
-            time.sleep(poll_seconds)  # every runnable step is held by another worker
+
+    def run_one(step: Step) -> None:
+        log.info("%s %s", step.kind, step.arm)
+        run_step(s, step, data, base, tok, trained, Times(s.arm_dir(step) / TIMES_FILE))
+
+    work_through(
+        lambda: plan(s),
+        lambda step: runs / ".claims" / step.arm / step.kind,
+        lambda step: s.read(step) is not None,  # finished by another worker meanwhile
+        run_one,
+        on_finish=on_finish,
+        poll_seconds=poll_seconds,
+        stop=stop,
+    )
+    return s
 
 
 def features_key(out: Path) -> str | None:
