@@ -174,8 +174,8 @@ def refuse_empty(tensors: dict[str, torch.Tensor], where: str) -> None:
     if empty is not None:
         raise ValueError(
             f"adapter weight {empty} is empty in {where} (DeepSpeed ZeRO-3 partitions hold no data outside a "
-            "gather): pass the consolidated state dict (engine._zero3_consolidated_16bit_state_dict(), or "
-            "accelerator.get_state_dict(engine), on every rank) as state_dict="
+            "gather): pass the consolidated state dict (accelerator.get_state_dict(engine), on every rank) "
+            "as state_dict="
         )
 
 
