@@ -107,3 +107,30 @@ def test_wrapper_forwards_plain_attribute_writes_to_the_wrapped_module():
     assert w.adapter_enabled is False and not hasattr(base, "adapter_enabled")
     x = torch.randn(2, 8)
     assert torch.equal(w(x), base(x))
+
+
+@pytest.mark.parametrize("compute_dtype", ["input", "float32"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda c: PreProjection(24, compute_dtype=c),
+        lambda c: ContentSkip(24, 0.1, compute_dtype=c),
+        lambda c: ContentSkip(24, 0.1, rank=4, compute_dtype=c),
+    ],
+    ids=["preproj", "skip", "skip_r4"],
+)
+def test_the_fp32_inference_path_computes_what_the_graph_path_does(make, compute_dtype):
+    """Under `no_grad` an fp32 module takes its short path (`compute.plain_float32`): bit-identical to the path that
+    builds a graph, and never taken under autocast (there the output is in autocast's dtype, as before)."""
+    torch.manual_seed(0)
+    m, x = make(compute_dtype), torch.randn(2, 5, 24)
+    with torch.no_grad():
+        short = m(x)
+    graph = m(x.clone().requires_grad_(True))
+    assert graph.requires_grad and torch.equal(short, graph.detach())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            short = m(x)
+        graph = m(x.clone().requires_grad_(True))
+    assert short.dtype == graph.dtype == (torch.bfloat16 if compute_dtype == "input" else torch.float32)
+    assert torch.equal(short, graph.detach())

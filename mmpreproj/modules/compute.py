@@ -23,6 +23,18 @@ def resolve_compute_dtype(mode: str, x: torch.Tensor, weight: torch.Tensor) -> t
     return x.dtype if mode == "input" else weight.dtype
 
 
+def plain_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a module computes `F.linear(x, weight)` as is, with no graph to build: input and weight float32, no
+    autocast, grad off (`generate`, `torch.no_grad`). Every compute mode gives that path there; the check is the
+    decode step's whole per-module cost (each skipped call is paid per block per token)."""
+    return (
+        x.dtype is torch.float32
+        and weight.dtype is torch.float32
+        and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu" if x.is_cpu else x.device.type)
+    )
+
+
 class WeightCasts:
     """A module's weights in a compute dtype.
 

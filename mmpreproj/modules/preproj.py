@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
+from .compute import COMPUTE_DTYPES, WeightCasts, plain_float32, resolve_compute_dtype
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 PREPROJ_INITS = ("paper", "identity")
@@ -86,6 +86,8 @@ class PreProjection(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., d) -> (..., d)
         w_up, w_down = self.up.weight, self.down.weight
+        if plain_float32(x, w_up):  # fp32 decode / inference: the lines below compute exactly this
+            return x + F.linear(self.act(F.linear(x, w_up)), w_down)
         if self.compute_dtype == "float32":  # the earlier behaviour, rounding included
             h = x.to(w_up.dtype) if not torch.is_autocast_enabled(x.device.type) else x
             return (h + self._delta(h, w_up, w_down)).to(x.dtype)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compute import COMPUTE_DTYPES, WeightCasts, resolve_compute_dtype
+from .compute import COMPUTE_DTYPES, WeightCasts, plain_float32, resolve_compute_dtype
 
 
 class ContentSkip(nn.Module):
@@ -87,7 +87,10 @@ class ContentSkip(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., d) -> (..., d)
         if self.rank is None:
-            ws = [self.proj.weight]
+            w = self.proj.weight
+            if plain_float32(x, w):  # fp32 decode / inference: the lines below compute exactly this
+                return F.linear(x, w)
+            ws = [w]
         else:
             ws = [self.down.weight, self.up.weight]  # (r, d) then (d, r): (..., d) -> (..., r) -> (..., d)
         if self.compute_dtype == "float32":  # the earlier behaviour
