@@ -72,7 +72,8 @@ test-floor: $(STAMP)
 PEFT_FLOOR ?= .peft-floor
 FLOOR_PEFT ?= 0.21.0
 PEFT_FLOOR_TESTS ?= tests/method/model/test_peft_tuner.py tests/method/model/test_peft_lifecycle.py tests/method/files/test_core_adapter_io.py \
-	tests/method/model/test_peft_as_lora.py tests/method/config/test_peft_registration_guard.py
+	tests/method/model/test_peft_as_lora.py tests/method/config/test_peft_registration_guard.py \
+	tests/method/model/test_peft_functional.py
 
 test-peft-floor: $(STAMP)
 	@if [ "$$($(PY) -c 'from importlib.metadata import version; print(version("peft"))')" = "$(FLOOR_PEFT)" ]; then \
