@@ -127,15 +127,21 @@ def test_our_record_follows_peft(route):
     assert mmpreproj.adapter_names(model) == ["a"] and mmpreproj.active_adapter(model) == "a"
 
 
-def test_a_layer_switch_that_would_leave_modules_to_save_behind_is_refused(tmp_path):
-    """Ours trains `modules_to_save` in place, each adapter's values kept aside while another runs, which peft's
-    per-layer switch cannot move: with two adapters it is refused naming the model's switch, nothing changed; the
-    model's switch moves them."""
+def _save_norm_adapter(folder) -> dict:
+    """Save to `folder` an adapter whose `modules_to_save` (the final norm) holds 3.0; returns its config's fields."""
     cfg = dict(modules_to_save=["gpt_neox.final_layer_norm"])
     other = mmpreproj.inject(tiny_neox(), PreProjConfig(**cfg))
     with torch.no_grad():
         other.gpt_neox.final_layer_norm.weight.fill_(3.0)
-    mmpreproj.save_adapter(other, tmp_path / "b")
+    mmpreproj.save_adapter(other, folder)
+    return cfg
+
+
+def test_a_layer_switch_that_would_leave_modules_to_save_behind_is_refused(tmp_path):
+    """Ours trains `modules_to_save` in place, each adapter's values kept aside while another runs, which peft's
+    per-layer switch cannot move: with two adapters it is refused naming the model's switch, nothing changed; the
+    model's switch moves them."""
+    cfg = _save_norm_adapter(tmp_path / "b")
     model = mmpreproj.inject(tiny_neox(), PreProjConfig(**cfg))
     pf.set_adapter(model, "default")  # one adapter: nothing to move, a no-op
     mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
@@ -151,11 +157,7 @@ def test_the_peft_model_switch_runs_peft_functional_and_moves_modules_to_save(tm
     """`PeftModel.set_adapter` / `delete_adapter` are `peft.functional`'s over the tuner's model: its per-layer
     switch, which each layer refuses alone while the `modules_to_save` values wait aside, runs after the values'
     swap; the values follow the active adapter, through a switch and a delete of the active one."""
-    cfg = dict(modules_to_save=["gpt_neox.final_layer_norm"])
-    other = mmpreproj.inject(tiny_neox(), PreProjConfig(**cfg))
-    with torch.no_grad():
-        other.gpt_neox.final_layer_norm.weight.fill_(3.0)
-    mmpreproj.save_adapter(other, tmp_path / "b")
+    cfg = _save_norm_adapter(tmp_path / "b")
     model = peft.get_peft_model(tiny_neox(), PreProjConfig(**cfg))
     norm = model.get_base_model().gpt_neox.final_layer_norm.weight
     first = norm.detach().clone()
