@@ -48,7 +48,7 @@ from ..util.io import set_new_file_modes
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
-from .state import STATE_ATTR
+from .state import STATE_ATTR, wrappers_aside
 from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
@@ -106,31 +106,22 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
     state = vars(model)[STATE_ATTR]
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, PreProjAttention)
-    ]
     live = {  # (name, param) -> tensor
         (name, k): v
         for name, path in state.modules_to_save.items()
         for k, v in get_path(model, path).state_dict().items()
     }
     kept = {k: v.detach().clone() for k, v in live.items()}
-    try:
-        for parent, name, wrapper in swaps:
-            setattr(parent, name, wrapper.base_layer)
-        with torch.no_grad():
-            for k, dst in live.items():
-                dst.copy_(state.saved_originals[f"{k[0]}.{k[1]}"])
-        yield model
-    finally:
-        with torch.no_grad():
-            for k, dst in live.items():
-                dst.copy_(kept[k])
-        for parent, name, wrapper in swaps:
-            setattr(parent, name, wrapper)
+    with wrappers_aside(model):
+        try:
+            with torch.no_grad():
+                for k, dst in live.items():
+                    dst.copy_(state.saved_originals[f"{k[0]}.{k[1]}"])
+            yield model
+        finally:
+            with torch.no_grad():
+                for k, dst in live.items():
+                    dst.copy_(kept[k])
 
 
 @contextlib.contextmanager
