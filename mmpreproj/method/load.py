@@ -59,6 +59,7 @@ from .state import check_adapter_name, injected_owner, is_injected, refuse_meta_
 from .state_dict import (
     SLOTS,
     check_tensors_match,
+    copy_adapter_weights,
     is_slot_key,
     rekeyed_by_block,
     saved_module_tensors,
@@ -100,12 +101,11 @@ def load_injection(
     check_saved_paths(desc, path)
     if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
         check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
+    config = PreProjConfig.from_dict(desc["config"])
     if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
-        config = PreProjConfig.from_dict(desc["config"])
         check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
         owner, _ = injected_owner(model, "load_adapter")
         return add_planned(model, plan_addition(owner, config, adapter_name, str(path), tensors=tensors))
-    config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
     host = saved_host(model, desc, path)
@@ -119,17 +119,12 @@ def load_injection(
     tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
     tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
-    injected = {k: v for k, v in expected.items() if is_slot_key(k)}
-    with torch.no_grad():
-        for k, dst in injected.items():
-            dst.copy_(tensors[k])
+    copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if is_slot_key(k)])
     apply_plan(model, plan)
     if restore_rope is not None:
         restore_rope()
-    with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
-        for k, dst in expected.items():
-            if k not in injected:
-                dst.copy_(tensors[k])
+    # base modules trained with the adapter: written once the originals are kept
+    copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if not is_slot_key(k)])
     if not is_trainable:
         for p in trainable_adapter_params(model):
             p.requires_grad_(False)
