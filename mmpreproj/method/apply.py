@@ -32,6 +32,7 @@ from .state import (
     InjectionState,
     adapter_params,
     adapter_trains,
+    attrs_set,
     injected_modules,
     injected_owners,
     is_injected,
@@ -266,15 +267,8 @@ def unload(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Run the host without its injected modules inside the block (weights stay in place)."""
-    wrappers = injected_modules(model)
-    before = [w.adapter_enabled for w in wrappers]
-    for w in wrappers:
-        w.adapter_enabled = False
-    try:
+    with attrs_set(injected_modules(model), "adapter_enabled", False):
         yield model
-    finally:
-        for w, flag in zip(wrappers, before):
-            w.adapter_enabled = flag
 
 
 def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:

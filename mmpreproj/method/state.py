@@ -124,6 +124,19 @@ def injected_modules(model: nn.Module) -> list[PreProjAttention]:
 
 
 @contextlib.contextmanager
+def attrs_set(objs: list[Any], attr: str, value: Any) -> Iterator[None]:
+    """Each of `objs` with `attr` set to `value` inside the block; each one's own value put back afterwards."""
+    before = [getattr(o, attr) for o in objs]
+    for o in objs:
+        setattr(o, attr, value)
+    try:
+        yield
+    finally:
+        for o, flag in zip(objs, before):
+            setattr(o, attr, flag)
+
+
+@contextlib.contextmanager
 def wrappers_aside(model: nn.Module) -> Iterator[None]:
     """Our wrappers out of `model` and back: each attention module (LoRA's layers inside) in its wrapper's place
     meanwhile, so a caller sees the model the wrappers were put on (its keys, its layers to visit); the wrappers
