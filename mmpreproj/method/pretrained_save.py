@@ -49,7 +49,7 @@ from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
 from .state import STATE_ATTR, wrappers_aside
-from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
+from .state_dict import SLOTS, copy_adapter_weights, local_adapter_state_dict, refuse_peft_heads
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
@@ -106,22 +106,18 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
     state = vars(model)[STATE_ATTR]
-    live = {  # (name, param) -> tensor
-        (name, k): v
+    live = {  # "{name}.{param}", as `saved_originals` keys them -> the live tensor
+        f"{name}.{k}": v
         for name, path in state.modules_to_save.items()
         for k, v in get_path(model, path).state_dict().items()
     }
-    kept = {k: v.detach().clone() for k, v in live.items()}
+    kept = [(dst, dst.detach().clone()) for dst in live.values()]
     with wrappers_aside(model):
         try:
-            with torch.no_grad():
-                for k, dst in live.items():
-                    dst.copy_(state.saved_originals[f"{k[0]}.{k[1]}"])
+            copy_adapter_weights([(dst, state.saved_originals[k]) for k, dst in live.items()])
             yield model
         finally:
-            with torch.no_grad():
-                for k, dst in live.items():
-                    dst.copy_(kept[k])
+            copy_adapter_weights(kept)
 
 
 @contextlib.contextmanager
