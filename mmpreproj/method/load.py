@@ -39,7 +39,7 @@ from torch import nn
 from ..timm_rope.saved import rope_for_load
 from .adapters import plan_addition
 from .config import PreProjConfig
-from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, model_keys, today_lora_key
+from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, today_lora_key
 from .files import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
@@ -51,7 +51,7 @@ from .files import (
     read_adapter,
 )
 from .inject import add_planned, apply_plan
-from .load_check import check_added_record, check_record
+from .load_check import check_added_record, check_record, planned_tensors
 from .plan import check_saved_paths, plan_injection, saved_host
 from .pretrained_save import check_saved_pair, config_save_token
 from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
@@ -61,10 +61,7 @@ from .state_dict import (
     check_tensors_match,
     copy_adapter_weights,
     is_slot_key,
-    rekeyed_by_block,
-    saved_module_tensors,
     trainable_adapter_params,
-    wrapper_tensors,
 )
 
 
@@ -113,11 +110,7 @@ def load_injection(
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
         plan = plan_injection(model, config, host, adapter_name=adapter_name or "default")
     check_record(model, plan, desc, f"adapter at {path}", by_path=False)  # the same sites; no weight moves blocks
-    pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
-    expected = wrapper_tensors(pairs)
-    expected.update(saved_module_tensors(model, plan.state.modules_to_save))
-    tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
-    tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
+    expected, tensors = planned_tensors(model, plan, tensors, desc, by_path=False)  # found by block index
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
     copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if is_slot_key(k)])
     apply_plan(model, plan)
