@@ -59,15 +59,11 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
             )
 
 
-def planned_tensors(
-    model: nn.Module, plan: Plan, tensors: dict[str, Any], record: dict[str, Any], *, by_path: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(the tensors `plan` gives on `model`, keyed as `adapter_state_dict` keys them; `tensors`, saved with
-    `record`, keyed the same way): an older file's block-index keys converted (`convert.model_keys`) and, unless
-    `by_path`, the record's paths, which may be another wrapping's, matched by block index."""
+def planned_tensors(model: nn.Module, plan: Plan, tensors: dict, record: dict, *, by_path: bool) -> tuple[dict, dict]:
+    """(the tensors `plan` gives on `model`, `tensors` saved with `record` keyed the same way: older block-index keys
+    converted and, unless `by_path`, the record's paths, maybe another wrapping's, matched by block index)."""
     pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
-    expected = wrapper_tensors(pairs)
-    expected.update(saved_module_tensors(model, plan.state.modules_to_save))
+    expected = {**wrapper_tensors(pairs), **saved_module_tensors(model, plan.state.modules_to_save)}
     tensors = model_keys(tensors, pairs, plan.state.modules_to_save)
     if not by_path:
         tensors = rekeyed_by_block(tensors, record.get("layers"), record.get("modules"), pairs)
