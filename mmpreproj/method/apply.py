@@ -247,7 +247,7 @@ def unload(model: nn.Module) -> nn.Module:
     wrapped_by_peft = peft_layers(model)[:1] == [""]
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
-        _restore_saved_modules(owner, state)
+        restore_saved_modules(owner, state)
         if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
             for p in state.frozen:
                 if not p.requires_grad:
@@ -271,7 +271,7 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
-def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
+def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
     """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
     with torch.no_grad():
         for name, path in state.modules_to_save.items():

@@ -43,13 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hosts.spec import get_path
 from ..util.io import set_new_file_modes
+from .apply import restore_saved_modules
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
 from .state import STATE_ATTR, wrappers_aside
-from .state_dict import SLOTS, copy_adapter_weights, local_adapter_state_dict, refuse_peft_heads
+from .state_dict import SLOTS, copy_adapter_weights, local_adapter_state_dict, refuse_peft_heads, saved_module_tensors
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
@@ -106,15 +106,10 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
     state = vars(model)[STATE_ATTR]
-    live = {  # "{name}.{param}", as `saved_originals` keys them -> the live tensor
-        f"{name}.{k}": v
-        for name, path in state.modules_to_save.items()
-        for k, v in get_path(model, path).state_dict().items()
-    }
-    kept = [(dst, dst.detach().clone()) for dst in live.values()]
+    kept = [(v, v.detach().clone()) for v in saved_module_tensors(model, state.modules_to_save).values()]
     with wrappers_aside(model):
         try:
-            copy_adapter_weights([(dst, state.saved_originals[k]) for k, dst in live.items()])
+            restore_saved_modules(model, state)
             yield model
         finally:
             copy_adapter_weights(kept)
