@@ -28,7 +28,6 @@ mmpreproj name the same adapters; on a model `inject` injected, straight through
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -48,13 +47,21 @@ from .state import (
     active_name,
     adapter_params,
     adapter_trains,
+    attrs_set,
     check_adapter_name,
     injected_modules,
     injected_owner,
     loaded_adapters,
     named_adapter,
 )
-from .state_dict import SLOTS, check_tensors_match, injected_paths, saved_module_tensors, trainable_adapter_params
+from .state_dict import (
+    SLOTS,
+    check_tensors_match,
+    copy_adapter_weights,
+    injected_paths,
+    saved_module_tensors,
+    trainable_adapter_params,
+)
 
 
 @dataclass
@@ -121,9 +128,7 @@ def plan_addition(
         return Addition(name, config, owner, state, modules, stored)
     tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
-    with torch.no_grad():
-        for k, dst in expected.items():
-            dst.copy_(tensors[k])
+    copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items()])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
     return Addition(name, config, owner, state, modules, stored)
 
@@ -168,33 +173,19 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
         live = saved_module_tensors(owner, state.modules_to_save)
         kept = {k: v.detach().clone() for k, v in live.items()}
         waiting = state.stored_modules.pop(name, {})
-        with torch.no_grad():
-            for k, dst in live.items():
-                dst.copy_(waiting[k])
+        copy_adapter_weights([(dst, waiting[k]) for k, dst in live.items()])
         state.stored_modules[old] = kept
     if scope is None:
         for w in wrappers:
             w.activate([name], inference_mode=not trains)
     else:
-        with _values_moved(wrappers):
+        # the model's switch has moved the `modules_to_save` values: its layers may follow peft's per-layer
+        # `set_adapter` (which each refuses alone while `values_aside`)
+        with attrs_set(wrappers, "values_aside", False):
             peft_functional.set_adapter(scope, name, inference_mode=not trains, layer_cls=PreProjAttention)
     if trains != now:
         for p in trainable_adapter_params(owner):
             p.requires_grad_(trains)
-
-
-@contextlib.contextmanager
-def _values_moved(wrappers: list[PreProjAttention]) -> Iterator[None]:
-    """The model's switch has moved the `modules_to_save` values: its layers may follow peft's per-layer
-    `set_adapter` (which each refuses alone while `values_aside`)."""
-    aside = [w.values_aside for w in wrappers]
-    for w in wrappers:
-        w.values_aside = False
-    try:
-        yield
-    finally:
-        for w, flag in zip(wrappers, aside):
-            w.values_aside = flag
 
 
 def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = None) -> None:

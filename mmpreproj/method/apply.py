@@ -32,6 +32,7 @@ from .state import (
     InjectionState,
     adapter_params,
     adapter_trains,
+    attrs_set,
     injected_modules,
     injected_owners,
     is_injected,
@@ -246,7 +247,7 @@ def unload(model: nn.Module) -> nn.Module:
     wrapped_by_peft = peft_layers(model)[:1] == [""]
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
-        _restore_saved_modules(owner, state)
+        restore_saved_modules(owner, state)
         if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
             for p in state.frozen:
                 if not p.requires_grad:
@@ -266,18 +267,11 @@ def unload(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Run the host without its injected modules inside the block (weights stay in place)."""
-    wrappers = injected_modules(model)
-    before = [w.adapter_enabled for w in wrappers]
-    for w in wrappers:
-        w.adapter_enabled = False
-    try:
+    with attrs_set(injected_modules(model), "adapter_enabled", False):
         yield model
-    finally:
-        for w, flag in zip(wrappers, before):
-            w.adapter_enabled = flag
 
 
-def _restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
+def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
     """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
     with torch.no_grad():
         for name, path in state.modules_to_save.items():

@@ -92,13 +92,10 @@ def expected_slot_shapes(config: Any, dim: int) -> dict[str, tuple[int, ...]]:
     return {f"{slot}.{k}": tuple(v.shape) for slot, m in slots.items() for k, v in m.state_dict().items()}
 
 
-def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_file: str | Path) -> None:
-    """ValueError unless `tensors` (read from `weights_file`, peft keys) are exactly the weights `config`
-    (a `PreProjConfig` with its `injection` record) describes: every injected block's slot weights at its
-    width, floating point and finite, plus the `modules_to_save` modules' finite tensors."""
-    where = f"adapter weights {weights_file}"
-    record = config.injection or {}
-    layers, modules, widths = record.get("layers"), record.get("modules"), record.get("hidden_size")
+def record_sites(record: dict, where: str) -> list[str]:
+    """The injection record's `modules`; ValueError naming `where` unless its `layers` and `modules` are aligned
+    lists of block indices and paths (strings from the file: nothing is resolved against a model here)."""
+    layers, modules = record.get("layers"), record.get("modules")
     if not (
         isinstance(layers, list)
         and isinstance(modules, list)
@@ -107,9 +104,19 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
         and all(isinstance(m, str) for m in modules)
     ):
         raise ValueError(
-            f"{where}: its config's 'injection' needs 'layers' and 'modules', aligned lists "
+            f"{where}: 'injection' needs 'layers' (block indices) and 'modules' (their paths), aligned lists "
             f"(written by the tuner); got layers={layers!r:.60}, modules={modules!r:.60}"
         )
+    return modules
+
+
+def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_file: str | Path) -> None:
+    """ValueError unless `tensors` (read from `weights_file`, peft keys) are exactly the weights `config`
+    (a `PreProjConfig` with its `injection` record) describes: every injected block's slot weights at its
+    width, floating point and finite, plus the `modules_to_save` modules' finite tensors."""
+    where = f"adapter weights {weights_file}"
+    record = config.injection or {}
+    modules, widths = record_sites(record, where), record.get("hidden_size")
     if type(widths) is int:
         widths = [widths] * len(modules)
     if not (

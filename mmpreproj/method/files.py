@@ -35,7 +35,7 @@ from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 from .config import ADAPTER_FORMAT
 from .convert import OLD_SLOTS, is_legacy_description, model_keys
-from .file_check import DIGEST_KEY, PEFT_HEAD_TASKS, PEFT_PREFIX, check_weights_digest, weights_digest
+from .file_check import DIGEST_KEY, PEFT_HEAD_TASKS, PEFT_PREFIX, check_weights_digest, record_sites, weights_digest
 from .model_card import card_fields, model_card
 from .state import ADAPTER_TYPE, STATE_ATTR, InjectionState, active_name, injected_owner, named_adapter
 from .state_dict import (
@@ -229,17 +229,7 @@ def check_file_keys(tensors: dict[str, torch.Tensor], desc: dict, where: str) ->
     indices and paths, every path (and each `modules_to_save` one) is well-formed (`hosts.paths.check_path`),
     and every key (peft's prefix removed) lies under an injected block's slot or a saved module. Strings from
     the file, compared as strings: nothing is resolved against a model here."""
-    layers, modules = desc.get("layers"), desc.get("modules")
-    if not (
-        isinstance(layers, list)
-        and isinstance(modules, list)
-        and len(layers) == len(modules)
-        and all(type(i) is int for i in layers)
-    ):
-        raise ValueError(
-            f"{where}: 'injection' needs 'layers' (block indices) and 'modules' (their paths), "
-            f"aligned lists; got layers={layers!r:.60}, modules={modules!r:.60}"
-        )
+    modules = record_sites(desc, where)
     saved = desc.get("modules_to_save") or {}
     try:
         for i, module_path in enumerate(modules):

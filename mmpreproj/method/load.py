@@ -39,7 +39,7 @@ from torch import nn
 from ..timm_rope.saved import rope_for_load
 from .adapters import plan_addition
 from .config import PreProjConfig
-from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, model_keys, today_lora_key
+from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, today_lora_key
 from .files import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
@@ -51,7 +51,7 @@ from .files import (
     read_adapter,
 )
 from .inject import add_planned, apply_plan
-from .load_check import check_added_record, check_record
+from .load_check import check_added_record, check_record, planned_tensors
 from .plan import check_saved_paths, plan_injection, saved_host
 from .pretrained_save import check_saved_pair, config_save_token
 from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
@@ -59,11 +59,9 @@ from .state import check_adapter_name, injected_owner, is_injected, refuse_meta_
 from .state_dict import (
     SLOTS,
     check_tensors_match,
+    copy_adapter_weights,
     is_slot_key,
-    rekeyed_by_block,
-    saved_module_tensors,
     trainable_adapter_params,
-    wrapper_tensors,
 )
 
 
@@ -100,12 +98,11 @@ def load_injection(
     check_saved_paths(desc, path)
     if path != given:  # a save_pretrained folder: its base and its adapter must come from one save
         check_saved_pair(config_save_token(given / "config.json"), desc.get(BASE_SAVE_TOKEN), given)
+    config = PreProjConfig.from_dict(desc["config"])
     if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
-        config = PreProjConfig.from_dict(desc["config"])
         check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
         owner, _ = injected_owner(model, "load_adapter")
         return add_planned(model, plan_addition(owner, config, adapter_name, str(path), tensors=tensors))
-    config = PreProjConfig.from_dict(desc["config"])
     if freeze_base is not None:
         config.freeze_base = freeze_base
     host = saved_host(model, desc, path)
@@ -113,23 +110,14 @@ def load_injection(
     with torch.random.fork_rng(devices=[]):  # building the modules must not move the caller's RNG
         plan = plan_injection(model, config, host, adapter_name=adapter_name or "default")
     check_record(model, plan, desc, f"adapter at {path}", by_path=False)  # the same sites; no weight moves blocks
-    pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
-    expected = wrapper_tensors(pairs)
-    expected.update(saved_module_tensors(model, plan.state.modules_to_save))
-    tensors = model_keys(tensors, pairs, plan.state.modules_to_save)  # an older folder's block-index keys
-    tensors = rekeyed_by_block(tensors, desc.get("layers"), desc.get("modules"), pairs)  # found by block index
+    expected, tensors = planned_tensors(model, plan, tensors, desc, by_path=False)  # found by block index
     check_tensors_match(expected, tensors, f"adapter at {path} does not match its config")
-    injected = {k: v for k, v in expected.items() if is_slot_key(k)}
-    with torch.no_grad():
-        for k, dst in injected.items():
-            dst.copy_(tensors[k])
+    copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if is_slot_key(k)])
     apply_plan(model, plan)
     if restore_rope is not None:
         restore_rope()
-    with torch.no_grad():  # base modules trained with the adapter: written once the originals are kept
-        for k, dst in expected.items():
-            if k not in injected:
-                dst.copy_(tensors[k])
+    # base modules trained with the adapter: written once the originals are kept
+    copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if not is_slot_key(k)])
     if not is_trainable:
         for p in trainable_adapter_params(model):
             p.requires_grad_(False)

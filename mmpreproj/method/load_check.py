@@ -47,12 +47,7 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
     _check_sites(plan.state, record, where, by_path=by_path)
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
-        pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
-        expected = wrapper_tensors(pairs)
-        expected.update(saved_module_tensors(model, plan.state.modules_to_save))
-        shapes = model_keys(shapes, pairs, plan.state.modules_to_save)  # recorded by block index before format 3
-        if not by_path:  # the record's paths may be another wrapping's: matched by block index
-            shapes = rekeyed_by_block(shapes, record.get("layers"), record.get("modules"), pairs)
+        expected, shapes = planned_tensors(model, plan, shapes, record, by_path=by_path)
         have = {k: list(v.shape) for k, v in expected.items()}
         if have != shapes:
             diff = sorted(k for k in set(have) | set(shapes) if have.get(k) != shapes.get(k))
@@ -62,6 +57,17 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
                 f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
                 "nothing was loaded"
             )
+
+
+def planned_tensors(model: nn.Module, plan: Plan, tensors: dict, record: dict, *, by_path: bool) -> tuple[dict, dict]:
+    """(the tensors `plan` gives on `model`, `tensors` saved with `record` keyed the same way: older block-index keys
+    converted and, unless `by_path`, the record's paths, maybe another wrapping's, matched by block index)."""
+    pairs = list(zip(plan.state.modules, (w for _, w in plan.placements)))
+    expected = {**wrapper_tensors(pairs), **saved_module_tensors(model, plan.state.modules_to_save)}
+    tensors = model_keys(tensors, pairs, plan.state.modules_to_save)
+    if not by_path:
+        tensors = rekeyed_by_block(tensors, record.get("layers"), record.get("modules"), pairs)
+    return expected, tensors
 
 
 def check_record_fits(model: nn.Module, config: PreProjConfig) -> None:

@@ -428,13 +428,7 @@ class PreProjModel(BaseTuner):
         if heads:
             config.injection[HEAD_SHAPES_KEY] = heads
         config.format_version = ADAPTER_FORMAT  # the keys are written as today
-        out = {}
-        for key, value in tensors.items():
-            if is_slot_key(key):
-                path, slot, param = _split_slot_key(key, state.modules)
-                key = f"{path}.{slot}.{adapter_name}.{param}"
-            out[f"{prefix}{key}"] = value
-        return out
+        return {f"{prefix}{_named_key(k, state.modules, adapter_name)}": v for k, v in tensors.items()}
 
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
@@ -472,8 +466,7 @@ class PreProjModel(BaseTuner):
         out = {}
         for key, value in tensors.items():
             if is_slot_key(key):
-                path, slot, param = _split_slot_key(key, state.modules)
-                out[f"{prefix}{path}.{slot}.{adapter_name}.{param}"] = value
+                out[f"{prefix}{_named_key(key, state.modules, adapter_name)}"] = value
             elif adapter_name == active_name(owner):
                 out[f"{prefix}{key}"] = value
             else:
@@ -529,8 +522,11 @@ def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs
     return args, {**kwargs, "adapter_names": names}
 
 
-def _split_slot_key(key: str, paths: list[str]) -> tuple[str, str, str]:
-    """(wrapper path, slot, param) of a checked slot key `{path}.{slot}.{param}`."""
+def _named_key(key: str, paths: list[str], adapter_name: str) -> str:
+    """A checked slot key `{path}.{slot}.{param}` as peft keys it, `{path}.{slot}.{adapter_name}.{param}`; any
+    other key (a `modules_to_save` one) as it is."""
+    if not is_slot_key(key):
+        return key
     path = max((p for p in paths if key.startswith(f"{p}.")), key=len)
     slot, _, param = key[len(path) + 1 :].partition(".")
-    return path, slot, param
+    return f"{path}.{slot}.{adapter_name}.{param}"

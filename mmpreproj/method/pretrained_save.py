@@ -43,13 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hosts.spec import get_path
 from ..util.io import set_new_file_modes
+from .apply import restore_saved_modules
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
-from .state import STATE_ATTR
-from .state_dict import SLOTS, local_adapter_state_dict, refuse_peft_heads
+from .state import STATE_ATTR, wrappers_aside
+from .state_dict import SLOTS, copy_adapter_weights, local_adapter_state_dict, refuse_peft_heads, saved_module_tensors
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
@@ -106,31 +106,13 @@ def base_view(model: nn.Module) -> Iterator[nn.Module]:
     """The injected `model` as its base inside the block: every wrapper swapped for the attention module
     it holds, `modules_to_save` at their inject-time values. Put back afterwards, bit-exact, also on error."""
     state = vars(model)[STATE_ATTR]
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, PreProjAttention)
-    ]
-    live = {  # (name, param) -> tensor
-        (name, k): v
-        for name, path in state.modules_to_save.items()
-        for k, v in get_path(model, path).state_dict().items()
-    }
-    kept = {k: v.detach().clone() for k, v in live.items()}
-    try:
-        for parent, name, wrapper in swaps:
-            setattr(parent, name, wrapper.base_layer)
-        with torch.no_grad():
-            for k, dst in live.items():
-                dst.copy_(state.saved_originals[f"{k[0]}.{k[1]}"])
-        yield model
-    finally:
-        with torch.no_grad():
-            for k, dst in live.items():
-                dst.copy_(kept[k])
-        for parent, name, wrapper in swaps:
-            setattr(parent, name, wrapper)
+    kept = [(v, v.detach().clone()) for v in saved_module_tensors(model, state.modules_to_save).values()]
+    with wrappers_aside(model):
+        try:
+            restore_saved_modules(model, state)
+            yield model
+        finally:
+            copy_adapter_weights(kept)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ read by peft's own calls.
 
 LoRA goes in first (`stacked_peft_model`): our wrapper is peft's tuner layer, and peft never injects inside one. peft's
 calls that visit LoRA's layers (its save, `load_adapter`, `add_adapter`, `merge_and_unload`) run with our wrappers
-set aside (`_ours_aside`), so they see the LoRA model they built: the file at DIR holds LoRA's keys as on the plain
+set aside (`wrappers_aside`), so they see the LoRA model they built: the file at DIR holds LoRA's keys as on the plain
 base, and `peft.PeftModel.from_pretrained(base, DIR)` reads it. `save_pretrained` writes both (train(), a Trainer's
 checkpoints, users); `load_adapter` reads both (a Trainer's resume and best-model reload), our weights checked (keys,
 shapes, dtypes, finite values) before either part changes; `unload` takes ours off, then LoRA. One class per peft task
@@ -36,8 +36,7 @@ from .convert import OLD_STACKED_LORA_KEYS
 from .file_check import PEFT_PREFIX
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, config_kind, read_adapter, save_adapter
 from .inject import inject
-from .layer import PreProjAttention
-from .state import active_name, injected_owner, injected_owners, owner_prefix
+from .state import active_name, injected_owner, injected_owners, owner_prefix, wrappers_aside
 from .state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
@@ -90,9 +89,9 @@ class _Stacked:
             )
         if ours is not None:
             refuse_non_finite(ours, f"save_pretrained: refusing to write {save_directory}")
-        if given is not None:  # LoRA's keys as on the model LoRA was built on (`_ours_aside`)
+        if given is not None:  # LoRA's keys as on the model LoRA was built on (`wrappers_aside`)
             kwargs["state_dict"] = lora_view(given, state.modules, owner_prefix(self, owner))
-        with _ours_aside(self):  # peft sees the LoRA model it built: LoRA's keys only, no segment of ours
+        with wrappers_aside(self):  # peft sees the LoRA model it built: LoRA's keys only, no segment of ours
             super().save_pretrained(
                 save_directory,
                 safe_serialization=safe_serialization,
@@ -140,7 +139,7 @@ class _Stacked:
             what = f"load_adapter: the mmpreproj weights in {folder / ADAPTER_WEIGHTS_NAME}"
             copies = checked_adapter_copies(self, old, None, what)  # mmpreproj <= 0.5's checkpoint, no preproj/
         kwargs.setdefault("key_mapping", OLD_STACKED_LORA_KEYS)  # an older file's LoRA keys, read as today's
-        with _ours_aside(self):
+        with wrappers_aside(self):
             result = super().load_adapter(model_id, adapter_name, is_trainable, *args, **kwargs)
         if copies is not None:
             copy_adapter_weights(copies)
@@ -150,8 +149,8 @@ class _Stacked:
         return result
 
     def add_adapter(self, adapter_name: str, peft_config: peft.PeftConfig, *args: Any, **kwargs: Any) -> None:
-        """peft's `add_adapter` of a further LoRA, into the attention modules ours wraps (`_ours_aside`)."""
-        with _ours_aside(self):
+        """peft's `add_adapter` of a further LoRA, into the attention modules ours wraps (`wrappers_aside`)."""
+        with wrappers_aside(self):
             super().add_adapter(adapter_name, peft_config, *args, **kwargs)
 
     def unload(self, *args: Any, **kwargs: Any) -> nn.Module:
@@ -164,27 +163,8 @@ class _Stacked:
     def merge_and_unload(self, *args: Any, **kwargs: Any) -> nn.Module:
         """peft's LoRA merged into the projections; ours stays around each attention (nonlinear: nothing to merge),
         so the model returned is the injected base with the same outputs."""
-        with _ours_aside(self):  # out of the way of peft's visit (each keeps its base layer, merged in place)
+        with wrappers_aside(self):  # out of the way of peft's visit (each keeps its base layer, merged in place)
             return self.base_model.merge_and_unload(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _ours_aside(model: nn.Module) -> Iterator[None]:
-    """Our wrappers out of `model` and back: each attention (LoRA's layers inside) in its wrapper's place meanwhile,
-    so peft's LoRA calls see the model LoRA was built on (its keys, its layers to visit)."""
-    wrappers = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, PreProjAttention)
-    ]
-    for parent, name, wrapper in wrappers:
-        setattr(parent, name, wrapper.base_layer)
-    try:
-        yield
-    finally:
-        for parent, name, wrapper in wrappers:
-            setattr(parent, name, wrapper)
 
 
 def lora_view(state_dict: dict[str, torch.Tensor], paths: list[str], prefix: str) -> dict[str, torch.Tensor]:

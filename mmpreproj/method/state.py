@@ -11,7 +11,8 @@ the module itself counts: peft's `__getattr__` forwards unknown names to the wra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,39 @@ def injected_modules(model: nn.Module) -> list[PreProjAttention]:
     """The wrappers in `model`, in block order."""
     found = [m for m in model.modules() if isinstance(m, PreProjAttention)]
     return sorted(found, key=lambda m: m.block_index)
+
+
+@contextlib.contextmanager
+def attrs_set(objs: list[Any], attr: str, value: Any) -> Iterator[None]:
+    """Each of `objs` with `attr` set to `value` inside the block; each one's own value put back afterwards."""
+    before = [getattr(o, attr) for o in objs]
+    for o in objs:
+        setattr(o, attr, value)
+    try:
+        yield
+    finally:
+        for o, flag in zip(objs, before):
+            setattr(o, attr, flag)
+
+
+@contextlib.contextmanager
+def wrappers_aside(model: nn.Module) -> Iterator[None]:
+    """Our wrappers out of `model` and back: each attention module (LoRA's layers inside) in its wrapper's place
+    meanwhile, so a caller sees the model the wrappers were put on (its keys, its layers to visit); the wrappers
+    are put back afterwards, also on error."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PreProjAttention)
+    ]
+    try:
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper.base_layer)
+        yield
+    finally:
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper)
 
 
 def is_injected(model: nn.Module) -> bool:

@@ -110,11 +110,9 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def local_adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`adapter_state_dict`'s keys and this process's tensors: shards stay shards (no collective)."""
-    owner, state = injected_owner(model, "adapter_state_dict")
+    owner, _ = injected_owner(model, "adapter_state_dict")
     refuse_peft_heads(owner, "adapter_state_dict")
-    out = wrapper_tensors(injected_paths(owner))
-    out.update(saved_module_tensors(owner, state.modules_to_save))
-    return out
+    return named_adapter_tensors(owner, active_name(owner))
 
 
 def _full(v: torch.Tensor) -> torch.Tensor:
