@@ -13,7 +13,8 @@ shape (`--tiny`: 2 layers, width 64, vocab 1024, a check that the script runs, i
 - "lora": peft LoRA on `query_key_value` and `dense` at the paper's rank (r=480 at 160m: `paper_lora_rank`, alpha
   2r, dropout 0), the whole model cast to the host's dtype; its trainable count is printed beside ours.
 Before anything is timed, on each host dtype, ours and authors must give the same logits, and LoRA (B = 0 at
-init) the base's. Measured round-robin, so load drift on a shared machine hits every variant alike:
+init) the base's. Measured round-robin (decode: in one order on even repeats, the reverse on odd
+ones), so load drift on a shared machine hits every variant alike:
 1. decode per generated token, batch 1 with the KV cache, per host dtype: each repeat prefills `--prompt` tokens
    (not timed), then times `--new` greedy single-token steps, the variants taking turns step by step;
 2. one frozen-probe training step (fp32, forward + backward + AdamW on the trainable weights, base frozen) of
@@ -151,12 +152,15 @@ def decode_round(
 def decode_times(
     models: dict[str, nn.Module], prompt: torch.Tensor, steps: int, repeats: int, warmup: int = 1
 ) -> dict[str, list[float]]:
-    """Seconds per generated token of each model in each of `repeats` rounds (after `warmup` untimed rounds)."""
+    """Seconds per generated token of each model in each of `repeats` rounds (after `warmup` untimed rounds). The
+    models take turns in their order on even rounds and in the reverse order on odd ones, so no model always follows
+    the same one (whether a step costs more after some others' is `bench/hot_path_order.py`'s question)."""
     for _ in range(warmup):
         decode_round(models, prompt, steps)
     times: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(repeats):
-        for k, t in decode_round(models, prompt, steps)[0].items():
+    for i in range(repeats):
+        order = list(models) if i % 2 == 0 else list(reversed(models))
+        for k, t in decode_round({k: models[k] for k in order}, prompt, steps)[0].items():
             times[k].append(t / steps)
     return times
 
