@@ -395,8 +395,8 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
                 f"forward(adapter_names=...): {unknown} are not adapters of this layer "
                 f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
             )
-        others = sorted(set(adapter_names) - set(self.active_adapters))
-        if self.values_aside and others:
+        others = sorted(set(adapter_names) - set(self.active_adapters)) if self.values_aside else []
+        if others:
             raise ValueError(
                 f"forward(adapter_names=...): rows of {others} would run through the modules_to_save of the active "
                 f"adapter {self.active_adapters[0]!r} (this injection trains them in place, one value for the whole "
