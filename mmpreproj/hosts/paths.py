@@ -9,8 +9,9 @@ adapter file someone downloaded, so it is resolved with these steps only:
 - on any other object: a plain instance attribute (`vars(obj)`), never a property, method or class attribute;
 - a run of digits on a list, tuple, `nn.ModuleList` or `nn.Sequential`: an index.
 
-Nothing is called and no descriptor runs (`nn.Module.__getattr__`, properties and `__getattribute__`
-overrides are bypassed), so resolving a path cannot change the model or the process. The one method the
+Nothing runs but torch's own lookup of registered entries (`nn.Module.__getattr__` itself, never a subclass's
+override); properties, other descriptors and `__getattribute__` overrides are bypassed, so resolving a path cannot
+change the model or the process. The one method the
 built-in rows need, transformers' `get_input_embeddings()`, is the keyword `@input_embeddings`: the
 resolver maps the keyword to that method, a string can never spell a call. A path is checked for its form
 (`check_path`) before it meets a model, so a bad one is refused before anything happens.
@@ -86,10 +87,10 @@ def _step(obj: Any, name: str) -> Any:
     if name.isdigit() and isinstance(obj, (nn.ModuleList, nn.Sequential, list, tuple)):
         return obj[int(name)] if int(name) < len(obj) else _MISSING
     if isinstance(obj, nn.Module):
-        for table in ("_modules", "_parameters", "_buffers"):
-            entries = vars(obj).get(table, {})
-            if name in entries:
-                return entries[name]
+        try:  # torch's own lookup of a registered parameter, buffer or submodule: no property or override runs
+            return nn.Module.__getattr__(obj, name)
+        except AttributeError:
+            pass
     try:
         attrs = vars(obj)
     except TypeError:  # no __dict__ (ints, tensors' C attributes...)

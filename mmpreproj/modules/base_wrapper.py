@@ -33,8 +33,12 @@ class BaseLayerWrapper(nn.Module):
             return getattr(self.base_layer, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        base = self.__dict__.get("_modules", {}).get("base_layer")
-        if base is not None and name in self.forwarded_writes:
-            setattr(base, name, value)
-            return
+        if name in self.forwarded_writes:
+            try:
+                base = self.base_layer
+            except AttributeError:  # not yet set (inside __init__)
+                base = None
+            if base is not None:
+                setattr(base, name, value)
+                return
         super().__setattr__(name, value)

@@ -47,7 +47,9 @@ class MultimodalRotaryEmbedding(nn.Module):
             raise ValueError(f"rope must take (t, h, w) positions (num_axes=3), got num_axes={rope.num_axes}")
         self.rope = rope
         self.__dict__["original"] = original  # not a submodule: named_modules() and .to() stay as the base's
-        self.__dict__["hook_id"] = None  # the decoder pre-hook's key (see module docstring)
+        # the decoder pre-hook's handle (see module docstring); a deep copy of the model gets a handle on its own
+        # copy's hook tables (torch's `RemovableHandle` is copied by state, the tables before the submodules)
+        self.__dict__["hook"] = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.rope.cos_sin(thw_positions(position_ids), device=x.device)  # (B, N, r) float32
@@ -152,8 +154,7 @@ def use_multimodal_rope(
     theta, head_dim = _rope_settings(config)
     new = MultimodalRotaryEmbedding(make_mrope(head_dim, layout, sections, theta), original=rotary)
     _check_text_tables(rotary, new)
-    handle = parent.register_forward_pre_hook(_mask_for_thw_ids, with_kwargs=True)
-    new.__dict__["hook_id"] = handle.id
+    new.__dict__["hook"] = parent.register_forward_pre_hook(_mask_for_thw_ids, with_kwargs=True)
     setattr(parent, attr, new)
     return new
 
@@ -183,7 +184,6 @@ def remove_multimodal_rope(model: nn.Module) -> nn.Module:
     parent, attr, rotary = _rotary_site(model)
     if not isinstance(rotary, MultimodalRotaryEmbedding) or rotary.original is None:
         raise ValueError(f"the rotary module is {type(rotary).__name__}, not one use_multimodal_rope installed")
-    for hooks in (parent._forward_pre_hooks, parent._forward_pre_hooks_with_kwargs):  # by key: deepcopies too
-        hooks.pop(rotary.hook_id, None)
+    rotary.hook.remove()  # on a deep copy, the copy's own hook
     setattr(parent, attr, rotary.original)
     return rotary.original
