@@ -2,7 +2,7 @@
 #   make demo   the offline main job (mini reproduction of the paper's Table 2)
 #   make test   the test suite (CPU only, offline)
 #   make docs-test  only the docs' examples: every Python block of README.md and docs/ runs, every command parses
-#   make test-floor  a representative subset against the oldest transformers pyproject.toml allows
+#   make test-floor  a representative subset against the oldest transformers and lm-eval pyproject.toml allows
 #   make test-peft-floor  the peft tuner's subset against the oldest peft pyproject.toml allows
 #   make lint   ruff check + ruff format --check (whole repository)
 #   make docs   the documentation site (mkdocs.yml -> site/), offline, strict: a broken link fails it; open
@@ -48,22 +48,24 @@ test: $(STAMP)
 docs-test: $(STAMP)
 	$(VENV)/bin/pytest tests/test_docs_blocks.py
 
-# The oldest transformers we claim (pyproject.toml), installed beside the venv in $(FLOOR) and put first on
-# PYTHONPATH (which precedes site-packages), so the subset runs against it and not the venv's newer copy.
+# The oldest transformers and lm-eval we claim (pyproject.toml), installed beside the venv in $(FLOOR) and put first
+# on PYTHONPATH (which precedes site-packages), so the subset runs against them and not the venv's newer copies.
 # The library core (hosts, inject, train, eval, CLI) also passes with FLOOR_TRANSFORMERS=5.20.2;
-# recipes/mixed/tinyvlm (the mixed recipe's model) reads `outputs.cache`, new in 5.24.
+# recipes/mixed/tinyvlm (the mixed recipe's model) reads `outputs.cache`, new in 5.24. lm-eval 0.4.11 has no
+# `lm_eval.tasks._yaml_loader`, which the local tasks read (eval/lm_eval_bridge.LM_EVAL_FLOOR).
 FLOOR ?= .floor
 FLOOR_TRANSFORMERS ?= 5.24.0
+FLOOR_LM_EVAL ?= 0.4.12
 FLOOR_TESTS ?= tests/method/plan/test_core_inject_neox.py tests/test_host_transformers.py tests/test_rope_1d.py \
-	tests/method/files/test_core_adapter_io.py tests/test_mixed_generate.py
+	tests/method/files/test_core_adapter_io.py tests/test_mixed_generate.py tests/test_eval_standard.py
 
 test-floor: $(STAMP)
-	@if [ "$$($(PY) -c 'import transformers; print(transformers.__version__)')" = "$(FLOOR_TRANSFORMERS)" ]; then \
-		echo "test-floor: the venv already has transformers $(FLOOR_TRANSFORMERS) (make test covered it)"; exit 0; fi; \
+	@if [ "$$($(PY) -c 'from importlib.metadata import version as v; print(v("transformers"), v("lm_eval"))')" = "$(FLOOR_TRANSFORMERS) $(FLOOR_LM_EVAL)" ]; then \
+		echo "test-floor: the venv already has transformers $(FLOOR_TRANSFORMERS), lm-eval $(FLOOR_LM_EVAL) (make test covered it)"; exit 0; fi; \
 	set -e; \
-	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(FLOOR) transformers==$(FLOOR_TRANSFORMERS); \
+	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(FLOOR) transformers==$(FLOOR_TRANSFORMERS) lm-eval==$(FLOOR_LM_EVAL); \
 	export PYTHONPATH="$(abspath $(FLOOR))$${PYTHONPATH:+:$$PYTHONPATH}"; \
-	$(PY) -c "import transformers as t; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; print('transformers', t.__version__, 'from', t.__file__)"; \
+	$(PY) -c "import transformers as t, lm_eval as e; from importlib.metadata import version as v; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; assert v('lm_eval') == '$(FLOOR_LM_EVAL)', e.__file__; print('transformers', t.__version__, 'from', t.__file__, '/ lm-eval', v('lm_eval'), 'from', e.__file__)"; \
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
 # The oldest peft we claim (pyproject.toml, method/config.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from mmpreproj.data import pythia_tokenizer, wikitext_articles, wikitext_detokenize
@@ -17,6 +19,7 @@ from mmpreproj.eval import (
     run_lm_eval,
     score_continuations,
 )
+from mmpreproj.eval.lm_eval_bridge import LM_EVAL_FLOOR, check_lm_eval_version
 from tests.helpers.eval_models import ForcedNext, tiny_pythia
 from tests.helpers.net_guard import refuse_network
 
@@ -158,3 +161,22 @@ def test_run_lm_eval_errors_are_one_line(model, tok, monkeypatch):
     assert str(err.value) == (
         "cannot download the data of lm-eval task(s) lambada_openai (no network?); use --data-source local"
     )
+
+
+def test_an_older_lm_eval_is_refused_in_one_line():
+    """lm-eval 0.4.11 has no `lm_eval.tasks._yaml_loader` (the local tasks' YAML reader): refused up front, not with
+    a ModuleNotFoundError from inside a run."""
+    with pytest.raises(LmEvalUnavailableError) as err:
+        check_lm_eval_version("0.4.11")
+    msg = str(err.value)
+    assert "lm-eval 0.4.11" in msg and f"'lm-eval>={LM_EVAL_FLOOR}'" in msg and "\n" not in msg
+    check_lm_eval_version(LM_EVAL_FLOOR)
+    check_lm_eval_version()  # the installed one
+
+
+def test_pyproject_and_make_test_floor_name_the_lm_eval_floor():
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pins = [d for group in ("eval", "dev") for d in project["optional-dependencies"][group] if d.startswith("lm-eval")]
+    assert pins == [f"lm-eval>={LM_EVAL_FLOOR}"] * 2
+    assert f"FLOOR_LM_EVAL ?= {LM_EVAL_FLOOR}" in (root / "Makefile").read_text()

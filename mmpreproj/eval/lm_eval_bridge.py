@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
 from torch import nn
 
 from ..data import hellaswag_examples, hub_offline, hub_reachable, lambada_examples, wikitext_articles
 from .runtime import inference_mode
 
+LM_EVAL_FLOOR = "0.4.12"
+"""The oldest lm-eval this bridge runs on (its task index's entries and YAML reader, `_local_config`): pyproject.toml's
+`lm-eval>=` and `make test-floor` say the same."""
 LM_EVAL_LOCAL_TASKS = ("lambada_openai", "hellaswag", "wikitext")
 """lm-eval tasks that run on the data shipped in assets/ (arc_easy cannot: no local copy)."""
 # Folders of lm_eval/tasks/ holding the tasks we use: indexing only these takes milliseconds, not ~10 s.
@@ -24,6 +29,17 @@ _TASK_DIRS = {
 
 class LmEvalUnavailableError(RuntimeError):
     """lm-eval is not installed, or the data of a task cannot be reached; the message is one line."""
+
+
+def check_lm_eval_version(found: str | None = None) -> None:
+    """`LmEvalUnavailableError` (one line, both versions named) when lm-eval `found` (default: the installed one) is
+    older than `LM_EVAL_FLOOR`."""
+    found = found or version("lm_eval")
+    if Version(found) < Version(LM_EVAL_FLOOR):
+        raise LmEvalUnavailableError(
+            f"lm-eval {found} is older than {LM_EVAL_FLOOR}, the oldest mmpreproj runs lm-eval tasks with: "
+            f"pip install -U 'lm-eval>={LM_EVAL_FLOOR}'"
+        )
 
 
 def _local_dataset(task: str) -> Callable[..., dict[str, Any]]:
@@ -107,6 +123,7 @@ def run_lm_eval(
         import lm_eval
     except ImportError as err:
         raise LmEvalUnavailableError("lm-eval is not installed: pip install 'mmpreproj[eval]'") from err
+    check_lm_eval_version()
     if data_source not in ("hub", "local"):
         raise ValueError(f"unknown data source {data_source!r}; expected 'local' or 'hub'")
     names = ", ".join(tasks)
