@@ -33,6 +33,7 @@ from torch import nn
 
 import mmpreproj
 from mmpreproj import PreProjAttention, PreProjConfig
+from mmpreproj.hosts.checkpointing import reentrant_checkpointing
 from tests.helpers.host_contract import IDENTITY, HostCase, HostContract, build_once, injected_params, run
 from tests.helpers.snapshots import assert_same_snapshot, snapshot
 
@@ -348,6 +349,27 @@ def test_reentrant_checkpointing_gets_gradients_with_frozen_base(name):
     model.set_grad_checkpointing(True)
     before = use_reentrant_ckpt()
     set_reentrant_ckpt(True)
+    try:
+        run(case, model).square().mean().backward()
+    finally:
+        set_reentrant_ckpt(before)
+    for n, p in injected_params(model).items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
+
+
+def test_a_timm_without_use_reentrant_ckpt_counts_as_reentrant(monkeypatch):
+    """timm < 1.0.13 has no `use_reentrant_ckpt` (its checkpoint calls took torch's default, reentrant): the
+    checkpointing switch reads that as reentrant, and the frozen-base model still gets gradients (it raised an
+    AttributeError at the first forward there)."""
+    import timm.layers
+
+    before = use_reentrant_ckpt()
+    monkeypatch.delattr(timm.layers, "use_reentrant_ckpt")
+    case = next(c for c in CASES if c.id == "vit")
+    model = _perturbed(case.build()).train()
+    model.set_grad_checkpointing(True)
+    assert reentrant_checkpointing(model, "timm") and reentrant_checkpointing(model, "any")
+    set_reentrant_ckpt(True)  # what timm's own calls do there (this timm still reads its switch)
     try:
         run(case, model).square().mean().backward()
     finally:

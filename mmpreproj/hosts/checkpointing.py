@@ -6,7 +6,8 @@ give the injected weights no gradient; inject's hook on the embeddings then make
 
 - "transformers": a module's `gradient_checkpointing` (train mode only), reentrant unless the checkpoint
   function was given `use_reentrant=False`;
-- "timm": `grad_checkpointing`, reentrant as `timm.layers.use_reentrant_ckpt()` says;
+- "timm": `grad_checkpointing`, reentrant as `timm.layers.use_reentrant_ckpt()` says (timm < 1.0.13, which has
+  none: reentrant, torch's default there);
 - "open_clip": `grad_checkpointing`, never reentrant;
 - "any" (a described host, whose family nothing names): every switch above by the module's package, and
   any other `gradient_checkpointing`/`grad_checkpointing` flag that is on counts as reentrant (the safe side).
@@ -30,7 +31,9 @@ def _transformers(m: nn.Module) -> bool | None:
 
 def _timm(m: nn.Module) -> bool | None:
     if getattr(m, "grad_checkpointing", False) is True:
-        return bool(sys.modules["timm.layers"].use_reentrant_ckpt()) if "timm.layers" in sys.modules else True
+        # timm >= 1.0.13 says; before, its `checkpoint` calls took torch's default: reentrant
+        use_reentrant = getattr(sys.modules.get("timm.layers"), "use_reentrant_ckpt", None)
+        return bool(use_reentrant()) if use_reentrant is not None else True
     return None
 
 
