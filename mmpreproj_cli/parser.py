@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from mmpreproj_tables.tables import (
@@ -174,11 +175,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--texts", type=int, default=32, help="evaluation rows for the routing ratio (0 = skip it)")
     p.add_argument("--data-source", choices=DATA_SOURCES, default="local")
 
+    _add_table_commands(sub.add_parser)
+    _add_sweep(sub.add_parser)
+    _add_budget(sub.add_parser)
+    for p in sub.choices.values():  # every subcommand may load a model or data
+        p.add_argument(
+            "--online",
+            action="store_true",
+            help="allow hub downloads (default: offline, HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 unless "
+            "HF_HUB_OFFLINE is set in the environment; the command says which in its first line)",
+        )
+    return ap
+
+
+def _add_table_commands(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """`reproduce` and `demo`: the baseline and the methods, one Table-2-style table."""
     for name, helptext in (
         ("reproduce", "baseline + every method, one Table-2-style table"),
         ("demo", "the offline main job: `reproduce --preset mini` with the paper's five methods"),
     ):
-        p = sub.add_parser(name, help=helptext)
+        p = add_parser(name, help=helptext)
         if name == "reproduce":
             p.add_argument("--preset", choices=sorted(PRESETS), required=True)
         p.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
@@ -198,7 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _add_size_args(p)
 
-    p = sub.add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
+
+def _add_sweep(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """`sweep`: final PPL against the learning rate, per method."""
+    p = add_parser("sweep", help="final PPL vs learning rate, per method (one seed per point) -> lr_sweep.png")
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-lr-sweep)")
     p.add_argument("--methods", default="preproj_skip,lora", help="comma-separated (default: %(default)s)")
@@ -215,9 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_size_args(p)
 
-    p = sub.add_parser(
-        "budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png"
-    )
+
+def _add_budget(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """`budget`: the methods at equal parameter budgets, each at its own best LR."""
+    p = add_parser("budget", help="at each parameter budget, each method at its own best LR, 3 seeds -> pareto.png")
     p.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="(default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<preset>-budget)")
     p.add_argument(
@@ -245,11 +265,3 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="override the preset's model (hub id or local folder)")
     p.add_argument("--data-source", choices=DATA_SOURCES, default="local")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    for p in sub.choices.values():  # every subcommand may load a model or data
-        p.add_argument(
-            "--online",
-            action="store_true",
-            help="allow hub downloads (default: offline, HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 unless "
-            "HF_HUB_OFFLINE is set in the environment; the command says which in its first line)",
-        )
-    return ap
