@@ -22,7 +22,7 @@ the hosts (`mmpreproj.hosts`) on one side and the trainer on the other.
     model_card.py   the README.md an adapter folder may carry
 
 Nothing here writes a model instance's methods or keeps a global; peft's `peft_config` and each layer's
-`_active_adapter` are the record of what runs.
+`active_adapters` are the record of what runs.
 """
 
 from .apply import adapter_disabled as adapter_disabled

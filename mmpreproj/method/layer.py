@@ -184,7 +184,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.call = call
         self.preproj = nn.ModuleDict()
         self.preproj_skip = nn.ModuleDict()
-        self._active_adapter = adapter_name
+        BaseTunerLayer.set_adapter(self, adapter_name)  # peft's record of what runs (no modules yet: no flag changes)
         self.update_layer(adapter_name, preproj, skip)
         self.merged_adapters = []
         self.block_index = block_index
@@ -238,7 +238,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         if len(names) != 1:
             raise ValueError(f"set_adapter({names}): {ONE_ADAPTER_PER_FORWARD}")
         BaseTunerLayer.set_adapter(self, names[0], inference_mode=inference_mode)
-        self._active_adapter = names[0]
         self._sync_slots()
 
     def delete_adapter(self, adapter_name: str) -> None:
@@ -269,7 +268,10 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         """Run the adapters (True) or the host attention alone (False). Unlike peft's default, `requires_grad`
         is left as it is: a disabled pass (`adapter_disabled`, peft's `disable_adapter()`) never thaws a frozen
         adapter."""
-        self._disable_adapters = not enabled
+        flags = [(p, p.requires_grad) for name in self.adapter_layer_names for p in getattr(self, name).parameters()]
+        BaseTunerLayer.enable_adapters(self, enabled)  # peft's switch, which also sets requires_grad: put back
+        for p, flag in flags:
+            p.requires_grad_(flag)
         self._sync_slots()
 
     def _sync_slots(self) -> None:
@@ -280,7 +282,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     @property
     def adapter_enabled(self) -> bool:
         """Whether the adapters run (peft's `not disable_adapters`)."""
-        return not self._disable_adapters
+        return not self.disable_adapters
 
     @adapter_enabled.setter
     def adapter_enabled(self, enabled: bool) -> None:
@@ -508,6 +510,6 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
 
     def extra_repr(self) -> str:
         return (
-            f"part={self.part!r}, block_index={self.block_index}, active_adapter={self.active_adapter!r}, "
+            f"part={self.part!r}, block_index={self.block_index}, active_adapter={self.active_adapters[0]!r}, "
             f"adapter_enabled={self.adapter_enabled}"
         )
