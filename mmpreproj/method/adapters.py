@@ -101,14 +101,13 @@ def plan_addition(
             f"{caller}: adapter_name={name!r} is already loaded ({loaded}); "
             "delete_adapter it first or choose another name"
         )
-    if tensors is None:  # a fresh adapter (or peft's load, which copies the file's tensors in later)
-        for field_name in ("parts", "layers", "modules_to_save", "host", "preproj", "skip"):
-            have, want = getattr(state.config, field_name), getattr(config, field_name)
-            if want != have and not (field_name == "host" and want is None):
-                raise ValueError(
-                    f"{where}: config.{field_name}={want!r}, the injection has {have!r}; "
-                    "an added adapter sits on the same sites (nothing was changed)"
-                )
+    for field_name in ("parts", "layers", "modules_to_save", "host", "preproj", "skip"):  # fresh or saved: one rule
+        have, want = getattr(state.config, field_name), getattr(config, field_name)
+        if want != have and not (field_name == "host" and want is None):
+            raise ValueError(
+                f"{where}: config.{field_name}={want!r}, the injection has {have!r}; "
+                "an added adapter sits on the same sites (nothing was changed)"
+            )
     modules, expected = {}, {}
     pairs = injected_paths(owner)
     # a saved adapter's modules are overwritten: building them must not move the caller's RNG

@@ -342,12 +342,34 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 "overwritten. adapter_config.json was not written (the folder does not load); remove the link and "
                 "save again, or save with mmpreproj.save_adapter(model, DIR), which never follows links"
             )
+        if Path(save_directory, "adapter_model.bin").exists():  # peft's `safe_serialization=False`
+            self._refuse_unpaired_weights(save_directory)
         target = Path(save_directory, "adapter_config.json")
         if target.is_symlink():
             os.unlink(target)
         elif target.exists() and not target.is_file():
             raise ValueError(f"PreProjConfig.save_pretrained: {target} exists and is not a file; nothing was written")
         super().save_pretrained(save_directory, **kwargs)
+
+    def _refuse_unpaired_weights(self, save_directory: str) -> None:
+        """With an `adapter_model.bin` in the folder (peft writes one for `safe_serialization=False`), write the
+        config only when the folder's safetensors are the weights it was saved with: loaders read those alone, so
+        a config over other weights would leave the folder's earlier, complete save unloadable."""
+        weights = Path(save_directory, ADAPTER_WEIGHTS_NAME)
+        try:
+            tensors = load_file(str(weights))
+            heads = peft_head_keys(self, tensors)
+            check_weights_digest(
+                (self.injection or {}).get(DIGEST_KEY), {k: v for k, v in tensors.items() if k not in heads}, weights
+            )
+        except (OSError, SafetensorError, ValueError):
+            raise ValueError(
+                f"PreProjConfig.save_pretrained: {save_directory} holds adapter_model.bin and no "
+                f"{ADAPTER_WEIGHTS_NAME} of these weights (peft's save_pretrained(safe_serialization=False)?): a "
+                "PREPROJ folder's weights are its safetensors, which every loader reads and checks. "
+                "adapter_config.json was not written (an earlier save there still loads); save with "
+                "safe_serialization=True (peft's default)"
+            ) from None
 
     def check_sizes(self, dim: int) -> None:
         """Refuse `expansion` or `skip_rank` out of range for model width `dim`, naming the field and the

@@ -52,6 +52,7 @@ from ..modules.skip import ContentSkip
 BASE_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json", "*.bin")
 
 PEFT_PREFIX = "base_model.model."  # what peft puts before a module path in its files (the one definition)
+ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files: peft_type "PREPROJ", method/files.py)
 
 # peft's task classes that wrap the head modules named in `modules_to_save` in their own `ModulesToSaveWrapper`
 # after the tuner is built (`PeftModelForSequenceClassification` adds "classifier" and "score", ...): under them
@@ -116,6 +117,7 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     width, floating point and finite, plus the `modules_to_save` modules' finite tensors."""
     where = f"adapter weights {weights_file}"
     record = config.injection or {}
+    _check_tags(config, record, where)
     modules, widths = record_sites(record, where), record.get("hidden_size")
     if type(widths) is int:
         widths = [widths] * len(modules)
@@ -163,6 +165,8 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     missing = sorted(set(expected) - {k.removeprefix(PEFT_PREFIX) for k in tensors})
     if missing:
         raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")
+    if getattr(config, "format_version", 0) >= 3 and "tensor_shapes" in record:  # today's keys: every tensor recorded
+        _check_recorded_shapes(tensors, peft_heads, record["tensor_shapes"], where)
     if head_shapes is not None:
         have = {k.removeprefix(PEFT_PREFIX) for k in peft_heads}
         lacking, extra = sorted(set(head_shapes) - have), sorted(have - set(head_shapes))
@@ -170,6 +174,47 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
             raise ValueError(
                 f"{where}: the head tensors peft saves for task_type {config.task_type} are not the ones its config's "
                 f"injection.head_shapes records: missing {lacking[:3]}, unexpected {extra[:3]}"
+            )
+
+
+def _check_tags(config: Any, record: dict, where: str) -> None:
+    """The record's `adapter_type` and `method` tags (where written) are this method's and its config's."""
+    if record.get("adapter_type", ADAPTER_TYPE) != ADAPTER_TYPE:
+        raise ValueError(
+            f"{where}: its config's injection.adapter_type={record['adapter_type']!r:.60}; a PREPROJ adapter's is "
+            f"{ADAPTER_TYPE!r}"
+        )
+    method = record.get("method")
+    if method is not None and method != config.method:
+        raise ValueError(
+            f"{where}: its config's injection.method={method!r:.60}, but its preproj={config.preproj} and "
+            f"skip={config.skip} make it {config.method!r}"
+        )
+
+
+def _check_recorded_shapes(tensors: dict[str, torch.Tensor], heads: set[str], shapes: Any, where: str) -> None:
+    """Ours (every tensor but peft's heads) are the ones `injection.tensor_shapes` records, each of its recorded
+    shape and floating point: a `modules_to_save` tensor edited, dropped or added is refused here, before any loader
+    injects (the record itself is checked against the model in `load_check.py`)."""
+    if not (
+        isinstance(shapes, dict)
+        and all(isinstance(v, list) and all(type(n) is int and n >= 0 for n in v) for v in shapes.values())
+    ):
+        raise ValueError(f"{where}: its config's injection.tensor_shapes={shapes!r:.60} is not key -> shape")
+    have = {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if k not in heads}
+    lacking, extra = sorted(set(shapes) - set(have)), sorted(set(have) - set(shapes))
+    if lacking or extra:
+        raise ValueError(
+            f"{where}: its tensors are not the ones its config's injection.tensor_shapes records: missing "
+            f"{lacking[:3]}, unexpected {extra[:3]}"
+        )
+    for key, value in have.items():
+        if not value.is_floating_point():
+            raise ValueError(f"{where}: tensor {key} has dtype {value.dtype}; saved weights are floating point")
+        if list(value.shape) != shapes[key]:
+            raise ValueError(
+                f"{where}: tensor {key} has shape {tuple(value.shape)}, but its config's injection.tensor_shapes "
+                f"records {tuple(shapes[key])}"
             )
 
 

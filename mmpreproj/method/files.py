@@ -35,9 +35,17 @@ from ..util.file_sets import committed_files, write_files
 from ..version import __version__
 from .config import ADAPTER_FORMAT
 from .convert import OLD_SLOTS, is_legacy_description, model_keys
-from .file_check import DIGEST_KEY, PEFT_HEAD_TASKS, PEFT_PREFIX, check_weights_digest, record_sites, weights_digest
+from .file_check import (
+    ADAPTER_TYPE,
+    DIGEST_KEY,
+    PEFT_HEAD_TASKS,
+    PEFT_PREFIX,
+    check_weights_digest,
+    record_sites,
+    weights_digest,
+)
 from .model_card import card_fields, model_card
-from .state import ADAPTER_TYPE, STATE_ATTR, InjectionState, active_name, injected_owner, named_adapter
+from .state import STATE_ATTR, InjectionState, active_name, injected_owner, named_adapter
 from .state_dict import (
     SLOTS,
     adapter_state_dict,

@@ -55,7 +55,7 @@ from .load_check import check_added_record, check_record, planned_tensors
 from .plan import check_saved_paths, plan_injection, saved_host
 from .pretrained_save import check_saved_pair, config_save_token
 from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
-from .state import check_adapter_name, injected_owner, is_injected, refuse_meta_parameters
+from .state import check_adapter_name, injected_modules, injected_owner, is_injected, refuse_meta_parameters
 from .state_dict import (
     SLOTS,
     check_tensors_match,
@@ -84,9 +84,10 @@ def load_injection(
     reloads with no code. Raises (leaving `model` untouched) on a missing or corrupt file, another host,
     parts the model does not have, another hidden size or block count, or weights that do not match.
 
-    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, frozen
-    and inactive (`set_adapter` switches to it; see `adapters.py`); on a plain model it names the
-    first adapter (default "default").
+    On a model that is already injected, `adapter_name` adds this adapter beside the loaded ones, inactive
+    (`set_adapter` switches to it; see `adapters.py`) and frozen unless `is_trainable=True` (then its weights wait
+    trainable, as peft's `load_adapter(..., is_trainable=True)` leaves them); on a plain model it names the first
+    adapter (default "default").
     Saved `add_rope` positions are restored on a model without them, or the load is refused with the call
     to make (`mmpreproj.timm_rope.saved`).
     """
@@ -102,7 +103,11 @@ def load_injection(
     if adapter_name is not None and is_injected(model):  # checked as the first adapter is (by block index)
         check_added_record(model, config, desc, f"adapter at {path}", by_path=False)
         owner, _ = injected_owner(model, "load_adapter")
-        return add_planned(model, plan_addition(owner, config, adapter_name, str(path), tensors=tensors))
+        add_planned(model, plan_addition(owner, config, adapter_name, str(path), tensors=tensors))
+        if is_trainable:  # peft's rule: it waits trainable (inactive until set_adapter)
+            for w in injected_modules(owner):
+                w.set_requires_grad([adapter_name], requires_grad=True)
+        return model
     if freeze_base is not None:
         config.freeze_base = freeze_base
     host = saved_host(model, desc, path)

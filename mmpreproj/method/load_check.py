@@ -33,7 +33,7 @@ from .config import PreProjConfig, check_folder_weights, check_saved_weights
 from .convert import model_keys
 from .file_check import HEAD_SHAPES_KEY
 from .plan import Plan, config_host, plan_injection
-from .state import injected_owner
+from .state import injected_owner, refuse_meta_parameters
 from .state_dict import rekeyed_by_block, saved_module_tensors, wrapper_tensors
 
 
@@ -135,6 +135,7 @@ def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: boo
     `added` by block index, the host, host paths and `modules_to_save` names) against `state` (a planned or an injected
     `InjectionState`); a path the model has must sit at the same block either way. A field an older record lacks
     is not compared (the weight keys and shapes still are)."""
+    _check_form(record, where)
     saved_parts = [p.get("name") for p in record.get("parts") or [] if isinstance(p, dict)]
     have = {
         "parts": (saved_parts or None, [p["name"] for p in state.parts]),
@@ -161,6 +162,24 @@ def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: boo
     _check_order(state, record, where)
 
 
+# the record's fields whose form is checked here (the others by the checks that read them): field -> (test, form)
+_FORMS = {
+    "parts": (lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v), "a list of part objects"),
+    "host": (lambda v: isinstance(v, str), "a host row name"),
+    "host_description": (lambda v: isinstance(v, dict), "a host description (an object)"),
+    "tensor_shapes": (lambda v: isinstance(v, dict), "key -> shape"),
+}
+
+
+def _check_form(record: dict[str, Any], where: str) -> None:
+    """A field of the record that is there (not null) has the form the tuner writes: an edited one is refused, not
+    read as absent."""
+    for name, (ok, form) in _FORMS.items():
+        value = record.get(name)
+        if value is not None and not ok(value):
+            raise ValueError(f"{where}: injection.{name}={value!r:.60} is not {form}; nothing was loaded")
+
+
 def _paths_of(description: dict) -> dict:
     """The paths of a saved description in one normal form (old spellings read as today's)."""
     spec = HostSpec.from_dict(description)
@@ -182,17 +201,27 @@ def _check_order(state: Any, record: dict[str, Any], where: str) -> None:
             )
 
 
-def check_transformers_load(config: PreProjConfig) -> None:
+def check_transformers_load(config: PreProjConfig, model: nn.Module) -> None:
     """When this injection runs inside transformers' `load_adapter`: ValueError naming the file unless the weights
-    it will load (the local folder's, or `adapter_state_dict`) are the ones `config` was saved with."""
+    it will load (the local folder's, or `adapter_state_dict`) are the ones `config` was saved with (its `injection`
+    record: a config without one is refused, its weights could not be checked), and unless `model`'s weights are
+    real (on the meta device the loaded ones would be dropped)."""
     call = _load_adapter_call()
     if call is None:
         return
+    refuse_meta_parameters(model, "load_adapter")
     state_dict, folder, load_config = (
         call.get("adapter_state_dict"),
         call.get("peft_model_id"),
         call.get("load_config"),
     )
+    source = "adapter_state_dict" if state_dict is not None else f"{str(folder)!r}"
+    if config.injection is None and (state_dict is not None or (folder is not None and Path(str(folder)).is_dir())):
+        raise ValueError(
+            f"load_adapter({source}): its PREPROJ config has no 'injection' record (what the tuner writes beside the "
+            "weights: blocks, paths, shapes, digest), so the weights cannot be checked before they load; load a "
+            "folder a PREPROJ save wrote, with its adapter_config.json as written (nothing was loaded)"
+        )
     if state_dict is not None:
         check_saved_weights(config, dict(state_dict), "adapter_state_dict")
         return

@@ -103,7 +103,19 @@ class PreProjModel(BaseTuner):
         self._request = request
         self._injection: Injection | None = None
         self._addition: Addition | None = None
-        super().__init__(model, peft_config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict)
+        # peft's __init__ writes the config into the `peft_config` dict a model already injected holds (the record
+        # of its adapters) before any check: a refused injection puts that record back as it was
+        record = vars(model).get("peft_config")
+        kept = dict(record) if isinstance(record, dict) else None
+        try:
+            super().__init__(
+                model, peft_config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict
+            )
+        except BaseException:
+            if kept is not None:
+                record.clear()
+                record.update(kept)
+            raise
 
     # -- injection: peft's loop (BaseTuner.inject_adapter), driven by the host plan ------------------------
     def inject_adapter(
@@ -169,15 +181,13 @@ class PreProjModel(BaseTuner):
         transformers' `model.load_adapter(DIR, adapter_name=...)` (peft's `inject_adapter_in_model`), which then
         loads the file by its keys, and those keys are the active adapter's: its weights would overwrite the
         loaded adapter and leave the new one at its init. Refused before anything changes (peft's `__init__`
-        already put the config into the model's `peft_config`; it is taken out again)."""
+        already put the config into the model's `peft_config`: `__init__` puts that record back)."""
         if (
             self._request is None
             and isinstance(config, PreProjConfig)
             and config.injection is not None
             and is_injected(model)
         ):
-            if self.peft_config.get(adapter_name) is config:
-                del self.peft_config[adapter_name]
             raise ValueError(
                 f"loading a saved PREPROJ adapter as {adapter_name!r} onto a model that already holds one, through "
                 "a new tuner (transformers' model.load_adapter, peft's inject_adapter_in_model): the caller then "
@@ -223,8 +233,9 @@ class PreProjModel(BaseTuner):
         if request.plan is not None:
             injection.plan = request.plan
         else:
+            if self._request is None:  # under transformers' load_adapter: the weights it will load, any config
+                check_transformers_load(self.peft_config[injection.adapter_name], model)
             if self._request is None and injection.config.injection is not None:  # a config read from a file
-                check_transformers_load(self.peft_config[injection.adapter_name])  # its weights, under transformers
                 check_record_fits(model, injection.config)
             injection.plan, injection.example_input = plan_for(
                 model, injection.config, injection.adapter_name, request.host, request.example_input

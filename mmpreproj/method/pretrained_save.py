@@ -49,7 +49,15 @@ from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
 from .state import STATE_ATTR, wrappers_aside
-from .state_dict import SLOTS, copy_adapter_weights, local_adapter_state_dict, refuse_peft_heads, saved_module_tensors
+from .state_dict import (
+    SLOTS,
+    adapter_state_dict,
+    copy_adapter_weights,
+    local_adapter_state_dict,
+    refuse_non_finite,
+    refuse_peft_heads,
+    saved_module_tensors,
+)
 
 SAVE_TOKEN_KEY = "mmpreproj_save_token"  # in the base's config.json: the save_pretrained call that wrote it
 
@@ -201,6 +209,11 @@ def save_pretrained(
         return
     _refuse_torchao_base(model)
     refuse_links(folder, (*BASE_FILES, PRETRAINED_ADAPTER_DIR), "save_pretrained")  # transformers writes in place
+    if adapter_sd is None:  # gathered once, before the base is written (a collective: every rank calls)
+        adapter_sd = adapter_state_dict(model)
+    # what save_adapter refuses, refused before transformers writes the base (a new config.json token would leave
+    # the folder's earlier adapter unpaired)
+    refuse_non_finite(adapter_sd, f"save_pretrained: refusing to write {folder}")
     with base_view(model), _save_token_in_config(model) as token:  # config.json carries the token
         cls_save(model, save_directory, is_main_process=is_main_process, state_dict=base_sd, **kwargs)
     if is_main_process:  # transformers writes its safetensors 0600 whatever the umask

@@ -22,7 +22,8 @@ from torch.utils.hooks import RemovableHandle
 
 from ..version import __version__
 from .config import PreProjConfig
-from .layer import PreProjAttention
+from .file_check import ADAPTER_TYPE
+from .layer import BASE_ADAPTER, PreProjAttention
 
 STATE_ATTR = "mmpreproj_state"
 
@@ -61,9 +62,6 @@ def refuse_meta_parameters(model: nn.Module, what: str) -> None:
             f"{what}: the model has {len(meta)} tensor(s) on the meta device (e.g. {meta[0]}); materialise it "
             f"first (model.to_empty(device=...) and load the base weights), then call {what} again"
         )
-
-
-ADAPTER_TYPE = "mmpreproj"  # the `adapter_type` tag of the descriptions (files: peft_type "PREPROJ", method/files.py)
 
 
 @dataclass
@@ -172,9 +170,13 @@ def adapter_trains(wrappers: Iterable[PreProjAttention]) -> bool:
 
 
 def check_adapter_name(name: object) -> str:
-    """An adapter name: a non-empty string without '.' (it becomes an `nn.ModuleDict` key)."""
-    if not isinstance(name, str) or not name or "." in name:
-        raise ValueError(f"adapter_name={name!r}; must be a non-empty string without '.'")
+    """An adapter name: a non-empty string without '.' (it becomes an `nn.ModuleDict` key), and not "__base__"
+    (peft's name for the base alone in a mixed batch's `adapter_names`)."""
+    if not isinstance(name, str) or not name or "." in name or name == BASE_ADAPTER:
+        raise ValueError(
+            f"adapter_name={name!r}; must be a non-empty string without '.', and not {BASE_ADAPTER!r} (in a mixed "
+            "batch it names the base alone)"
+        )
     return name
 
 
