@@ -248,3 +248,28 @@ def test_an_edited_record_field_is_refused_not_read_as_absent(record_folders, ba
     if loader == "ours" and case in ("method", "adapter_type"):  # ours reads the tags first, in its own words
         said = r"method=|adapter_type="
     _refused(FIRST[loader], _base(base_dir), record_folders[case], said)
+
+
+# -- what stays as it is, pinned (docs/peft-guide.md, "What each loader checks") -----------------------------------
+def test_peft_reads_a_config_that_is_not_json_itself_and_the_model_is_unchanged(tmp_path, base_dir):
+    folder = good(base_dir, tmp_path / "f")
+    (folder / C).write_text("")
+    _refused(FIRST["peft"], _base(base_dir), folder, "Expecting value", error=Exception)
+
+
+def test_the_digest_covers_the_weights_not_the_other_config_fields(tmp_path, base_dir):
+    folder = good(base_dir, tmp_path / "f")
+    want = PeftModel.from_pretrained(_base(base_dir), str(folder))(IDS).logits
+    edit(folder, config=lambda c: c.update(activation="relu"))
+    assert not torch.allclose(PeftModel.from_pretrained(_base(base_dir), str(folder))(IDS).logits, want)
+
+
+def test_peft_writes_non_finite_weights_as_they_are_and_ours_refuse_them(tmp_path, base_dir):
+    model = get_peft_model(_base(base_dir), PreProjConfig())
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).fill_(float("nan"))
+    model.save_pretrained(tmp_path / "peft")
+    assert (tmp_path / "peft" / C).is_file()
+    with pytest.raises(ValueError, match="non-finite"):
+        mmpreproj.save_adapter(model, tmp_path / "ours")
+    assert not (tmp_path / "ours").exists()
