@@ -45,6 +45,7 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
     must be the model's, in order. Otherwise (`mmpreproj.load_adapter`, by block index) the paths may differ
     (a `features_only` net, another wrapping), but a path the model has must sit at the same block."""
     _check_sites(plan.state, record, where, by_path=by_path)
+    _check_config_host(plan.state.config.host, record, where)
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
         expected, shapes = planned_tensors(model, plan, shapes, record, by_path=by_path)
@@ -57,6 +58,17 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
                 f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
                 "nothing was loaded"
             )
+
+
+def _check_config_host(host: Any, record: dict[str, Any], where: str) -> None:
+    """The config's `host` (what the user asked for; the record's description is what loads) must not contradict the
+    record: a row name is the record's `host`, a description is not empty."""
+    saved = record.get("host")
+    if (isinstance(host, str) and isinstance(saved, str) and host != saved) or host == {}:
+        raise ValueError(
+            f"{where}: config.host={host!r:.60}, but its injection.host={saved!r:.60} (the row the adapter was "
+            "injected with); nothing was loaded"
+        )
 
 
 def planned_tensors(model: nn.Module, plan: Plan, tensors: dict, record: dict, *, by_path: bool) -> tuple[dict, dict]:
@@ -145,6 +157,7 @@ def _check_sites(state: Any, record: dict[str, Any], where: str, *, by_path: boo
     }
     saved_mts = record.get("modules_to_save") or {}
     if by_path:
+        have["host"] = (record.get("host"), state.host)
         have["modules"] = (record.get("modules"), state.modules)
         have["modules_to_save"] = (saved_mts if "modules_to_save" in record else None, state.modules_to_save)
     elif added:  # by block index: the names (the paths may be another wrapping's)

@@ -273,3 +273,18 @@ def test_peft_writes_non_finite_weights_as_they_are_and_ours_refuse_them(tmp_pat
     with pytest.raises(ValueError, match="non-finite"):
         mmpreproj.save_adapter(model, tmp_path / "ours")
     assert not (tmp_path / "ours").exists()
+
+
+@pytest.mark.parametrize("host", ["llama", "nope", {}], ids=["another_row", "no_row", "empty_description"])
+@pytest.mark.parametrize("loader", sorted(FIRST))
+def test_a_config_host_that_contradicts_the_record_is_refused(tmp_path, base_dir, host, loader):
+    folder = good(base_dir, tmp_path / "f")
+    edit(folder, config=lambda c: c.update(host=host))
+    _refused(FIRST[loader], _base(base_dir), folder, r"config\.host=.*injection\.host='gpt_neox'")
+
+
+@pytest.mark.parametrize("loader", ["hf", "peft"])
+def test_a_record_naming_another_host_row_is_refused_by_the_loaders_that_key_by_path(tmp_path, base_dir, loader):
+    folder = good(base_dir, tmp_path / "f")
+    edit(folder, config=lambda c: c["injection"].update(host="llama"))
+    _refused(FIRST[loader], _base(base_dir), folder, r"injection\.host='llama' but its config resolves to 'gpt_neox'")
