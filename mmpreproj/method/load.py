@@ -232,7 +232,13 @@ def _load_lora(model: nn.Module, folder: Path, is_trainable: bool, name: str, st
         raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}") from None
     except Exception as e:
         raise ValueError(f"corrupt adapter weights {folder / ADAPTER_WEIGHTS_NAME}: {e}") from None
-    config = peft.PeftConfig.from_pretrained(str(folder))
+    try:
+        config = peft.PeftConfig.from_pretrained(str(folder))
+    except (KeyError, TypeError, ValueError) as e:  # peft's reader: a peft_type it does not know, another form
+        raise ValueError(
+            f"adapter config {folder / ADAPTER_CONFIG_NAME}: neither an mmpreproj adapter (peft_type 'PREPROJ') nor "
+            f"one peft reads ({type(e).__name__}: {str(e)[:80]}); check its peft_type; nothing was loaded"
+        ) from None
     config.inference_mode = not is_trainable
     flags = [(p, p.requires_grad) for p in model.parameters()]
     cls = stacked_class(config.task_type) if stacked else MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type)

@@ -91,7 +91,11 @@ def from_pretrained(
             )
         )
         if folder is None or not (folder / ADAPTER_CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"from_pretrained: no mmpreproj adapter files in {adapter!r}")
+            where = Path(str(adapter)) / ADAPTER_CONFIG_NAME if folder is None else folder / ADAPTER_CONFIG_NAME
+            raise FileNotFoundError(
+                f"from_pretrained: no mmpreproj adapter files in {str(adapter)!r}: {where} is missing (nor in its "
+                f"{PRETRAINED_ADAPTER_DIR}/)"
+            )
     if folder is not None and not (folder / ADAPTER_WEIGHTS_NAME).is_file():  # before the base is loaded
         raise FileNotFoundError(f"adapter file missing: {folder / ADAPTER_WEIGHTS_NAME}")
     if adapter is None and folder is not None and folder != Path(source):  # the pair save_pretrained wrote

@@ -288,3 +288,17 @@ def test_a_record_naming_another_host_row_is_refused_by_the_loaders_that_key_by_
     folder = good(base_dir, tmp_path / "f")
     edit(folder, config=lambda c: c["injection"].update(host="llama"))
     _refused(FIRST[loader], _base(base_dir), folder, r"injection\.host='llama' but its config resolves to 'gpt_neox'")
+
+
+@pytest.mark.parametrize("peft_type", ["preproj", None])
+def test_ours_names_the_file_of_a_peft_type_no_one_reads(tmp_path, base_dir, peft_type):
+    folder = good(base_dir, tmp_path / "f")
+    edit(folder, config=lambda c: c.update(peft_type=peft_type))
+    _refused(FIRST["ours"], _base(base_dir), folder, r"adapter_config\.json: neither an mmpreproj adapter")
+
+
+def test_from_pretrained_names_the_missing_adapter_config(tmp_path, base_dir):
+    folder = good(base_dir, tmp_path / "f")
+    (folder / C).unlink()
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json is missing"):
+        mmpreproj.from_pretrained(base_dir, adapter=folder)
