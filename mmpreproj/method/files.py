@@ -214,6 +214,10 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 raise ValueError(
                     f"'config' must be an object of PreProjConfig fields, got {type(desc['config']).__name__}"
                 )
+            if not isinstance(desc.get("modules_to_save") or {}, dict):
+                raise ValueError(
+                    f"injection.modules_to_save={desc['modules_to_save']!r:.60} is not an object of name -> path"
+                )
         except (json.JSONDecodeError, ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"corrupt adapter config {path / ADAPTER_CONFIG_NAME}: {e}") from None
         except RecursionError:  # json.loads of a file nested thousands of levels deep

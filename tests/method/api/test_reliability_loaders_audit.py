@@ -228,6 +228,10 @@ RECORD_CASES = {
     "parts": (lambda c: c["injection"].update(parts="x"), r"injection\.parts='x' is not a list of part objects"),
     "host_description": (lambda c: c["injection"].update(host_description="x"), r"injection\.host_description='x'"),
     "tensor_shapes": (lambda c: c["injection"].update(tensor_shapes=[]), r"injection\.tensor_shapes=\[\]"),
+    "modules_to_save": (
+        lambda c: c["injection"].update(modules_to_save=["lm_head"]),
+        r"modules_to_save.*(must be|is not) an object of name -> path",
+    ),
 }
 
 
