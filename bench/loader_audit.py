@@ -57,6 +57,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import mmpreproj  # noqa: E402  (registers PREPROJ with peft)
 from mmpreproj import PreProjConfig  # noqa: E402
 from mmpreproj.method.file_check import weights_digest  # noqa: E402
+from tests.helpers.zoo import tiny_neox  # noqa: E402  (the tests' tiny GPT-NeoX: PYTHONPATH=.)
 
 tf.utils.logging.disable_progress_bar()
 logging.disable(logging.NOTSET)
@@ -93,22 +94,6 @@ X = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
 
 # --------------------------------------------------------------------------------------------------------------
 # models and folders
-
-
-def tiny_neox(seed: int = 0, **overrides) -> tf.GPTNeoXForCausalLM:
-    kw = dict(
-        vocab_size=128,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        rotary_pct=0.25,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    kw.update(overrides)
-    torch.manual_seed(seed)
-    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**kw)).eval()
 
 
 def tiny_llama(seed: int = 0, width: int = 32, depth: int = 2) -> tf.LlamaForCausalLM:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from peft import get_peft_model
 from safetensors.torch import load_file, save_file
 
 from mmpreproj import PreProjConfig
 from mmpreproj.method.file_check import weights_digest
+from tests.helpers.snapshots import assert_unchanged, snapshot
 
 W, C = "adapter_model.safetensors", "adapter_config.json"
 UP0 = "base_model.model.gpt_neox.layers.0.attention.preproj.up.weight"
@@ -125,3 +127,22 @@ def write_cases(root: Path, base_dir: Path, names=None) -> dict[str, Path]:
         edit(folder, tensors, config, redigest)
         out[name] = folder
     return out
+
+
+PEFT_ATTRS = ("peft_config", "_hf_peft_config_loaded", "mmpreproj_state")
+
+
+def peft_attrs(model: torch.nn.Module) -> dict:
+    """peft's and transformers' attributes on the model, by identity (a refused load adds or replaces none)."""
+    return {k: id(vars(model)[k]) for k in PEFT_ATTRS if k in vars(model)}
+
+
+def assert_refused(load, model: torch.nn.Module, folder: Path, said: str, error: type = ValueError) -> None:
+    """`load(model, folder)` raises one `error` matching `said`; the model (modules, tensors, flags, peft's
+    attributes) and the folder are as they were."""
+    before, attrs, tree = snapshot(model), peft_attrs(model), files(folder)
+    with pytest.raises(error, match=said):
+        load(model, folder)
+    assert_unchanged(model, before)
+    assert peft_attrs(model) == attrs
+    assert files(folder) == tree

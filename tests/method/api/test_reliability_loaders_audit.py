@@ -26,9 +26,8 @@ from peft import PeftModel, get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from tests.helpers.adapter_cases import C, W, edit, files, good
+from tests.helpers.adapter_cases import C, W, assert_refused, edit, files, good
 from tests.helpers.adapter_cases import base as _base
-from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox
 
 HEAD = "base_model.model.lm_head.weight"
@@ -40,15 +39,6 @@ def base_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("base")
     tiny_neox().save_pretrained(path)
     return path
-
-
-def _refused(load, model: torch.nn.Module, folder: Path, said: str, error: type = ValueError) -> None:
-    """`load(model, folder)` raises `error` matching `said`; the model and the folder are as they were."""
-    before, tree = snapshot(model), files(folder)
-    with pytest.raises(error, match=said):
-        load(model, folder)
-    assert_unchanged(model, before)
-    assert files(folder) == tree
 
 
 FIRST = {
@@ -99,15 +89,17 @@ def test_an_edited_modules_to_save_tensor_is_refused_before_anything_injects(hea
         model = PeftModel.from_pretrained(
             _base(base_dir), str(good(base_dir, head_folders[case].parent / f"{case}-0"))
         )
-        _refused(lambda m, f: m.load_adapter(str(f), adapter_name="b"), model, head_folders[case], HEAD_CASES[case][1])
+        assert_refused(
+            lambda m, f: m.load_adapter(str(f), adapter_name="b"), model, head_folders[case], HEAD_CASES[case][1]
+        )
         assert list(model.peft_config) == ["default"]
     else:
-        _refused(FIRST[loader], _base(base_dir), head_folders[case], HEAD_CASES[case][1])
+        assert_refused(FIRST[loader], _base(base_dir), head_folders[case], HEAD_CASES[case][1])
 
 
 @pytest.mark.parametrize("case", sorted(HEAD_CASES))
 def test_ours_refuses_an_edited_modules_to_save_tensor(head_folders, base_dir, case):
-    _refused(FIRST["ours"], _base(base_dir), head_folders[case], r"lm_head\.weight|lm_head\.bias")
+    assert_refused(FIRST["ours"], _base(base_dir), head_folders[case], r"lm_head\.weight|lm_head\.bias")
 
 
 # -- transformers' load_adapter: every config checked, a meta base refused ---------------------------------------
@@ -123,7 +115,7 @@ def test_ours_refuses_an_edited_modules_to_save_tensor(head_folders, base_dir, c
 def test_transformers_refuses_a_config_without_its_injection_record(tmp_path, base_dir, change, nan):
     folder = good(base_dir, tmp_path / "f")
     edit(folder, (lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()}) if nan else None, change)
-    _refused(FIRST["hf"], _base(base_dir), folder, r"no 'injection' record")
+    assert_refused(FIRST["hf"], _base(base_dir), folder, r"no 'injection' record")
 
 
 def test_transformers_refuses_a_meta_device_base(tmp_path, base_dir):
@@ -141,11 +133,13 @@ def test_base_is_refused_as_an_adapter_name_by_every_route(tmp_path, base_dir):
     said = r"adapter_name='__base__'.*names the base alone"
     with pytest.raises(ValueError, match=said):
         get_peft_model(_base(base_dir), PreProjConfig(), adapter_name="__base__")
-    _refused(lambda m, f: PeftModel.from_pretrained(m, str(f), adapter_name="__base__"), _base(base_dir), folder, said)
-    _refused(lambda m, f: mmpreproj.load_adapter(m, f, adapter_name="__base__"), _base(base_dir), folder, said)
+    assert_refused(
+        lambda m, f: PeftModel.from_pretrained(m, str(f), adapter_name="__base__"), _base(base_dir), folder, said
+    )
+    assert_refused(lambda m, f: mmpreproj.load_adapter(m, f, adapter_name="__base__"), _base(base_dir), folder, said)
     loaded = PeftModel.from_pretrained(_base(base_dir), str(folder))
-    _refused(lambda m, f: m.load_adapter(str(f), adapter_name="__base__"), loaded, folder, said)
-    _refused(lambda m, f: mmpreproj.load_adapter(m, f, adapter_name="__base__"), loaded, folder, said)
+    assert_refused(lambda m, f: m.load_adapter(str(f), adapter_name="__base__"), loaded, folder, said)
+    assert_refused(lambda m, f: mmpreproj.load_adapter(m, f, adapter_name="__base__"), loaded, folder, said)
 
 
 # -- an adapter added by name: the same config rule as peft's, and is_trainable ----------------------------------
@@ -158,7 +152,7 @@ ADDED_FIELDS = {
 
 @pytest.mark.parametrize("field", sorted(ADDED_FIELDS))
 @pytest.mark.parametrize("route", ["ours", "peft"])
-def test_an_added_adapter_with_other_sites_in_its_config_is_refused(tmp_path, base_dir, field, route):
+def test_an_added_adapter_with_other_sites_in_its_config_isassert_refused(tmp_path, base_dir, field, route):
     folder = good(base_dir, tmp_path / "f", seed=2)
     edit(folder, config=ADDED_FIELDS[field])
     model = PeftModel.from_pretrained(_base(base_dir), str(good(base_dir, tmp_path / "first")))
@@ -167,7 +161,7 @@ def test_an_added_adapter_with_other_sites_in_its_config_is_refused(tmp_path, ba
         if route == "ours"
         else (lambda m, f: m.load_adapter(str(f), adapter_name="b"))
     )
-    _refused(load, model, folder, rf"config\.{field}=.*the injection has")
+    assert_refused(load, model, folder, rf"config\.{field}=.*the injection has")
     assert mmpreproj.adapter_names(model) == ["default"]
 
 
@@ -251,14 +245,14 @@ def test_an_edited_record_field_is_refused_not_read_as_absent(record_folders, ba
     said = RECORD_CASES[case][1]
     if loader == "ours" and case in ("method", "adapter_type"):  # ours reads the tags first, in its own words
         said = r"method=|adapter_type="
-    _refused(FIRST[loader], _base(base_dir), record_folders[case], said)
+    assert_refused(FIRST[loader], _base(base_dir), record_folders[case], said)
 
 
 # -- what stays as it is, pinned (docs/peft-guide.md, "What each loader checks") -----------------------------------
 def test_peft_reads_a_config_that_is_not_json_itself_and_the_model_is_unchanged(tmp_path, base_dir):
     folder = good(base_dir, tmp_path / "f")
     (folder / C).write_text("")
-    _refused(FIRST["peft"], _base(base_dir), folder, "Expecting value", error=Exception)
+    assert_refused(FIRST["peft"], _base(base_dir), folder, "Expecting value", error=Exception)
 
 
 def test_the_digest_covers_the_weights_not_the_other_config_fields(tmp_path, base_dir):
@@ -281,24 +275,26 @@ def test_peft_writes_non_finite_weights_as_they_are_and_ours_refuse_them(tmp_pat
 
 @pytest.mark.parametrize("host", ["llama", "nope", {}], ids=["another_row", "no_row", "empty_description"])
 @pytest.mark.parametrize("loader", sorted(FIRST))
-def test_a_config_host_that_contradicts_the_record_is_refused(tmp_path, base_dir, host, loader):
+def test_a_config_host_that_contradicts_the_record_isassert_refused(tmp_path, base_dir, host, loader):
     folder = good(base_dir, tmp_path / "f")
     edit(folder, config=lambda c: c.update(host=host))
-    _refused(FIRST[loader], _base(base_dir), folder, r"config\.host=.*injection\.host='gpt_neox'")
+    assert_refused(FIRST[loader], _base(base_dir), folder, r"config\.host=.*injection\.host='gpt_neox'")
 
 
 @pytest.mark.parametrize("loader", ["hf", "peft"])
 def test_a_record_naming_another_host_row_is_refused_by_the_loaders_that_key_by_path(tmp_path, base_dir, loader):
     folder = good(base_dir, tmp_path / "f")
     edit(folder, config=lambda c: c["injection"].update(host="llama"))
-    _refused(FIRST[loader], _base(base_dir), folder, r"injection\.host='llama' but its config resolves to 'gpt_neox'")
+    assert_refused(
+        FIRST[loader], _base(base_dir), folder, r"injection\.host='llama' but its config resolves to 'gpt_neox'"
+    )
 
 
 @pytest.mark.parametrize("peft_type", ["preproj", None])
 def test_ours_names_the_file_of_a_peft_type_no_one_reads(tmp_path, base_dir, peft_type):
     folder = good(base_dir, tmp_path / "f")
     edit(folder, config=lambda c: c.update(peft_type=peft_type))
-    _refused(FIRST["ours"], _base(base_dir), folder, r"adapter_config\.json: neither an mmpreproj adapter")
+    assert_refused(FIRST["ours"], _base(base_dir), folder, r"adapter_config\.json: neither an mmpreproj adapter")
 
 
 def test_from_pretrained_names_the_missing_adapter_config(tmp_path, base_dir):

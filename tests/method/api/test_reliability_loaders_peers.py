@@ -23,28 +23,10 @@ from safetensors.torch import load_file
 
 import mmpreproj
 from mmpreproj import PreProjConfig
-from tests.helpers.adapter_cases import UP0, UP1, C, W, edit, files, good
+from tests.helpers.adapter_cases import UP0, UP1, C, W, assert_refused, edit, good
 from tests.helpers.adapter_cases import base as _base
 from tests.helpers.snapshots import assert_unchanged, snapshot
 from tests.helpers.zoo import tiny_neox
-
-PEFT_ATTRS = ("peft_config", "_hf_peft_config_loaded", "mmpreproj_state")
-
-
-def _attrs(model: torch.nn.Module) -> dict:
-    """peft's and transformers' attributes on the model (a refused load adds none)."""
-    return {k: id(vars(model)[k]) for k in PEFT_ATTRS if k in vars(model)}
-
-
-def _refused(load, base: torch.nn.Module, folder: Path, said: str, error: type = ValueError) -> None:
-    """`load(base, folder)` raises one `error` matching `said`; the base and the folder are as they were."""
-    before, attrs, tree = snapshot(base), _attrs(base), files(folder)
-    with pytest.raises(error, match=said):
-        load(base, folder)
-    assert_unchanged(base, before)
-    assert _attrs(base) == attrs
-    assert files(folder) == tree
-
 
 LOADERS = {
     "hf": lambda b, f: b.load_adapter(str(f)),
@@ -109,7 +91,7 @@ def test_a_bad_weights_file_is_refused_before_the_base_changes(folders, base_dir
     said, error = CASES[case][1], ValueError
     if loader == "ours" and case in ("weights_missing", "weights_a_directory"):  # ours names the file its own way
         said, error = r"adapter file missing: .*adapter_model\.safetensors", FileNotFoundError
-    _refused(LOADERS[loader], _base(base_dir), folders[case], said, error)
+    assert_refused(LOADERS[loader], _base(base_dir), folders[case], said, error)
 
 
 def test_transformers_load_adapter_of_a_state_dict_is_checked_before_it_injects(tmp_path, base_dir):
@@ -184,7 +166,7 @@ def heads(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("case", sorted(HEAD_CASES))
 @pytest.mark.parametrize("loader", ["hf", "peft"])
 def test_a_bad_classification_head_is_refused_before_anything_is_injected(heads, case, loader):
-    _refused(LOADERS[loader], _classifier(), heads[case], HEAD_CASES[case][1])
+    assert_refused(LOADERS[loader], _classifier(), heads[case], HEAD_CASES[case][1])
 
 
 @pytest.mark.parametrize("case", sorted(HEAD_CASES))
@@ -195,7 +177,7 @@ def test_auto_peft_refuses_a_bad_classification_head(heads, case):
 
 @pytest.mark.parametrize("loader", ["hf", "peft"])
 def test_a_head_for_another_number_of_labels_is_refused_before_anything_is_injected(heads, loader):
-    _refused(LOADERS[loader], _classifier(num_labels=5), heads["good"], r"head_shapes records .*score\.weight")
+    assert_refused(LOADERS[loader], _classifier(num_labels=5), heads["good"], r"head_shapes records .*score\.weight")
 
 
 def test_a_good_classification_folder_records_its_head_and_loads(heads):
@@ -214,7 +196,9 @@ def test_the_low_cpu_mem_usage_refusal_leaves_every_flag_as_it_was(tmp_path, bas
     base = _base(base_dir)
     base.gpt_neox.embed_in.weight.requires_grad_(False)  # a caller's own flags, both ways
     said = r"low_cpu_mem_usage=True with PreProjConfig\.modules_to_save: .*nothing was changed"
-    _refused(lambda b, f: PeftModel.from_pretrained(b, str(f), low_cpu_mem_usage=True), base, tmp_path / "head", said)
+    assert_refused(
+        lambda b, f: PeftModel.from_pretrained(b, str(f), low_cpu_mem_usage=True), base, tmp_path / "head", said
+    )
 
 
 # -- (e) a description naming another module as the attention ------------------------------------------------------
@@ -230,4 +214,4 @@ def test_a_description_naming_the_mlp_as_the_attention_is_refused_at_load(tmp_pa
     folder = good(base_dir, tmp_path / "mlp")
     edit(folder, lambda t: {k.replace(".attention.", ".mlp."): v for k, v in t.items()}, _to_mlp)
     said = r"wraps GPTNeoXMLP 'mlp' of block 0 after norm 'input_layernorm', but the trace .* finds no attention"
-    _refused(LOADERS[loader], _base(base_dir), folder, said)
+    assert_refused(LOADERS[loader], _base(base_dir), folder, said)
