@@ -217,12 +217,14 @@ def _check_order(state: Any, record: dict[str, Any], where: str) -> None:
 def check_transformers_load(config: PreProjConfig, model: nn.Module) -> None:
     """When this injection runs inside transformers' `load_adapter`: ValueError naming the file unless the weights
     it will load (the local folder's, or `adapter_state_dict`) are the ones `config` was saved with (its `injection`
-    record: a config without one is refused, its weights could not be checked), and unless `model`'s weights are
-    real (on the meta device the loaded ones would be dropped)."""
+    record: a config without one is refused, its weights could not be checked), and unless `model` has real weights
+    (one built on the meta device would drop the loaded ones; an offloaded model, some weights on meta, loads)."""
     call = _load_adapter_call()
     if call is None:
         return
-    refuse_meta_parameters(model, "load_adapter")
+    params = list(model.parameters())
+    if params and all(p.is_meta for p in params):  # built on the meta device (an offloaded model has real ones too)
+        refuse_meta_parameters(model, "load_adapter")
     state_dict, folder, load_config = (
         call.get("adapter_state_dict"),
         call.get("peft_model_id"),
