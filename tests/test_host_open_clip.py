@@ -172,6 +172,8 @@ def case(request):
 
 
 class TestContract(HostContract):
+    not_bit_exact = frozenset({"clip", "custom_text_clip_layerscale", "vision_tower", "coca"})
+
     def test_gradient_checkpointing(self, case):
         if case.id in NO_CHECKPOINTING:
             pytest.skip("open_clip 3.3 cannot checkpoint CustomResidualAttentionBlock (see test_custom_blocks_...)")

@@ -142,7 +142,7 @@ def case(request):
 
 
 class TestContract(HostContract):
-    pass
+    not_bit_exact = frozenset({"vit_sam_relpos_padded"})
 
 
 # --- where the skip joins: inside the attention branch, before LayerScale and drop-path ---------------

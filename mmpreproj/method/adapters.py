@@ -103,7 +103,10 @@ def plan_addition(
         )
     for field_name in ("parts", "layers", "modules_to_save", "host", "preproj", "skip"):  # fresh or saved: one rule
         have, want = getattr(state.config, field_name), getattr(config, field_name)
-        if want != have and not (field_name == "host" and want is None):
+        same = want == have or (field_name == "host" and want is None)
+        if not same and field_name == "layers":  # another spelling of the same blocks ([0, 1], [-2, -1] for None)
+            same = _selects_injected_blocks(config, [p for p in state.parts if p["layers"]])
+        if not same:
             raise ValueError(
                 f"{where}: config.{field_name}={want!r}, the injection has {have!r}; "
                 "an added adapter sits on the same sites (nothing was changed)"
@@ -130,6 +133,21 @@ def plan_addition(
     copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items()])
     stored = {k: tensors[k].to(device=v.device, dtype=v.dtype).clone() for k, v in live_modules.items()}
     return Addition(name, config, owner, state, modules, stored)
+
+
+def _selects_injected_blocks(config: PreProjConfig, parts: list[dict]) -> bool:
+    """Whether `config.layers` selects the blocks injected in `parts` (the injection's part rows that hold some:
+    each part's block count and its injected blocks), read as `plan._select` reads it."""
+    try:
+        if config.layers is None or isinstance(config.layers, dict):
+            return all(config.resolve_layers(p["num_blocks"], p["name"]) == sorted(p["layers"]) for p in parts)
+        injected, offset = [], 0  # a list indexes the selected parts' blocks in order
+        for p in parts:
+            injected += [offset + i for i in p["layers"]]
+            offset += p["num_blocks"]
+        return config.resolve_layers(offset) == sorted(injected)
+    except ValueError:  # an index out of range: not these blocks
+        return False
 
 
 def place_added(addition: Addition, path: str, wrapper: PreProjAttention) -> None:

@@ -266,8 +266,14 @@ def unload(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
-    """Run the host without its injected modules inside the block (weights stay in place)."""
-    with attrs_set(injected_modules(model), "adapter_enabled", False):
+    """Run the host without its injected modules inside the block (weights stay in place); ValueError for a model
+    with none (nothing to disable: as `set_adapter` and `unload` refuse it)."""
+    wrappers = injected_modules(model)
+    if not wrappers:
+        raise ValueError(
+            f"adapter_disabled: {type(model).__name__} holds no mmpreproj modules (inject or load an adapter first)"
+        )
+    with attrs_set(wrappers, "adapter_enabled", False):
         yield model
 
 

@@ -165,7 +165,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
             (1/16: inner width d/16), `2*d*int(expansion*d)` weights per block either way.
         activation: pre-projection activation, one of "silu", "gelu", "relu".
         init: "paper" (the pre-projection's weights N(0, 0.01), `W_skip` N(0, 1e-4)) or "identity" (`W_down` = 0
-            and `W_skip` = 0: the whole adapter starts as the identity, outputs equal the base's bit for bit).
+            and `W_skip` = 0: the whole adapter starts as the identity, outputs equal the frozen base's: bit for
+            bit on most hosts, to ~1e-6 in float32 where the attention takes another kernel; docs/peft-guide.md).
         skip_init_std: std of the `W_skip` init; None = the init's (1e-4 for "paper", 0 for "identity");
             0 = exact zero.
         skip_rank: None (the paper's full d x d `W_skip`, `d*d` weights per block) or r >= 1 for a low-rank
@@ -231,6 +232,9 @@ class PreProjConfig(JsonConfig, PeftConfig):
             "host",
             self.host,
             "None, a host row name or a host description (an object)",
+        )
+        check_rule(
+            isinstance(self.inference_mode, bool), "PreProjConfig", "inference_mode", self.inference_mode, "a bool"
         )
         check_rule(
             self.injection is None or isinstance(self.injection, dict),
@@ -411,6 +415,11 @@ class PreProjConfig(JsonConfig, PeftConfig):
             raise ValueError(
                 f"PreProjConfig.for_budget chooses expansion and skip_rank (pre-projection + skip); "
                 f"drop {', '.join(taken)} or build PreProjConfig(...) directly"
+            )
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"PreProjConfig.for_budget(model=...): got {type(model).__name__}; pass the torch.nn.Module to size "
+                "for (its parameter count and width set the sizes)"
             )
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             raise ValueError(

@@ -87,13 +87,18 @@ def _bytes(n: int) -> str:
 def estimate(config: PreProjConfig, shape: str) -> Estimate:
     """The trainable count and training memory of `config` on the named `shape` (one of `SHAPES`).
 
-    `config.layers` selects blocks as at inject time (a per-part dict is read for "language"); `parts` does
-    not change the count on these single-part shapes.
+    `config.layers` selects blocks as at inject time (a per-part dict is read for "language"); these shapes are
+    text decoders of one part, so `parts` may be None or ["language"] (another part is refused, as `inject` would).
     """
     if not isinstance(config, PreProjConfig):
         raise ValueError(f"estimate(config=...) takes a PreProjConfig, got {type(config).__name__}")
     if shape not in SHAPES:
         raise ValueError(f"estimate(shape={shape!r}); allowed values: {list(SHAPES)}")
+    if config.parts not in (None, ["language"]):
+        raise ValueError(
+            f"estimate: PreProjConfig.parts={config.parts!r}, but {shape!r} is a text decoder of one part; allowed "
+            "values: None or ['language']"
+        )
     s = SHAPES[shape]
     d = s.dim
     blocks = len(config.resolve_layers(s.layers, "language"))

@@ -23,6 +23,7 @@ from .config import PreProjConfig
 from .model import PreProjModel
 from .plan import Plan, check_plain_model
 from .state import STATE_ATTR
+from .state_dict import trainable_adapter_params
 
 _ABSENT = object()
 
@@ -63,7 +64,9 @@ def inject(
     such as "llama") can never be taken for a method; a model that is not an `nn.Module` (peft's argument order,
     `(config, model)`) is refused likewise.
 
-    Returns the same model object. Injected weights are float32 on the device of their block.
+    Returns the same model object. Injected weights are float32 on the device of their block; they train (and so
+    do the config's `modules_to_save`) unless `config.inference_mode`, as peft's `inject_adapter_in_model` leaves
+    them. `host=` and a `config.host` naming different rows are refused.
     It runs peft's own injection loop (`BaseTuner.inject_adapter`) through the tuner's hooks
     (`mmpreproj.method.PreProjModel`), as `peft.inject_adapter_in_model(config, model)` does; `peft.get_peft_model`
     wraps the result in a `PeftModel`. Like peft's in-place route, nothing is installed on the instance:
@@ -73,7 +76,16 @@ def inject(
     """
     _check_arguments(model, config)
     config = config or PreProjConfig()
-    return _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
+    if isinstance(host, str) and isinstance(config.host, str) and host != config.host:
+        raise ValueError(
+            f"inject(host={host!r}) and its config's host={config.host!r} name different host rows; pass one "
+            "(nothing was changed)"
+        )
+    _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
+    if config.inference_mode:  # as peft's inject_adapter_in_model leaves a config in inference mode: frozen
+        for p in trainable_adapter_params(model):
+            p.requires_grad_(False)
+    return model
 
 
 def _check_arguments(model: Any, config: Any) -> None:

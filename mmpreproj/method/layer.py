@@ -241,7 +241,13 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self._sync_slots()
 
     def delete_adapter(self, adapter_name: str) -> None:
-        """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one)."""
+        """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one); the last one is
+        refused (a wrapper without an adapter cannot run: `unload` takes the injection off)."""
+        if self._all_available_adapter_names() == [adapter_name]:
+            raise ValueError(
+                f"delete_adapter({adapter_name!r}): it is the only adapter of this injection, which cannot run "
+                "without one; unload the model (mmpreproj.unload(model), or peft_model.unload()) to take it off"
+            )
         BaseTunerLayer.delete_adapter(self, adapter_name)
         self._sync_slots()
 
@@ -415,10 +421,15 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             groups.setdefault(name, []).append(row)
 
         def rows(slot: nn.ModuleDict, x: torch.Tensor, keep: bool) -> torch.Tensor:
-            if len(groups) == 1:  # one adapter for every row: the whole input through it, whatever its layout
+            where = f"the attention of block {self.block_index} (part {self.part!r})"
+            if len(groups) == 1:  # one adapter for every row: the whole input through it (a packed one too)
+                if x.dim() >= 3 and x.shape[0] != len(adapter_names):
+                    raise ValueError(
+                        f"forward(adapter_names=...): {len(adapter_names)} names for {x.shape[0]} rows in {where} "
+                        f"(dim 0 of its input {tuple(x.shape)}); pass one adapter name per row of the batch"
+                    )
                 (name,) = groups
                 return slot[name](x) if name in slot else (x if keep else torch.zeros_like(x))
-            where = f"the attention of block {self.block_index} (part {self.part!r})"
             if x.dim() < 3:
                 raise ValueError(
                     f"forward(adapter_names=...): {where} takes an input of shape {tuple(x.shape)}, with no batch "

@@ -217,7 +217,8 @@ class PreProjModel(BaseTuner):
         module whose name ends so in its `ModulesToSaveWrapper`; ours are the host's modules, trained in place:
         `_mark_only_adapters_as_trainable`), except the heads of a classification task that peft's task class
         wraps itself (`PEFT_HEAD_TASKS`: peft's loop wraps them first, as for LoRA), and, for `mmpreproj.inject`,
-        without `inference_mode` (inject trains what it injects). The hooks read the config itself."""
+        without `inference_mode` (`inject` freezes after the loop, `load_adapter` by its `is_trainable`). The hooks
+        read the config itself."""
         view = copy.copy(peft_config)
         view.modules_to_save = None if self._request is not None else peft_head_names(peft_config) or None
         if self._request is not None:

@@ -90,6 +90,20 @@ def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) 
     return out
 
 
+def _refuse_saved_around_attention(saved: dict[str, str], attentions: list[str]) -> None:
+    """A `modules_to_save` module may neither be nor hold an attention the adapter wraps, nor sit inside one: the
+    wrapper replaces that attention (its values could not be kept aside and put back); ValueError naming it."""
+    for name, path in saved.items():
+        for attention in attentions:
+            if path == attention or attention.startswith(f"{path}.") or path.startswith(f"{attention}."):
+                where = "sits inside" if path.startswith(f"{attention}.") else "is or holds"
+                raise ValueError(
+                    f"PreProjConfig.modules_to_save: {name!r} ({path}) {where} the attention {attention!r} the "
+                    "adapter wraps; name modules outside the injected attentions (a head, a norm, an embedding, "
+                    "a projector), or leave those blocks out with layers=[...]"
+                )
+
+
 def plan_injection(
     model: nn.Module, config: PreProjConfig, host: str | dict | HostSpec | None, adapter_name: str = "default"
 ) -> Plan:
@@ -134,6 +148,9 @@ def plan_injection(
         injected = [s.part_index for s, _ in placements if s.part == d["name"]]
         part_rows.append({"name": d["name"], "first_block": first, "num_blocks": d["num_blocks"], "layers": injected})
     names = {id(m): n for n, m in model.named_modules()}
+    attentions = [f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements]
+    saved = _modules_to_save(model, spec, config.modules_to_save)
+    _refuse_saved_around_attention(saved, attentions)
     state = InjectionState(
         config,
         spec.name,
@@ -142,9 +159,9 @@ def plan_injection(
         width,
         host_description=description,
         parts=part_rows,
-        modules_to_save=_modules_to_save(model, spec, config.modules_to_save),
+        modules_to_save=saved,
         base_model_name_or_path=_name_or_path(model),
-        modules=[f"{names[id(s.parent)]}.{s.attr}".lstrip(".") for s, _ in placements],
+        modules=attentions,
         peft_config={adapter_name: config},  # until the tuner hands over peft's own dict
     )
     return Plan(spec, state, placements, seams, adapter_name)
