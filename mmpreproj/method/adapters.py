@@ -138,6 +138,8 @@ def plan_addition(
 def _selects_injected_blocks(config: PreProjConfig, parts: list[dict]) -> bool:
     """Whether `config.layers` selects the blocks injected in `parts` (the injection's part rows that hold some:
     each part's block count and its injected blocks), read as `plan._select` reads it."""
+    if isinstance(config.layers, dict) and not set(config.layers) <= {p["name"] for p in parts}:
+        return False  # a part the injection does not hold
     try:
         if config.layers is None or isinstance(config.layers, dict):
             return all(config.resolve_layers(p["num_blocks"], p["name"]) == sorted(p["layers"]) for p in parts)

@@ -152,7 +152,7 @@ ADDED_FIELDS = {
 
 @pytest.mark.parametrize("field", sorted(ADDED_FIELDS))
 @pytest.mark.parametrize("route", ["ours", "peft"])
-def test_an_added_adapter_with_other_sites_in_its_config_isassert_refused(tmp_path, base_dir, field, route):
+def test_an_added_adapter_with_other_sites_in_its_config_is_refused(tmp_path, base_dir, field, route):
     folder = good(base_dir, tmp_path / "f", seed=2)
     edit(folder, config=ADDED_FIELDS[field])
     model = PeftModel.from_pretrained(_base(base_dir), str(good(base_dir, tmp_path / "first")))
@@ -275,7 +275,7 @@ def test_peft_writes_non_finite_weights_as_they_are_and_ours_refuse_them(tmp_pat
 
 @pytest.mark.parametrize("host", ["llama", "nope", {}], ids=["another_row", "no_row", "empty_description"])
 @pytest.mark.parametrize("loader", sorted(FIRST))
-def test_a_config_host_that_contradicts_the_record_isassert_refused(tmp_path, base_dir, host, loader):
+def test_a_config_host_that_contradicts_the_record_is_refused(tmp_path, base_dir, host, loader):
     folder = good(base_dir, tmp_path / "f")
     edit(folder, config=lambda c: c.update(host=host))
     assert_refused(FIRST[loader], _base(base_dir), folder, r"config\.host=.*injection\.host='gpt_neox'")
