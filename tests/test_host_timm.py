@@ -340,13 +340,14 @@ def test_fused_and_manual_attention_agree(name):
 REENTRANT = ["vit", "vit_sam_relpos_padded"]
 
 
-@pytest.mark.parametrize("name", REENTRANT)
-def test_reentrant_checkpointing_gets_gradients_with_frozen_base(name):
-    """The row's `input_embeddings` (patch_embed; NaFlexVit's embeds) makes the block input require grad while
-    timm's checkpointing is on and reentrant (the hook reads those switches; see tests/test_precision.py)."""
+def _reentrant_backward_reaches_the_adapter(name: str, check=None) -> None:
+    """Case `name`, checkpointed reentrantly with the base frozen: every injected weight gets a gradient.
+    `check(model)` runs first, on the checkpointed model."""
     case = next(c for c in CASES if c.id == name)
     model = _perturbed(case.build()).train()
     model.set_grad_checkpointing(True)
+    if check is not None:
+        check(model)
     before = use_reentrant_ckpt()
     set_reentrant_ckpt(True)
     try:
@@ -357,25 +358,25 @@ def test_reentrant_checkpointing_gets_gradients_with_frozen_base(name):
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
 
 
+@pytest.mark.parametrize("name", REENTRANT)
+def test_reentrant_checkpointing_gets_gradients_with_frozen_base(name):
+    """The row's `input_embeddings` (patch_embed; NaFlexVit's embeds) makes the block input require grad while
+    timm's checkpointing is on and reentrant (the hook reads those switches; see tests/test_precision.py)."""
+    _reentrant_backward_reaches_the_adapter(name)
+
+
 def test_a_timm_without_use_reentrant_ckpt_counts_as_reentrant(monkeypatch):
     """timm < 1.0.13 has no `use_reentrant_ckpt` (its checkpoint calls took torch's default, reentrant): the
     checkpointing switch reads that as reentrant, and the frozen-base model still gets gradients (it raised an
     AttributeError at the first forward there)."""
     import timm.layers
 
-    before = use_reentrant_ckpt()
     monkeypatch.delattr(timm.layers, "use_reentrant_ckpt")
-    case = next(c for c in CASES if c.id == "vit")
-    model = _perturbed(case.build()).train()
-    model.set_grad_checkpointing(True)
-    assert reentrant_checkpointing(model, "timm") and reentrant_checkpointing(model, "any")
-    set_reentrant_ckpt(True)  # what timm's own calls do there (this timm still reads its switch)
-    try:
-        run(case, model).square().mean().backward()
-    finally:
-        set_reentrant_ckpt(before)
-    for n, p in injected_params(model).items():
-        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"
+
+    def reads_reentrant(model):
+        assert reentrant_checkpointing(model, "timm") and reentrant_checkpointing(model, "any")
+
+    _reentrant_backward_reaches_the_adapter("vit", reads_reentrant)
 
 
 # --- rejected blocks ----------------------------------------------------------------------------------
