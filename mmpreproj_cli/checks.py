@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
-from mmpreproj_tables.values import TRAIN_BOUNDS, Bound, parse_budgets, parse_lrs, parse_seeds, warmup_bound
+from mmpreproj_tables.values import (
+    TRAIN_BOUNDS,
+    Bound,
+    parse_budgets,
+    parse_lrs,
+    parse_seeds,
+    split_items,
+    warmup_bound,
+)
 
 from .parser import TRAIN_FLAGS
 from .path_checks import check_adapter_folder, check_causal_lm, check_data, output_file, output_folder
@@ -29,7 +37,7 @@ def check_names(flag: str, value: str | None, allowed: Sequence[str]) -> list[st
     """A comma-separated list of distinct names from `allowed` (None when the flag was not given)."""
     if value is None:
         return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
+    names = split_items(value, f"{flag} {value!r}", f"allowed: {', '.join(allowed)}")
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
         raise ValueError(
@@ -97,12 +105,17 @@ def size_overrides(args: argparse.Namespace) -> dict[str, Any]:
             _bounded("--" + name.replace("_", "-"), value, TRAIN_BOUNDS[name])
             out[name] = value
     if getattr(args, "layers", None) is not None:
-        items = [t.strip() for t in args.layers.split(",") if t.strip()]
+        hint = "pass comma-separated block indices such as 0,1,-1"
+        items = split_items(args.layers, f"--layers {args.layers!r}", hint)
         if not items or not all(t.removeprefix("-").isdecimal() for t in items):
-            raise ValueError(f"--layers {args.layers!r}: pass comma-separated block indices such as 0,1,-1")
+            raise ValueError(f"--layers {args.layers!r}: {hint}")
         out["layers"] = [int(t) for t in items]
+        if len(set(out["layers"])) != len(items):
+            raise ValueError(f"--layers {args.layers!r}: a block named twice; {hint}")
     if getattr(args, "parts", None) is not None:
-        out["parts"] = [t.strip() for t in args.parts.split(",") if t.strip()]
+        out["parts"] = split_items(args.parts, f"--parts {args.parts!r}", "pass comma-separated part names")
+        if len(set(out["parts"])) != len(out["parts"]):
+            raise ValueError(f"--parts {args.parts!r}: a part named twice; pass comma-separated part names")
         if not out["parts"]:
             raise ValueError(f"--parts {args.parts!r}: pass comma-separated part names such as language")
     return out

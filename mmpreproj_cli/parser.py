@@ -76,8 +76,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         help="keep the injected weights in bf16 as the paper did (updates at lr 1e-5 mostly round away)",
     )
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
-    p.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
+    run_folder = p.add_mutually_exclusive_group()  # go on with the run in OUT, or start over there: one
+    run_folder.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
+    run_folder.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

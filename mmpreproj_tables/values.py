@@ -67,6 +67,17 @@ def warmup_bound(steps: int) -> Bound:
 LRS_HINT = "pass distinct finite numbers > 0, e.g. 1e-5,1e-4,1e-3"
 
 
+def split_items(text: str, label: str, hint: str) -> list[str]:
+    """The comma-separated items of `text`, stripped ([] for a blank text: the caller names what is missing);
+    ValueError naming `label` for an empty item among others ("a,,b", ",a", "a,"), never dropped unseen."""
+    if not text.strip():
+        return []
+    items = [s.strip() for s in text.split(",")]
+    if not all(items):
+        raise ValueError(f"{label}: an empty item (two commas in a row, or one at an end); {hint}")
+    return items
+
+
 def _label(flag: str, text: object) -> str:
     return f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"
 
@@ -76,9 +87,7 @@ def parse_lrs(text: str, *, flag: str = "lrs") -> list[float]:
     option in the error ("--lrs" from the command line)."""
     label = _label(flag, text)
     lrs = []
-    for s in (s.strip() for s in text.split(",")):
-        if not s:
-            continue
+    for s in split_items(text, label, LRS_HINT):
         try:
             lrs.append(float(s))
         except ValueError:
@@ -103,7 +112,8 @@ def check_lrs(lrs: Sequence[float], label: str = "lrs") -> list[float]:
 
 def parse_budgets(text: str | Sequence[float], *, flag: str = "budgets") -> list[float]:
     """ "0.01,0.1" -> [0.01, 0.1]: distinct fractions of the base's parameters in (0, 1]."""
-    items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
+    hint = "pass fractions in (0, 1], e.g. 0.01,0.1"
+    items = split_items(text, _label(flag, text), hint) if isinstance(text, str) else list(text)
     out: list[float] = []
     for s in items:
         try:
@@ -145,8 +155,8 @@ def parse_seeds(text: str | int | Sequence[int] | None, default: int, *, flag: s
             raise ValueError(f"{label}: a count must be >= 1; {hint}")
         seeds = [default + i for i in range(text)]
     elif isinstance(text, (str, Sequence)):
-        items = text.split(",") if isinstance(text, str) else list(text)
-        seeds = [integer(s) for s in items if not (isinstance(s, str) and not s.strip())]
+        items = split_items(text, label, hint) if isinstance(text, str) else list(text)
+        seeds = [integer(s) for s in items]
         if not seeds:
             raise ValueError(f"{label}: no seed given; {hint}")
     else:

@@ -26,6 +26,7 @@ from torch import nn
 from ..analysis import plot_loss_curve, routing_ratios
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
+from ..train.methods import check_fits
 from .arms import arm_key, eval_arm, run_arm, train_arm
 
 LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
@@ -186,6 +187,10 @@ class ArmRunner:
         """Load `base_cfg`'s model and tokenizer."""
         base, tokenizer = load_model_and_tokenizer(base_cfg)
         return cls(base, tokenizer, settings, data_source, protocol, progress)
+
+    def check(self, configs: Iterable[TrainConfig]) -> None:
+        """Every arm's method and sizes fit the base (`train.methods.check_fits`), before the study runs one."""
+        check_fits(self.base, configs)
 
     @property
     def eval_key(self) -> dict[str, Any]:

@@ -132,6 +132,11 @@ class TrainConfig(JsonConfig):
             value = getattr(self, name)
             optional = self.__dataclass_fields__[name].default is None
             _check(value is None or bound.holds(value), name, value, ("None or " if optional else "") + bound.says)
+        if self.resume and self.overwrite:
+            raise ValueError(
+                "TrainConfig: resume=True and overwrite=True ask for opposite things (go on with the run in `out`, "
+                "or start over there); pass one"
+            )
         warmup = warmup_bound(self.steps)
         _check(warmup.holds(self.warmup_steps), "warmup_steps", self.warmup_steps, warmup.says)
         _check(all(0.0 <= b < 1.0 for b in self.adam_betas), "adam_betas", self.adam_betas, "two floats in [0, 1)")

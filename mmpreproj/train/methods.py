@@ -20,7 +20,7 @@ so `mmpreproj train --help` lists the methods without loading torch; this module
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -185,6 +185,21 @@ def expected_trainable(
         r, _ = resolve_lora(method, d, layers, lora_r, per_rank=per_rank)
         n += r * (per_rank or 6 * d * layers)
     return n
+
+
+def check_fits(model: nn.Module, configs: Iterable[Any]) -> None:
+    """Apply each distinct method and size of `configs` (`TrainConfig`s) to a copy of `model` built on the meta
+    device (no memory; `model` untouched): a size it cannot take (`layers` past its blocks, `parts` it lacks) is
+    refused before a study runs anything, with `apply_method`'s own error."""
+    seen = set()
+    for cfg in configs:
+        spec = _spec(cfg.method)
+        sizes = cfg.preproj_sizes(spec.preproj, spec.skip) if spec.preproj or spec.skip else None
+        key = (cfg.method, repr(sizes), cfg.lora_r, cfg.lora_alpha)
+        if key not in seen:
+            seen.add(key)
+            meta = meta_model(model.config)
+            apply_method(meta, cfg.method, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, sizes=sizes)
 
 
 def meta_model(config: Any) -> nn.Module:

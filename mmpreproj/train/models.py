@@ -85,6 +85,17 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return torch.device(device)
 
 
+def check_device_present(device: str) -> None:
+    """ValueError naming `TrainConfig.device` when this machine has no device of its type (before anything loads;
+    torch would say so only once the model moves there)."""
+    kind = torch.device("cpu" if device == "auto" else device).type
+    present = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if kind in present and not present[kind]():
+        raise ValueError(
+            f"TrainConfig.device={device!r}: this machine has no {kind} device; allowed here: 'auto', 'cpu'"
+        )
+
+
 def enable_checkpointing(model: nn.Module, reentrant: bool = False) -> None:
     """Switch on activation checkpointing of the host (`transformers` models, or a peft model around one).
 

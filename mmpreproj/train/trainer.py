@@ -26,7 +26,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +64,14 @@ from .distributed import (
 )
 from .errors import NonFiniteLossError
 from .methods import METHOD_SPECS, apply_method, count_trainable
-from .models import convert_model_files, enable_checkpointing, load_model, load_tokenizer, resolve_device
+from .models import (
+    check_device_present,
+    convert_model_files,
+    enable_checkpointing,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
 from .order import ShardedOrder
 from .precision import autocast, cast_trainable_
 from .rng import kept_rng, seeded_rng
@@ -116,6 +123,8 @@ def train(
     `config.seed`, as `seed_everything(config.seed)` would, but inside `rng.seeded_rng`: when `train` returns
     or raises, the caller's generator states are exactly as they were before the call.
     """
+    config = replace(config)  # its checks again: a field set after it was built is checked too
+    check_device_present(config.device)
     if model is None:
         with kept_rng():  # a packaged model is converted before the seed and draws from no stream
             convert_model_files(config.model)
