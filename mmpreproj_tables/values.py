@@ -68,11 +68,11 @@ LRS_HINT = "pass distinct finite numbers > 0, e.g. 1e-5,1e-4,1e-3"
 
 
 def split_items(text: str, label: str, hint: str) -> list[str]:
-    """The comma-separated items of `text`, stripped ([] for a blank text: the caller names what is missing);
-    ValueError naming `label` for an empty item among others ("a,,b", ",a", "a,"), never dropped unseen."""
-    if not text.strip():
-        return []
+    """The comma-separated items of `text`, stripped ([] when there is none: "", " ", ","; the caller names what is
+    missing); ValueError naming `label` for an empty item among others ("a,,b", ",a", "a,"), never dropped unseen."""
     items = [s.strip() for s in text.split(",")]
+    if not any(items):
+        return []
     if not all(items):
         raise ValueError(f"{label}: an empty item (two commas in a row, or one at an end); {hint}")
     return items
