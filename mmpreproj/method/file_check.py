@@ -165,8 +165,9 @@ def check_file_tensors(config: Any, tensors: dict[str, torch.Tensor], weights_fi
     missing = sorted(set(expected) - {k.removeprefix(PEFT_PREFIX) for k in tensors})
     if missing:
         raise ValueError(f"{where}: missing {len(missing)} tensor(s) its config describes, e.g. {missing[:3]}")
-    if getattr(config, "format_version", 0) >= 3 and "tensor_shapes" in record:  # today's keys: every tensor recorded
-        _check_recorded_shapes(tensors, peft_heads, record["tensor_shapes"], where)
+    recorded = _shape_table(record, "tensor_shapes", where)
+    if getattr(config, "format_version", 0) >= 3 and recorded is not None:  # today's keys: every tensor recorded
+        _check_recorded_shapes(tensors, peft_heads, recorded, where)
     if head_shapes is not None:
         have = {k.removeprefix(PEFT_PREFIX) for k in peft_heads}
         lacking, extra = sorted(set(head_shapes) - have), sorted(have - set(head_shapes))
@@ -192,15 +193,12 @@ def _check_tags(config: Any, record: dict, where: str) -> None:
         )
 
 
-def _check_recorded_shapes(tensors: dict[str, torch.Tensor], heads: set[str], shapes: Any, where: str) -> None:
+def _check_recorded_shapes(
+    tensors: dict[str, torch.Tensor], heads: set[str], shapes: dict[str, list[int]], where: str
+) -> None:
     """Ours (every tensor but peft's heads) are the ones `injection.tensor_shapes` records, each of its recorded
     shape and floating point: a `modules_to_save` tensor edited, dropped or added is refused here, before any loader
     injects (the record itself is checked against the model in `load_check.py`)."""
-    if not (
-        isinstance(shapes, dict)
-        and all(isinstance(v, list) and all(type(n) is int and n >= 0 for n in v) for v in shapes.values())
-    ):
-        raise ValueError(f"{where}: its config's injection.tensor_shapes={shapes!r:.60} is not key -> shape")
     have = {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if k not in heads}
     lacking, extra = sorted(set(shapes) - set(have)), sorted(set(have) - set(shapes))
     if lacking or extra:
@@ -223,14 +221,19 @@ HEAD_SHAPES_KEY = "head_shapes"  # in `injection`: {file key less PEFT_PREFIX: s
 
 def _head_shapes(record: dict, where: str) -> dict[str, list[int]] | None:
     """The record's `head_shapes` (None in a file written before it), refused unless key -> list of sizes."""
-    shapes = record.get(HEAD_SHAPES_KEY)
+    return _shape_table(record, HEAD_SHAPES_KEY, where)
+
+
+def _shape_table(record: dict, field: str, where: str) -> dict[str, list[int]] | None:
+    """The record's `field` (`tensor_shapes`, `head_shapes`): None when absent, else refused unless key -> shape."""
+    shapes = record.get(field)
     if shapes is None:
         return None
     if not (
         isinstance(shapes, dict)
         and all(isinstance(v, list) and all(type(n) is int and n >= 0 for n in v) for v in shapes.values())
     ):
-        raise ValueError(f"{where}: its config's injection.{HEAD_SHAPES_KEY}={shapes!r:.60} is not key -> shape")
+        raise ValueError(f"{where}: its config's injection.{field}={shapes!r:.60} is not key -> shape")
     return shapes
 
 
