@@ -52,20 +52,24 @@ docs-test: $(STAMP)
 # on PYTHONPATH (which precedes site-packages), so the subset runs against them and not the venv's newer copies.
 # The library core (hosts, inject, train, eval, CLI) also passes with FLOOR_TRANSFORMERS=5.20.2;
 # recipes/mixed/tinyvlm (the mixed recipe's model) reads `outputs.cache`, new in 5.24. lm-eval 0.4.11 has no
-# `lm_eval.tasks._yaml_loader`, which the local tasks read (eval/lm_eval_bridge.LM_EVAL_FLOOR).
+# `lm_eval.tasks._yaml_loader`, which the local tasks read (eval/lm_eval_bridge.LM_EVAL_FLOOR). datasets 2.18 (the
+# `[data]` floor) reads the shipped data and refuses the hub offline (with `pyarrow-hotfix`, which it imports).
 FLOOR ?= .floor
 FLOOR_TRANSFORMERS ?= 5.24.0
 FLOOR_LM_EVAL ?= 0.4.12
+FLOOR_DATASETS ?= 2.18.0
 FLOOR_TESTS ?= tests/method/plan/test_core_inject_neox.py tests/test_host_transformers.py tests/test_rope_1d.py \
-	tests/method/files/test_core_adapter_io.py tests/test_mixed_generate.py tests/test_eval_standard.py
+	tests/method/files/test_core_adapter_io.py tests/test_mixed_generate.py tests/test_eval_standard.py \
+	tests/test_data_hub.py tests/test_data_readers.py
 
 test-floor: $(STAMP)
-	@if [ "$$($(PY) -c 'from importlib.metadata import version as v; print(v("transformers"), v("lm_eval"))')" = "$(FLOOR_TRANSFORMERS) $(FLOOR_LM_EVAL)" ]; then \
-		echo "test-floor: the venv already has transformers $(FLOOR_TRANSFORMERS), lm-eval $(FLOOR_LM_EVAL) (make test covered it)"; exit 0; fi; \
+	@if [ "$$($(PY) -c 'from importlib.metadata import version as v; print(v("transformers"), v("lm_eval"), v("datasets"))')" = "$(FLOOR_TRANSFORMERS) $(FLOOR_LM_EVAL) $(FLOOR_DATASETS)" ]; then \
+		echo "test-floor: the venv already has transformers $(FLOOR_TRANSFORMERS), lm-eval $(FLOOR_LM_EVAL), datasets $(FLOOR_DATASETS) (make test covered it)"; exit 0; fi; \
 	set -e; \
-	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(FLOOR) transformers==$(FLOOR_TRANSFORMERS) lm-eval==$(FLOOR_LM_EVAL); \
+	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(FLOOR) transformers==$(FLOOR_TRANSFORMERS) lm-eval==$(FLOOR_LM_EVAL) \
+		datasets==$(FLOOR_DATASETS) pyarrow-hotfix; \
 	export PYTHONPATH="$(abspath $(FLOOR))$${PYTHONPATH:+:$$PYTHONPATH}"; \
-	$(PY) -c "import transformers as t, lm_eval as e; from importlib.metadata import version as v; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; assert v('lm_eval') == '$(FLOOR_LM_EVAL)', e.__file__; print('transformers', t.__version__, 'from', t.__file__, '/ lm-eval', v('lm_eval'), 'from', e.__file__)"; \
+	$(PY) -c "import transformers as t, lm_eval as e; from importlib.metadata import version as v; assert t.__version__ == '$(FLOOR_TRANSFORMERS)', t.__file__; import datasets as d; assert v('lm_eval') == '$(FLOOR_LM_EVAL)', e.__file__; assert d.__version__ == '$(FLOOR_DATASETS)', d.__file__; print('transformers', t.__version__, 'from', t.__file__, '/ lm-eval', v('lm_eval'), 'from', e.__file__, '/ datasets', d.__version__)"; \
 	$(VENV)/bin/pytest $(FLOOR_TESTS)
 
 # The oldest peft we claim (pyproject.toml, method/config.TESTED_PEFT), installed beside the venv in $(PEFT_FLOOR)

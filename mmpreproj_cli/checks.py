@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from mmpreproj_tables.sources import resolve_path
 from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
 from mmpreproj_tables.values import (
     TRAIN_BOUNDS,
@@ -142,6 +143,13 @@ def _sources(args: argparse.Namespace, preset: str | None) -> None:
             label = f"--{flag} {value}"
         if value is not None:
             check(label, value)
+    data = getattr(args, "data", None) or (PRESETS[preset].get("data") if preset is not None else None)
+    config = getattr(args, "data_config", None)
+    if config is not None and data is not None and resolve_path(data) is not None:
+        raise ValueError(
+            f"--data-config {config}: names a config of a hub dataset, but the data is the local file {data} "
+            "(one example per line, no configs); drop --data-config or pass a hub dataset id with --data"
+        )
 
 
 def check_args(args: argparse.Namespace) -> None:

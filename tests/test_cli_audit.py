@@ -101,3 +101,16 @@ def test_a_study_refuses_layers_past_the_models_blocks_before_its_baseline(comma
         else:
             lr_sweep("mini", out, ["preproj_skip"], [1e-3], train_overrides={"layers": [100]}, progress=False)
     assert not out.exists()
+
+
+def test_a_hub_data_config_with_a_local_data_file_is_refused(tmp_path, monkeypatch, capsys):
+    """--data-config picks a config of a hub dataset; with a local --data file it was silently ignored."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lines.txt").write_text("one line of text\n" * 4, encoding="utf-8")
+    argv = ["train", "--data", "lines.txt", "--data-config", "wikitext-2-raw-v1", "--out", "o"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmpreproj train: error: --data-config wikitext-2-raw-v1:"), err
+    assert "local file lines.txt" in err[0] and not (tmp_path / "o").exists()
+    assert main(["train", "--data-config", "x", "--out", "o"]) == 1  # the mini preset's data is a shipped file
+    assert "--data-config x" in capsys.readouterr().err

@@ -53,7 +53,7 @@ def test_real_offline_mode_is_quick(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # datasets / huggingface_hub read the flags at import time: pin them too, so nothing can be downloaded
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)  # datasets < 2.20 has none
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)  # an empty cache
