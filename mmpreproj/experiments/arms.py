@@ -25,11 +25,10 @@ from torch import nn
 from ..analysis import skip_norms
 from ..eval import evaluate
 from ..method.estimate import trainable_report
-from ..train import get_preset, train
+from ..train import train
 from ..train.checkpoint import CHECKPOINT_NAME
 from ..train.config import RESUME_FREE_FIELDS, SIZE_DEFAULTS, TrainConfig
 from ..train.runlog import write_json
-from ..train.sizes import sizes_for_method
 
 ARM_FILE = "eval.json"
 
@@ -65,6 +64,12 @@ def read_arm(arm_dir: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
     return read_record(Path(arm_dir) / ARM_FILE, key)
 
 
+def finished_arm(arm_dir: str | Path, key: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool] | None:
+    """(row, per-item scores, True) of a finished arm with this `key`, read back; None when it has not finished."""
+    saved = read_arm(arm_dir, key)
+    return None if saved is None else (saved["row"], saved.get("items", {}), True)
+
+
 def run_arm(
     arm_dir: str | Path, key: dict[str, Any], compute: Callable[[bool], tuple[dict[str, Any], dict[str, Any]]]
 ) -> tuple[dict[str, Any], dict[str, Any], bool]:
@@ -74,9 +79,9 @@ def run_arm(
     resume). After computing, the row is written and the arm's `checkpoint.pt` removed (the adapter stays).
     """
     arm_dir = Path(arm_dir)
-    saved = read_arm(arm_dir, key)
-    if saved is not None:
-        return saved["row"], saved.get("items", {}), True
+    done = finished_arm(arm_dir, key)
+    if done is not None:
+        return done
     fresh = (arm_dir / ARM_FILE).is_file()
     row, items = compute(fresh)
     arm_dir.mkdir(parents=True, exist_ok=True)
@@ -137,36 +142,11 @@ def train_arm(cfg: TrainConfig, base: nn.Module, tokenizer, *, fresh: bool) -> t
     return model, row
 
 
-def _compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
-    """The rows' own train + eval wall seconds, summed."""
-    return sum(_arm_seconds(r) for r in rows)
+def compute_seconds(rows: Iterable[dict[str, Any]]) -> float:
+    """The rows' own train + eval wall seconds, summed (what each report calls the compute)."""
+    return sum(arm_seconds(r) for r in rows)
 
 
-def _arm_seconds(row: dict[str, Any]) -> float:
+def arm_seconds(row: dict[str, Any]) -> float:
     """One row's train + eval wall seconds."""
     return (row.get("train_wall_seconds") or 0) + (row.get("eval_seconds") or 0)
-
-
-def preset_grid(
-    preset: str,
-    out: Path,
-    methods: Iterable[str],
-    field: str,
-    values: Iterable[Any],
-    overrides: dict[str, Any],
-    progress: bool,
-) -> dict[tuple[Any, str], TrainConfig]:
-    """{(value, method): the point's config}: the preset with `field` (`lr`, `seed`) at each value, out at
-    `out/{method}/{field}-{value:g}`; every one built (so checked) before anything trains."""
-    return {
-        (value, method): get_preset(
-            preset,
-            method=method,
-            out=str(out / method / f"{field}-{value:g}"),
-            progress=progress,
-            **{field: value},
-            **sizes_for_method(method, overrides),
-        )
-        for value in values
-        for method in methods
-    }

@@ -29,15 +29,15 @@ from mmpreproj_tables.values import check_lrs, parse_budgets  # light: the comma
 
 from ..analysis import plot_lr_sweep
 from ..analysis.plot import plot_pareto
-from ..analysis.stats import compare, mean_std
+from ..analysis.stats import mean_std
 from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import host_shape, lora_per_rank
-from ..train.presets import ppl_split_for
 from ..train.sizes import sizes_for_budget
-from .arms import _compute_seconds, read_arm
+from .arms import compute_seconds, finished_arm
+from .compare import paired_comparisons
 from .report_md import format_budget_table
-from .runner import ArmRunner, best_lr, doubling_step, point_config, search_lrs
+from .runner import ArmRunner, best_lr, doubling_step, eval_settings_for, point_config, search_lrs
 from .sweep import SWEEP_EVAL
 
 log = logging.getLogger("mmpreproj.budget")
@@ -78,7 +78,7 @@ def budget_study(
     out = Path(out)
     overrides = dict(train_overrides or {})
     base_cfg = get_preset(preset, **overrides)
-    settings = dict(SWEEP_EVAL, ppl_split=ppl_split_for(preset), **(eval_settings or {}))
+    settings = eval_settings_for(preset, SWEEP_EVAL, eval_settings)
     out.mkdir(parents=True, exist_ok=True)
     runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
     dim, layers = host_shape(runner.base)
@@ -168,13 +168,13 @@ class _Search:
         """The point's row (trained, or read back); None when `read_only` and it has not finished."""
         cfg = self._config(label, method, sizes, lr, seed)
         if self.read_only:
-            saved = read_arm(cfg.out, self.runner.key(cfg))
-            if saved is None:
-                return None
-            row, its, reused = saved["row"], saved.get("items", {}), True
+            got = finished_arm(cfg.out, self.runner.key(cfg))
         else:
             title = f"{method} {sizes}, LR {lr:g}, seed {seed}"
-            row, its, reused = self.runner.arm(cfg, title, diverged={"method": method, "lr": lr, "seed": seed})
+            got = self.runner.arm(cfg, title, diverged={"method": method, "lr": lr, "seed": seed})
+        if got is None:
+            return None
+        row, its, reused = got
         self.state["reused"] += reused
         row = {**row, "budget": label, "sizes": sizes}
         self.state["points"].append(row)
@@ -224,30 +224,22 @@ def _summary(state: dict[str, Any], items: dict[tuple, dict]) -> list[dict[str, 
         )
     for row in rows:  # paired by seed against LoRA at the same budget, each at its own best LR
         lora = next((r for r in rows if r["budget"] == row["budget"] and r["method"] == "lora"), None)
-        if lora is None or row["method"] == "lora" or not row["ppl"] or not lora["ppl"]:
+        if lora is None or row["method"] == "lora":
             continue
-        key = lambda r, s: items.get((r["budget"], r["method"], r["best_lr"], s), {}).get("ppl", {}).get("row_loss")  # noqa: E731
-        seeds_both = sorted(set(row["ppl"]) & set(lora["ppl"]))
-        its = {s: key(row, s) for s in seeds_both}
-        ref_its = {s: key(lora, s) for s in seeds_both}
-        have_items = all(v is not None for v in (*its.values(), *ref_its.values()))
-        c = compare(
-            row["ppl"],
-            lora["ppl"],
-            method=row["method"],
-            reference="lora",
-            metric="ppl.ppl",
-            items=its if have_items else None,
-            ref_items=ref_its if have_items else None,
-        )
-        row["vs_lora"] = {"diff": c.diff, "seeds": c.seeds, "items": c.items, "reading": c.words()}
+        arms, its = {}, {}  # each at its best LR, keyed (method, seed)
+        for r in (row, lora):
+            for s, v in r["ppl"].items():
+                arms[(r["method"], s)] = {"ppl.ppl": v}
+                its[(r["method"], s)] = items.get((r["budget"], r["method"], r["best_lr"], s), {})
+        for c in paired_comparisons([(row["method"], "lora")], ["ppl.ppl"], arms, its):
+            row["vs_lora"] = {"diff": c.diff, "seeds": c.seeds, "items": c.items, "reading": c.words()}
     return rows
 
 
 def _write(out: Path, state: dict[str, Any], items: dict[tuple, dict], base_cfg: TrainConfig, seconds: float) -> None:
     """budget.json, report.md, pareto.png and lr-<budget>.png of what the study has reached."""
     rows = _summary(state, items)
-    compute_s = _compute_seconds(state["points"])
+    compute_s = compute_seconds(state["points"])
     doc = {k: v for k, v in state.items() if k != "points"}
     doc.update(seconds=seconds, compute_seconds=compute_s, summary=rows, points=state["points"])
     (out / "budget.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")

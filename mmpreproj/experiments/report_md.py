@@ -24,11 +24,12 @@ def _fmt(metric: str) -> str:
     return {"ppl.ppl": ".1f", "lambada.ppl": ".4g"}.get(metric, ".3f")
 
 
-def _cell(stats: tuple[float, float, int] | None, metric: str) -> str:
+def stats_cell(stats: tuple[float, float, int] | None, fmt: str) -> str:
+    """A table cell of `mean_std`'s (mean, std, n): "mean ± std" (the std only for n > 1), or "n/a" for None."""
     if stats is None:
         return "n/a"
     mean, std, n = stats
-    return format(mean, _fmt(metric)) + (f" ± {format(std, _fmt(metric))}" if n > 1 else "")
+    return format(mean, fmt) + (f" ± {format(std, fmt)}" if n > 1 else "")
 
 
 def format_summary_table(summary: Mapping[str, Mapping[str, Any]], preset: str) -> str:
@@ -40,7 +41,7 @@ def format_summary_table(summary: Mapping[str, Mapping[str, Any]], preset: str) 
         "|---|---|---|---|---|---|---|---|",
     ]
     for method, s in summary.items():
-        cells = [_cell(s.get(m), m) for m in _COLUMNS]
+        cells = [stats_cell(s.get(m), _fmt(m)) for m in _COLUMNS]
         params = f"{s['params'] / 1e6:.1f}M" if s.get("params") else "-"
         ref = paper.get(method)
         if ref:

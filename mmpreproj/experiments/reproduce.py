@@ -30,15 +30,15 @@ from mmpreproj_tables.values import parse_seeds  # light: the command checks --s
 
 from ..analysis import PAPER_SKIP_NORMS, plot_loss_curves, plot_results, plot_skip_growth, plot_skip_norms
 from ..analysis.plot import read_losses
-from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
+from ..analysis.stats import Comparison, mean_std
 from ..data import wikitext_lines
 from ..method.config import PreProjConfig
 from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
-from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS
-from .arms import _arm_seconds, _compute_seconds, preset_grid
+from .arms import arm_seconds, compute_seconds
+from .compare import paired_comparisons
 from .paper import PAPER_TABLE2
 from .report_md import (
     METRIC_LABELS,
@@ -48,7 +48,7 @@ from .report_md import (
     format_summary_table,
     noise_sentences,
 )
-from .runner import ArmRunner
+from .runner import ArmRunner, eval_settings_for, preset_grid
 
 log = logging.getLogger("mmpreproj.reproduce")
 
@@ -63,6 +63,7 @@ PAPER_EVAL: dict[str, Any] = {
 }
 METRICS = ("lambada.acc", "hellaswag.acc", "arc_easy.acc", "ppl.ppl", "lambada.ppl")
 REFERENCES = ("baseline", "lora", "lora_matched")  # every method is compared with these (when present)
+COMPARED = ("ppl.ppl", "lambada.ppl", "hellaswag.acc", "lambada.acc", "arc_easy.acc")  # in the comparisons' order
 # Paper Figure-2 widths, to divide its norms by their init value (std 1e-4 * d for a d x d weight).
 PAPER_WIDTHS = {"pythia-160m": 768, "pythia-410m": 1024}
 # The training config fields report.md names.
@@ -110,43 +111,17 @@ def summarize(rows: list[dict[str, Any]], methods: Sequence[str]) -> dict[str, d
 
 
 def comparisons(
-    rows: list[dict[str, Any]], items: dict[tuple[str, int | None], dict], methods: Sequence[str], seeds: Sequence[int]
+    rows: list[dict[str, Any]], items: dict[tuple[str, int | None], dict], methods: Sequence[str]
 ) -> list[Comparison]:
     """Every method against baseline and the LoRA arms, on every metric with per-item scores."""
-
-    def values(method: str, metric: str) -> dict[int, float]:
-        if method == "baseline":
-            base = next(r for r in rows if r["method"] == "baseline")
-            return {s: base[metric] for s in seeds} if base.get(metric) is not None else {}
-        return {r["seed"]: r[metric] for r in rows if r["method"] == method and r.get(metric) is not None}
-
-    def item_scores(method: str, metric: str) -> dict[int, list[float]] | None:
-        task, key, _ = ITEM_METRICS[metric]
-        got = {s: items.get((method, None if method == "baseline" else s), {}).get(task, {}).get(key) for s in seeds}
-        return None if any(v is None for v in got.values()) else got  # type: ignore[return-value]
-
-    out = []
-    for metric in ("ppl.ppl", "lambada.ppl", "hellaswag.acc", "lambada.acc", "arc_easy.acc"):
-        if len({r.get(metric) for r in rows if r.get(metric) is not None}) < 2:
-            continue  # absent, or the same for every arm (mini's LAMBADA accuracy is 0 everywhere): nothing to compare
-        for method in methods:
-            # a reference arm meets only the references before it (lora_matched - lora, not also lora - lora_matched)
-            refs = REFERENCES[: REFERENCES.index(method)] if method in REFERENCES else REFERENCES
-            for ref in (r for r in refs if r == "baseline" or r in methods):
-                a, b = values(method, metric), values(ref, metric)
-                if a and b:
-                    out.append(
-                        compare(
-                            a,
-                            b,
-                            method=method,
-                            reference=ref,
-                            metric=metric,
-                            items=item_scores(method, metric),
-                            ref_items=item_scores(ref, metric),
-                        )
-                    )
-    return out
+    pairs = []
+    for method in methods:
+        # a reference arm meets only the references before it (lora_matched - lora, not also lora - lora_matched)
+        refs = REFERENCES[: REFERENCES.index(method)] if method in REFERENCES else REFERENCES
+        pairs += [(method, ref) for ref in refs if ref == "baseline" or ref in methods]
+    # a metric absent, or the same for every arm (mini's LAMBADA accuracy is 0 everywhere), has nothing to compare
+    metrics = [m for m in COMPARED if len({r.get(m) for r in rows if r.get(m) is not None}) >= 2]
+    return paired_comparisons(pairs, metrics, {(r["method"], r.get("seed")): r for r in rows}, items)
 
 
 def _ratio_batches(tokenizer, texts: Sequence[str], max_len: int, device: torch.device) -> Iterator[dict]:
@@ -179,9 +154,7 @@ def reproduce(
     """
     methods = check_methods(methods)
     out = Path(out)
-    paper_eval = dict(PAPER_EVAL, ppl_split=ppl_split_for(preset))
-    settings = dict(DEMO_EVAL if preset == "mini" else paper_eval, **(eval_settings or {}))
-    settings["tasks"] = list(settings["tasks"])
+    settings = eval_settings_for(preset, DEMO_EVAL if preset == "mini" else PAPER_EVAL, eval_settings)
     base_cfg = get_preset(preset, **{k: v for k, v in (train_overrides or {}).items() if k not in SIZE_FIELDS})
     seed_list = parse_seeds(seeds, base_cfg.seed)
     cfgs = preset_grid(preset, out, methods, "seed", seed_list, train_overrides or {}, progress)
@@ -291,7 +264,7 @@ def _figures(
 def _arm_times(rows: list[dict[str, Any]]) -> str:
     """ "baseline eval 1.0 min; a trained arm 2.1-2.6 min" (train + eval wall per arm)."""
     base = next((r for r in rows if r["method"] == "baseline"), {})
-    arms = [_arm_seconds(r) for r in rows if r["method"] != "baseline"]
+    arms = [arm_seconds(r) for r in rows if r["method"] != "baseline"]
     text = f"baseline eval {(base.get('eval_seconds') or 0) / 60:.1f} min"
     return text + (f"; a trained arm {min(arms) / 60:.1f}-{max(arms) / 60:.1f} min" if arms else "")
 
@@ -313,11 +286,11 @@ def _write_outputs(
 ) -> None:
     """table.md, results.json, the figures and report.md under `out`."""
     summary = summarize(rows, methods)
-    comps = comparisons(rows, items, methods, seeds)
+    comps = comparisons(rows, items, methods)
     table = format_summary_table(summary, preset)
     reading = [f"- {s}" for s in noise_sentences(comps)]
     _write_table(out, table, reading)
-    compute_s = _compute_seconds(rows)
+    compute_s = compute_seconds(rows)
     results = {
         "preset": preset,
         "seeds": seeds,

@@ -5,8 +5,9 @@
     tried, settled = search_lrs((1e-3, 3e-3), score, "ppl.ppl", max_extend=2)
 
 Each fact is here once: the LR ladder and the rule that extends a search past an edge (`next_lr`, `search_lrs`,
-`best_lr`), the arm of an experiment on a shared base (`ArmRunner`: train, evaluate, read back by key through
-`arms.run_arm`), and the claims that let several processes share an output folder (`claim`, `work_through`).
+`best_lr`), each point's config and the evaluation settings (`point_config`, `preset_grid`, `eval_settings_for`),
+the arm of an experiment on a shared base (`ArmRunner`: train, evaluate, read back by key through `arms.run_arm`),
+and the claims that let several processes share an output folder (`claim`, `work_through`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from ..analysis import plot_loss_curve, routing_ratios
 from ..train import get_preset, load_model_and_tokenizer
 from ..train.config import TrainConfig
 from ..train.methods import check_fits
+from ..train.presets import ppl_split_for
+from ..train.sizes import sizes_for_method
 from .arms import arm_key, eval_arm, run_arm, train_arm
 
 LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # an LR search moves one rung at a time
@@ -100,6 +103,40 @@ def search_lrs(
 def point_config(preset: str, overrides: dict[str, Any], out: Path, *, progress: bool, **point: Any) -> TrainConfig:
     """The preset under `overrides`, then the point's own fields (method, lr, seed, sizes), run folder `out`."""
     return get_preset(preset, **{**overrides, **point, "out": str(out), "progress": progress})
+
+
+def preset_grid(
+    preset: str,
+    out: Path,
+    methods: Iterable[str],
+    field: str,
+    values: Iterable[Any],
+    overrides: dict[str, Any],
+    progress: bool,
+) -> dict[tuple[Any, str], TrainConfig]:
+    """{(value, method): the point's config}: the preset with `field` (`lr`, `seed`) at each value, out at
+    `out/{method}/{field}-{value:g}`, `overrides` less the sizes of modules the method lacks; every one built
+    (so checked) before anything trains."""
+    return {
+        (value, method): point_config(
+            preset,
+            sizes_for_method(method, overrides),
+            out / method / f"{field}-{value:g}",
+            progress=progress,
+            method=method,
+            **{field: value},
+        )
+        for value in values
+        for method in methods
+    }
+
+
+def eval_settings_for(preset: str, defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """An experiment's evaluation settings: `defaults` on the preset's PPL split (`ppl_split_for`), then
+    `overrides`; the tasks a list (as an arm's key is read back from JSON)."""
+    settings = {**defaults, "ppl_split": ppl_split_for(preset), **(overrides or {})}
+    settings["tasks"] = list(settings["tasks"])
+    return settings
 
 
 @contextlib.contextmanager

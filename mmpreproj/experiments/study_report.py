@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import PAPER_SKIP_NORMS, plot_lr_sweep, plot_results, plot_skip_growth, plot_skip_norms
-from ..analysis.stats import ITEM_METRICS, Comparison, compare, mean_std
-from .report_md import METRIC_LABELS, _comparison_rows, _figure_lines, format_comparisons, noise_sentences
+from ..analysis.stats import Comparison, mean_std
+from .compare import paired_comparisons
+from .report_md import METRIC_LABELS, _comparison_rows, _figure_lines, format_comparisons, noise_sentences, stats_cell
 from .runner import best_lr
 from .study import Step, Study, read_baseline
 
@@ -72,21 +73,13 @@ def gather(s: Study) -> dict[str, Any]:
     return {"baseline": base["row"] if base else None, "groups": groups, "items": items}
 
 
-def _values(data: dict[str, Any], label: str, metric: str) -> dict[int, float]:
-    if label == "baseline":
-        v = (data["baseline"] or {}).get(metric)
-        seeds = {s for g in data["groups"] for s in g["seeds"]}
-        return {s: v for s in seeds} if v is not None else {}
-    g = next(g for g in data["groups"] if g["label"] == label)
-    return {s: r[metric] for s, r in g["seeds"].items() if r.get(metric) is not None}
-
-
 def comparisons(data: dict[str, Any]) -> list[Comparison]:
     """Each finished group against the baseline, the paper-size groups against LoRA and LoRA matched, and
     each budget group against LoRA at the same budget; paired by seed, bootstrapped over items."""
-    labels = [g["label"] for g in data["groups"] if g["seeds"]]
+    done = [g for g in data["groups"] if g["seeds"]]
+    labels = [g["label"] for g in done]
     pairs = []
-    for g in (g for g in data["groups"] if g["seeds"]):
+    for g in done:
         refs = ["baseline"]
         if g["budget"] is None and g["method"] not in ("lora", "lora_matched"):
             refs += [r for r in ("lora", "lora_matched") if r in labels]
@@ -95,42 +88,10 @@ def comparisons(data: dict[str, Any]) -> list[Comparison]:
         elif g["budget"] is not None and g["method"] != "lora":
             refs += [r for r in (g["label"].rsplit("/", 1)[0] + "/lora",) if r in labels]
         pairs += [(g["label"], r) for r in refs]
-    out = []
-    for metric in METRICS:
-        task, key, _ = ITEM_METRICS[metric]
-        for label, ref in pairs:
-            a, b = _values(data, label, metric), _values(data, ref, metric)
-            if not a or not b or not set(a) & set(b):
-                continue
-            seeds = sorted(set(a) & set(b))
-
-            out.append(
-                compare(
-                    {k: a[k] for k in seeds},
-                    {k: b[k] for k in seeds},
-                    method=label,
-                    reference=ref,
-                    metric=metric,
-                    items=_items(data, label, seeds, task, key),
-                    ref_items=_items(data, ref, seeds, task, key),
-                )
-            )
-    return out
-
-
-def _items(data: dict[str, Any], label: str, seeds: list[int], task: str, key: str) -> dict[int, list] | None:
-    """{seed: per-item scores of `task`/`key`} of a group (the baseline's under every seed), or None if any lacks."""
-    got = {
-        sd: data["items"].get((label, None if label == "baseline" else sd), {}).get(task, {}).get(key) for sd in seeds
-    }
-    return None if any(v is None for v in got.values()) else got
-
-
-def _cell(values: list[float], fmt: str) -> str:
-    if not values:
-        return "n/a"
-    mean, std, n = mean_std(values)
-    return format(mean, fmt) + (f" ± {format(std, fmt)}" if n > 1 else "")
+    rows = {(g["label"], seed): r for g in data["groups"] for seed, r in g["seeds"].items()}
+    if data["baseline"] is not None:
+        rows[("baseline", None)] = data["baseline"]
+    return paired_comparisons(pairs, METRICS, rows, data["items"])
 
 
 def summary_table(data: dict[str, Any], base_params: int) -> str:
@@ -157,7 +118,8 @@ def summary_table(data: dict[str, Any], base_params: int) -> str:
             lr = "every LR diverged"
         else:
             lr = f"{g['best_lr']:g}" + (" (edge)" if g["edge"] else "")
-        cells = [_cell([r[m] for r in rows if r.get(m) is not None], fmts[m]) for m in METRICS]
+        values = {m: [r[m] for r in rows if r.get(m) is not None] for m in METRICS}
+        cells = [stats_cell(mean_std(values[m]) if values[m] else None, fmts[m]) for m in METRICS]
         lines.append(f"| {g['label']} | {size} | {lr} | {len(rows)}/{g['want_seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

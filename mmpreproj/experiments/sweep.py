@@ -24,11 +24,10 @@ from ..analysis import plot_lr_sweep
 from ..train import get_preset
 from ..train.config import TrainConfig
 from ..train.methods import check_methods
-from ..train.presets import ppl_split_for
 from ..train.sizes import SIZE_FIELDS
-from .arms import _compute_seconds, preset_grid
+from .arms import compute_seconds
 from .report_md import format_sweep_table
-from .runner import ArmRunner
+from .runner import ArmRunner, eval_settings_for, preset_grid
 
 log = logging.getLogger("mmpreproj.sweep")
 
@@ -54,7 +53,7 @@ def lr_sweep(
     methods = check_methods(methods)
     lrs = check_lrs(lrs)
     out = Path(out)
-    settings = dict(SWEEP_EVAL, ppl_split=ppl_split_for(preset), **(eval_settings or {}))
+    settings = eval_settings_for(preset, SWEEP_EVAL, eval_settings)
     overrides = dict(train_overrides or {})
     if seed is not None:
         overrides["seed"] = seed
@@ -99,7 +98,7 @@ def _write(
     baseline_ppl, ppl_split, preset_lr = base_row.get("ppl.ppl"), settings["ppl_split"], get_preset(preset).lr
     table = format_sweep_table(points, baseline_ppl)
     (out / "sweep.md").write_text(table + "\n")
-    compute_s = _compute_seconds(r for by_lr in points.values() for r in by_lr.values())
+    compute_s = compute_seconds(r for by_lr in points.values() for r in by_lr.values())
     doc = {
         "preset": preset,
         "seed": base_cfg.seed,
