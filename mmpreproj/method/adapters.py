@@ -36,6 +36,7 @@ from peft import functional as peft_functional
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
+from ..hosts.spec import get_path
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 from .convert import model_keys
@@ -90,8 +91,8 @@ def plan_addition(
     """Check and build adapter `name` for the sites of the injected model `owner`: a saved one (`tensors` read by
     `files.read_adapter`, copied into the built modules; its record checked by the caller,
     `load_check.check_added_record`) or, without them, a freshly initialised one (peft's `add_adapter`; its
-    `modules_to_save` start from their current values). Nothing is changed: the modules go in through peft's loop.
-    ValueError naming the first field that does not fit."""
+    `modules_to_save` start from the base's values, kept at inject, as a LoRA adapter's copy does). Nothing is
+    changed: the modules go in through peft's loop. ValueError naming the first field that does not fit."""
     state = vars(owner)[STATE_ATTR]
     check_adapter_name(name)
     loaded = loaded_adapters(owner)
@@ -125,8 +126,13 @@ def plan_addition(
                     expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
             modules[path] = built
     live_modules = saved_module_tensors(owner, state.modules_to_save)
-    if tensors is None:
-        stored = {k: v.detach().clone() for k, v in live_modules.items()}
+    if tensors is None:  # as LoRA's new adapter: a copy of the base's values (kept at inject), not the trained ones
+        originals = state.saved_originals  # `{name}.{param}` -> the value at inject
+        stored = {
+            f"{path}.{k}": originals[f"{n}.{k}"].clone()
+            for n, path in state.modules_to_save.items()
+            for k in get_path(owner, path).state_dict()
+        }
         return Addition(name, config, owner, state, modules, stored)
     tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
@@ -265,18 +271,22 @@ def peft_record(model: nn.Module, owner: nn.Module) -> nn.Module | None:
 
 
 def set_adapter(model: nn.Module, name: str) -> nn.Module:
-    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did (through the
-    `PeftModel` when `model` is one, so peft's `active_adapter` follows; peft's own `PeftModel.set_adapter` follows
-    peft's rule instead: trainable unless `inference_mode=True`).
+    """Make the loaded adapter `name` the one that runs; it trains iff the previous active one did or it waits
+    trainable (`load_adapter(..., adapter_name=name, is_trainable=True)`); through the `PeftModel` when `model` is
+    one, so peft's `active_adapter` follows (peft's own `PeftModel.set_adapter` follows peft's rule instead:
+    trainable unless `inference_mode=True`).
 
     Switch between steps (after `loss.backward()` and the optimizer step), as for LoRA: a switch between a
     forward and its backward leaves that backward filling the gradients of the adapter switched away from.
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
+    wrappers = injected_modules(owner)
+    waiting = [p for w in wrappers for m in w.slots(name) if m is not None for p in m.parameters()]
+    trains = adapter_trains(wrappers) or any(p.requires_grad for p in waiting)
     if record is not None:  # peft's rule (trains unless inference_mode), told what ours is
-        record.set_adapter(name, inference_mode=not adapter_trains(injected_modules(owner)))
+        record.set_adapter(name, inference_mode=not trains)
     else:
-        switch_adapter(owner, name)
+        switch_adapter(owner, name, trains=trains)
     return model
 
 

@@ -403,11 +403,14 @@ class PreProjModel(BaseTuner):
 
     def unload(self) -> nn.Module:
         """Remove the modules and return the base model as it was before injection (a head peft wrapped for a
-        classification task gets its original module back, as peft's `unload` gives the base)."""
+        classification task gets its original module back, and peft's `peft_config` record comes off the model, as
+        peft's `unload` gives the base)."""
         model = unload(self.model)
         for path, wrapper in peft_heads(model).items():
             parent, _, attr = path.rpartition(".")
             setattr(model.get_submodule(parent), attr, wrapper.original_module)
+        if "peft_config" in vars(model):  # peft's BaseTuner._unload_and_optionally_merge does the same
+            del model.peft_config
         return model
 
     # -- state dict (peft's hooks, called by get/set_peft_model_state_dict) ----------------------------
