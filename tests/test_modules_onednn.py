@@ -14,14 +14,26 @@ needs_bf16_onednn = pytest.mark.skipif(not onednn._bf16_kernels(), reason="this 
 
 
 @needs_bf16_onednn
-@pytest.mark.parametrize("rows", [1, 2, 7, 128])
-@pytest.mark.parametrize("shape", [(80, 64), (960, 768), (768, 960)])
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 31, onednn.MAX_ROWS])
+@pytest.mark.parametrize("shape", [(80, 64), (960, 768), (768, 960), (2304, 768), (64, 4096)])
 def test_packed_linear_is_bit_identical_to_f_linear(rows, shape):
     torch.manual_seed(0)
     w = (torch.randn(*shape) * 0.02).bfloat16()
     x = torch.randn(1, rows, shape[1]).bfloat16()
     assert onednn.usable(x, w)
     assert torch.equal(onednn.linear(x, onednn.pack(w)), F.linear(x, w))
+
+
+@pytest.mark.parametrize("rows", [onednn.MAX_ROWS + 1, 128])
+def test_more_rows_than_the_packed_kernel_matches_take_f_linear(rows):
+    """Above `MAX_ROWS` oneDNN's packed kernel rounds otherwise on an AMX CPU (a prefill): `F.linear` runs there."""
+    torch.manual_seed(0)
+    casts, w = WeightCasts(), (torch.randn(960, 768) * 0.02)
+    x = torch.randn(1, rows, 768).bfloat16()
+    assert not onednn.usable(x, w.bfloat16())
+    with torch.no_grad():
+        assert torch.equal(casts.linear(x, w), F.linear(x, w.bfloat16()))
+    assert {k[2] for k in casts._casts} == {"cast"}
 
 
 def test_usable_only_where_f_linear_takes_onednn():

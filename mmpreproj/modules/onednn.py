@@ -17,6 +17,10 @@ import functools
 import torch
 
 _MIN_MACS = 16 * 16 * 16  # ATen's mkldnn_gemm_min_size
+# Up to this many rows the packed kernel is bit-identical to `F.linear`'s; above it, on a CPU with AMX, oneDNN's
+# kernel for a weight packed for batch 1 accumulates in another order than `F.linear`'s (from 33 rows on, at every
+# width checked: tests/test_modules_onednn.py). Prepacking pays at decode (a few rows), not at a prefill.
+MAX_ROWS = 32
 
 
 @functools.cache
@@ -28,13 +32,14 @@ def _bf16_kernels() -> bool:
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """`F.linear(x, weight)` (both bf16, CPU, no graph needed) would run oneDNN: the packed path may stand in."""
+    """`F.linear(x, weight)` (both bf16, CPU, no graph needed) would run oneDNN on at most `MAX_ROWS` rows: the
+    packed path may stand in."""
     if x.dtype != torch.bfloat16 or x.device.type != "cpu" or type(x) is not torch.Tensor:
         return False
     if torch.compiler.is_compiling() or not torch.backends.mkldnn.enabled or x.dim() < 1:
         return False
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return rows * weight.shape[0] * weight.shape[1] > _MIN_MACS and _bf16_kernels()
+    return rows <= MAX_ROWS and rows * weight.shape[0] * weight.shape[1] > _MIN_MACS and _bf16_kernels()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
