@@ -42,7 +42,6 @@ import pickle
 import shutil
 import sys
 import tempfile
-import traceback
 import warnings
 from pathlib import Path
 
@@ -56,6 +55,7 @@ import peft  # noqa: E402
 import peft.functional as pf  # noqa: E402
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
+from calls_audit import DEEP_TYPES, diff, origin, snap  # noqa: E402 (the snapshot of the second audit)
 from safetensors.torch import load_file  # noqa: E402
 
 import mmpreproj  # noqa: E402
@@ -144,74 +144,6 @@ HOSTS = {
 }
 
 # ---------------------------------------------------------------- snapshots and comparisons
-
-
-def peft_attrs(model):
-    out = {}
-    for m in [model] + ([model.base_model] if isinstance(model, peft.PeftModel) else []):
-        for a in ("peft_config", "active_adapter", "active_adapters", "_hf_peft_config_loaded"):
-            try:
-                v = getattr(m, a, "<absent>")
-            except Exception as e:  # noqa: BLE001
-                v = f"<raises {type(e).__name__}>"
-            if a == "peft_config" and isinstance(v, dict):
-                v = {k: repr(c) for k, c in v.items()}
-            elif isinstance(v, list):
-                v = list(v)
-            out[f"{type(m).__name__}.{a}"] = repr(v)
-    return out
-
-
-def snap(model):
-    return {
-        "tree": [(n, type(m).__name__, id(m), m.training) for n, m in model.named_modules()],
-        "params": {
-            n: (p.detach().clone(), p.dtype, p.device, p.requires_grad, id(p))
-            for n, p in model.named_parameters(remove_duplicate=False)
-        },
-        "buffers": {
-            n: (b.detach().clone(), b.dtype, b.device) for n, b in model.named_buffers(remove_duplicate=False)
-        },
-        "peft": peft_attrs(model),
-        "injected": mmpreproj.is_injected(model),
-    }
-
-
-def diff(a, b):
-    d = []
-    if a["tree"] != b["tree"]:
-        sa, sb = set(a["tree"]), set(b["tree"])
-        d.append(f"module tree changed (-{sorted(sa - sb)[:2]} +{sorted(sb - sa)[:2]})")
-    if a["params"].keys() != b["params"].keys():
-        d.append(
-            f"param names changed: -{sorted(a['params'].keys() - b['params'].keys())[:3]} "
-            f"+{sorted(b['params'].keys() - a['params'].keys())[:3]}"
-        )
-    for k in sorted(a["params"].keys() & b["params"].keys()):
-        x, y = a["params"][k], b["params"][k]
-        if x[1:] != y[1:] or x[0].shape != y[0].shape or not torch.equal(x[0], y[0]):
-            d.append(f"param {k} changed")
-            break
-    if a["buffers"].keys() != b["buffers"].keys():
-        d.append("buffer names changed")
-    for k in sorted(a["buffers"].keys() & b["buffers"].keys()):
-        x, y = a["buffers"][k], b["buffers"][k]
-        if x[1:] != y[1:] or x[0].shape != y[0].shape or not (x[0].is_meta or torch.equal(x[0], y[0])):
-            d.append(f"buffer {k} changed")
-            break
-    if a["peft"] != b["peft"]:
-        d.append("peft attrs changed: " + ", ".join(k for k in a["peft"] if a["peft"].get(k) != b["peft"].get(k)))
-    if a["injected"] != b["injected"]:
-        d.append("is_injected changed")
-    return d
-
-
-DEEP_TYPES = (AttributeError, KeyError, IndexError, ZeroDivisionError, UnboundLocalError, NameError, AssertionError)
-
-
-def origin(e):
-    tb = traceback.extract_tb(e.__traceback__)
-    return tb[-1].filename if tb else "?"
 
 
 def refused(model, call, words):
