@@ -736,95 +736,95 @@ def _():
 # ================================================================ cli.md
 
 
-@claim("cli.md:126", "--preset nonsense: one line naming the option, no torch")
+@claim("cli.md:11", "--preset nonsense: one line naming the option, no torch")
 def _():
     return cli_refuses("train", "--preset", "nonsense", words=("--preset",))
 
 
-@claim("cli.md:126", "--method dora: one line, no torch")
+@claim("cli.md:11", "--method dora: one line, no torch")
 def _():
     return cli_refuses("train", "--method", "dora", words=("--method",))
 
 
-@claim("cli.md:126", "--methods dora (sweep): one line, no torch")
+@claim("cli.md:11", "--methods dora (sweep): one line, no torch")
 def _():
     return cli_refuses("sweep", "--preset", "mini", "--methods", "dora", words=("dora",))
 
 
-@claim("cli.md:126", "--tasks bogus (eval): one line, no torch")
+@claim("cli.md:11", "--tasks bogus (eval): one line, no torch")
 def _():
     return cli_refuses("eval", "--model", "assets/mini-pythia", "--tasks", "bogus", words=("bogus",))
 
 
-@claim("cli.md:127", "--model smollm2-136m (near miss): one line, no torch")
+@claim("cli.md:12", "--model smollm2-136m (near miss): one line, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--model", "smollm2-136m", words=("smollm2",))
 
 
-@claim("cli.md:127", "--model dinov2-small where a causal LM is needed: one line, no torch")
+@claim("cli.md:12", "--model dinov2-small where a causal LM is needed: one line, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--model", "dinov2-small", words=("dinov2",))
 
 
-@claim("cli.md:128", "--lr 0 refused, no torch")
+@claim("cli.md:13", "--lr 0 refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--lr", "0", words=("--lr",))
 
 
-@claim("cli.md:128", "--steps -5 refused, no torch")
+@claim("cli.md:13", "--steps -5 refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--steps", "-5", words=("--steps",))
 
 
-@claim("cli.md:128", "--warmup-steps beyond the run's steps refused, no torch")
+@claim("cli.md:13", "--warmup-steps beyond the run's steps refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--steps", "10", "--warmup-steps", "20", words=("--warmup-steps",))
 
 
-@claim("cli.md:129", "--seed -1 refused, no torch")
+@claim("cli.md:14", "--seed -1 refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--seed", "-1", words=("--seed",))
 
 
-@claim("cli.md:130", "--adapter that does not exist refused, no torch")
+@claim("cli.md:15", "--adapter that does not exist refused, no torch")
 def _():
     return cli_refuses(
         "eval", "--model", "assets/mini-pythia", "--adapter", "/nonexistent/x", "--tasks", "ppl", words=("--adapter",)
     )
 
 
-@claim("cli.md:130", "--model written as a local path that does not exist refused, no torch")
+@claim("cli.md:15", "--model written as a local path that does not exist refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--model", "./no/such/model", words=("--model",))
 
 
-@claim("cli.md:130", "--data written as a local path that does not exist refused, no torch")
+@claim("cli.md:15", "--data written as a local path that does not exist refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--data", "./no/such/data.txt", words=("--data",))
 
 
-@claim("cli.md:131", "bad --lrs list refused, no torch")
+@claim("cli.md:16", "bad --lrs list refused, no torch")
 def _():
     return cli_refuses("sweep", "--preset", "mini", "--lrs", "1e-3,abc", words=("--lrs",))
 
 
-@claim("cli.md:131", "bad --budgets list refused, no torch")
+@claim("cli.md:16", "bad --budgets list refused, no torch")
 def _():
     return cli_refuses("budget", "--preset", "mini", "--budgets", "0.01,2", words=("--budgets",))
 
 
-@claim("cli.md:131", "bad --seeds refused, no torch")
+@claim("cli.md:16", "bad --seeds refused, no torch")
 def _():
     return cli_refuses("reproduce", "--preset", "mini", "--seeds", "1,x", words=("--seeds",))
 
 
-@claim("cli.md:131", "bad --layers refused, no torch")
+@claim("cli.md:16", "bad --layers refused, no torch")
 def _():
     return cli_refuses("train", "--preset", "mini", "--layers=a,b", words=("--layers",))
 
 
 @claim(
-    "cli.md:138",
+    "cli.md:23",
     "first stderr line: 'mmpreproj <sub>: offline: HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 (set by mmpreproj; ...'",
 )
 def _():
@@ -840,7 +840,7 @@ def _():
     return "exact"
 
 
-@claim("cli.md:145", "an HF_HUB_OFFLINE you set is kept and the line says (from the environment)")
+@claim("cli.md:30", "an HF_HUB_OFFLINE you set is kept and the line says (from the environment)")
 def _():
     rc, out, err, imp = cli("eval", "--model", "org/typo-never-cached", "--tasks", "ppl", env={"HF_HUB_OFFLINE": "1"})
     first = err.strip().splitlines()[0] if err.strip() else ""
@@ -848,7 +848,7 @@ def _():
     return first[:120]
 
 
-@claim("cli.md:142", "a hub id not in the cache is refused at once: 'not in the local hub cache ... --online'")
+@claim("cli.md:27", "a hub id not in the cache is refused at once: 'not in the local hub cache ... --online'")
 def _():
     rc, out, err, imp = cli("eval", "--model", "org/typo-never-cached", "--tasks", "ppl")
     need(rc != 0, f"rc={rc}")
@@ -856,12 +856,12 @@ def _():
     return [ln for ln in err.splitlines() if "hub cache" in ln][0][:150]
 
 
-@claim("cli.md:189", "--out '' refused, never read as the default")
+@claim("cli.md:74", "--out '' refused, never read as the default")
 def _():
     return cli_refuses("train", "--preset", "mini", "--out", "", words=("--out",))
 
 
-@claim("cli.md:190", "--data-config beside a local --data file refused")
+@claim("cli.md:75", "--data-config beside a local --data file refused")
 def _():
     f = tmp() / "lines.txt"
     f.write_text("one line\nanother line\n")
@@ -870,17 +870,17 @@ def _():
     )
 
 
-@claim("cli.md:190", "repeats in --lrs refused")
+@claim("cli.md:75", "repeats in --lrs refused")
 def _():
     return cli_refuses("sweep", "--preset", "mini", "--lrs", "1e-3,1e-3", words=("--lrs",))
 
 
-@claim("cli.md:190", "repeats in --methods refused")
+@claim("cli.md:75", "repeats in --methods refused")
 def _():
     return cli_refuses("sweep", "--preset", "mini", "--methods", "lora,lora", words=("--methods",))
 
 
-@claim("cli.md:171", "size flags on train, sweep, reproduce, demo; --help shows the presets' value")
+@claim("cli.md:56", "size flags on train, sweep, reproduce, demo; --help shows the presets' value")
 def _():
     bad = []
     for sub in ("train", "sweep", "reproduce", "demo"):
@@ -895,14 +895,14 @@ def _():
     return "all four flags on all four"
 
 
-@claim("cli.md:132", "python -m mmpreproj is the same command")
+@claim("cli.md:17", "python -m mmpreproj is the same command")
 def _():
     rc, out, err, imp = cli("train", "--help", module="mmpreproj")
     need(rc == 0 and "--preset" in out, f"rc={rc}")
     return "ok"
 
 
-@claim("cli.md:203", "files mmpreproj writes get the umask's mode (0644 under 022)")
+@claim("cli.md:88", "files mmpreproj writes get the umask's mode (0644 under 022)")
 def _():
     d = tmp()
     old = os.umask(0o022)
@@ -915,7 +915,7 @@ def _():
     return modes
 
 
-@claim("cli.md:204", "an adapter folder holds only its own files (no lock file left)")
+@claim("cli.md:89", "an adapter folder holds only its own files (no lock file left)")
 def _():
     d = tmp()
     mmpreproj.save_adapter(mmpreproj.inject(neox(), PreProjConfig()), d)
@@ -924,7 +924,7 @@ def _():
     return names
 
 
-@claim("cli.md:195", "non-finite adapter weights are refused by name (save_adapter)")
+@claim("cli.md:80", "non-finite adapter weights are refused by name (save_adapter)")
 def _():
     m = mmpreproj.inject(neox(), PreProjConfig())
     d = tmp()
@@ -935,7 +935,7 @@ def _():
     return msg
 
 
-@claim("cli.md:205", "save_pretrained's base reloads bit-exact with plain from_pretrained")
+@claim("cli.md:90", "save_pretrained's base reloads bit-exact with plain from_pretrained")
 def _():
     d = tmp()
     base = neox()
@@ -960,7 +960,7 @@ def train_run():
     return _RUN["dir"]
 
 
-@claim("cli.md:138", "`mmpreproj train` says the offline line first, then trains")
+@claim("cli.md:23", "`mmpreproj train` says the offline line first, then trains")
 def _():
     train_run()
     first = _RUN["err"].strip().splitlines()[0]
@@ -968,7 +968,7 @@ def _():
     return first[:100]
 
 
-@claim("cli.md:169", "every run folder gets a loss_curve.png (and the adapter in adapter/)")
+@claim("cli.md:54", "every run folder gets a loss_curve.png (and the adapter in adapter/)")
 def _():
     d = train_run()
     need((d / "loss_curve.png").is_file(), sorted(os.listdir(d)))
@@ -984,7 +984,7 @@ def _():
     return "ok"
 
 
-@claim("cli.md:153", "`mmpreproj analyze RUN` writes skip_norms.json/png + routing ratios")
+@claim("cli.md:38", "`mmpreproj analyze RUN` writes skip_norms.json/png + routing ratios")
 def _():
     d = train_run()
     rc, out, err, imp = cli("analyze", str(d))
@@ -1012,7 +1012,7 @@ def _():
     return list(res)
 
 
-@claim("cli.md:192", "--overwrite clears the old run only once model and data are loaded (a failed load keeps it)")
+@claim("cli.md:77", "--overwrite clears the old run only once model and data are loaded (a failed load keeps it)")
 def _():
     d = train_run()
     before = sorted(os.listdir(d))
@@ -1027,7 +1027,7 @@ def _():
     return err.strip().splitlines()[-1][:150]
 
 
-@claim("cli.md:144", "--online: both flags 0, said in the first line")
+@claim("cli.md:29", "--online: both flags 0, said in the first line")
 def _():
     d = train_run()
     rc, out, err, imp = cli("analyze", str(d), "--online")
@@ -1090,14 +1090,14 @@ def _():
 # ================================================================ troubleshooting.md
 
 
-@claim("troubleshooting.md:115", "adapter_names count other than the batch's is refused")
+@claim("troubleshooting.md:31", "adapter_names count other than the batch's is refused")
 def _():
     m = peft.get_peft_model(neox(), PreProjConfig())
     return refused(lambda: m(ids(), adapter_names=["default"]))
 
 
 @claim(
-    "troubleshooting.md:128",
+    "troubleshooting.md:44",
     "weights/config mix refused: '... does not hold the weights ... (its injection.weights_digest ...)'",
 )
 def _():
@@ -1115,7 +1115,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:133", "transformers load_adapter of a second PREPROJ adapter refused with the quoted message"
+    "troubleshooting.md:49", "transformers load_adapter of a second PREPROJ adapter refused with the quoted message"
 )
 def _():
     d = tmp()
@@ -1133,7 +1133,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:142",
+    "troubleshooting.md:58",
     "peft save over a README.md symlink refused: 'PreProjConfig.save_pretrained: .../README.md is a symlink'",
 )
 def _():
@@ -1155,7 +1155,7 @@ def _no_weights():
 
 
 @claim(
-    "troubleshooting.md:152",
+    "troubleshooting.md:68",
     "missing weights, mmpreproj.load_adapter: 'adapter weights DIR/adapter_model.safetensors is missing'",
 )
 def _():
@@ -1167,14 +1167,14 @@ def _():
     return msg
 
 
-@claim("troubleshooting.md:152", "missing weights, PeftModel.from_pretrained: the quoted message, model unchanged")
+@claim("troubleshooting.md:68", "missing weights, PeftModel.from_pretrained: the quoted message, model unchanged")
 def _():
     d = _no_weights()
     return refused(lambda: peft.PeftModel.from_pretrained(neox(), d), "adapter_model.safetensors is missing")
 
 
 @claim(
-    "troubleshooting.md:152", "missing weights, transformers model.load_adapter: the quoted message, model unchanged"
+    "troubleshooting.md:68", "missing weights, transformers model.load_adapter: the quoted message, model unchanged"
 )
 def _():
     d = _no_weights()
@@ -1185,7 +1185,7 @@ def _():
     return msg
 
 
-@claim("troubleshooting.md:203", "set_adapter refused while a forward runs")
+@claim("troubleshooting.md:119", "set_adapter refused while a forward runs")
 def _():
     d = tmp()
     mmpreproj.save_adapter(mmpreproj.inject(neox()), d)
@@ -1223,7 +1223,7 @@ def _():
     return "accepted; grads on default"
 
 
-@claim("troubleshooting.md:203", "delete_adapter refused while a forward runs")
+@claim("troubleshooting.md:119", "delete_adapter refused while a forward runs")
 def _():
     d = tmp()
     mmpreproj.save_adapter(mmpreproj.inject(neox()), d)
@@ -1246,7 +1246,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:207",
+    "troubleshooting.md:123",
     "a second process into a run folder in use: '... is in use by ... (lock file .../.mmpreproj-run.lock)'",
 )
 def _():
@@ -1286,7 +1286,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:159",
+    "troubleshooting.md:75",
     "newer format: 'saved by mmpreproj X in adapter format N; mmpreproj Y reads formats up to M'",
 )
 def _():
@@ -1301,7 +1301,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:164",
+    "troubleshooting.md:80",
     "save_pretrained(push_to_hub=True) of an injected model is refused with the quoted message",
 )
 def _():
@@ -1314,7 +1314,7 @@ def _():
 
 
 @claim(
-    "troubleshooting.md:186",
+    "troubleshooting.md:102",
     "unknown model refused: names the nearest row, 'describe it yourself: mmpreproj.inject(model, host={...})'",
 )
 def _():
@@ -1343,13 +1343,13 @@ def _():
     return refused(lambda: mmpreproj.inject(Odd(), PreProjConfig()), "describe it yourself", "host={")
 
 
-@claim("troubleshooting.md:190", "OLMo 2 refused with the reason (post-norm)")
+@claim("troubleshooting.md:106", "OLMo 2 refused with the reason (post-norm)")
 def _():
     m = zoo.llama_like(tf.Olmo2Config, tf.Olmo2ForCausalLM)
     return refused(lambda: mmpreproj.inject(m, PreProjConfig()), "post-norm")
 
 
-@claim("troubleshooting.md:195", "SeamError at the first forward names the part, block and seam")
+@claim("troubleshooting.md:111", "SeamError at the first forward names the part, block and seam")
 def _():
     m = neox()
     host = {
@@ -1368,7 +1368,7 @@ def _():
     return refused(lambda: m(ids()), "block", "post_attention_layernorm")
 
 
-@claim("troubleshooting.md:200", "fuse_qkv_skip false in an old file accepted and dropped")
+@claim("troubleshooting.md:116", "fuse_qkv_skip false in an old file accepted and dropped")
 def _():
     c = PreProjConfig(fuse_qkv_skip=False)
     need("fuse_qkv_skip" not in c.to_dict(), "kept in to_dict")
@@ -1760,7 +1760,7 @@ def _():
     return sorted(inj)[:8]
 
 
-@claim("cli.md:196", "integer weights where float belong are refused by name (reader)")
+@claim("cli.md:81", "integer weights where float belong are refused by name (reader)")
 def _():
     from safetensors.torch import load_file, save_file
 
@@ -1773,7 +1773,7 @@ def _():
     return refused(lambda: mmpreproj.load_adapter(neox(), d), key)
 
 
-@claim("cli.md:196", "writer: an adapter weight of another float dtype (float16) is not refused")
+@claim("cli.md:81", "writer: an adapter weight of another float dtype (float16) is not refused")
 def _():
     from safetensors.torch import load_file
 
@@ -2053,7 +2053,7 @@ def _():
 # ================================================================ howto-mixed-model.md
 
 
-@claim("howto-mixed-model.md:216", "multimodal_positions of text 3, image 4x4, text 5")
+@claim("howto-mixed-model.md:75", "multimodal_positions of text 3, image 4x4, text 5")
 def _():
     from mmpreproj.rope import multimodal_positions
 
@@ -2065,7 +2065,7 @@ def _():
     return "as printed"
 
 
-@claim("howto-mixed-model.md:246", "Block stack at width 32, 2 blocks: 7,168 trainable; identity init = base")
+@claim("howto-mixed-model.md:105", "Block stack at width 32, 2 blocks: 7,168 trainable; identity init = base")
 def _():
     from mmpreproj.modules import Block
     from mmpreproj.rope import MultimodalRoPE, multimodal_positions
@@ -2096,7 +2096,7 @@ def _():
     return "7168, equal"
 
 
-@claim("howto-mixed-model.md:300", "PreProjection is per token (permutation equivariant)")
+@claim("howto-mixed-model.md:159", "PreProjection is per token (permutation equivariant)")
 def _():
     p = mmpreproj.PreProjection(32)
     t = torch.randn(1, 24, 32)
@@ -2137,7 +2137,7 @@ def _():
     return "ok"
 
 
-@claim("cli.md:145", "`make` exports HF_HUB_OFFLINE and HF_DATASETS_OFFLINE as 1")
+@claim("cli.md:30", "`make` exports HF_HUB_OFFLINE and HF_DATASETS_OFFLINE as 1")
 def _():
     text = (ROOT / "Makefile").read_text()
     need("export HF_HUB_OFFLINE ?= 1" in text and "export HF_DATASETS_OFFLINE ?= 1" in text, "not exported")
@@ -2159,7 +2159,7 @@ def _():
     return "ok"
 
 
-@claim("troubleshooting.md:177", "integrations.quantized.disable_cpu_4bit_packing exists and runs on a float model")
+@claim("troubleshooting.md:93", "integrations.quantized.disable_cpu_4bit_packing exists and runs on a float model")
 def _():
     from mmpreproj.integrations.quantized import disable_cpu_4bit_packing
 
