@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from mmpreproj_tables.tables import (
     BUDGET_METHODS,
@@ -155,9 +155,17 @@ def _add_eval_args(p: argparse.ArgumentParser, single_model: bool = True) -> Non
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are its one line, `PROG: error: MESSAGE` (naming the option and, for a
+    choice, every allowed value), without the usage block before it; `--help` shows that."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `mmpreproj` command line: every subcommand, its options and their choices (no library import)."""
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="mmpreproj",
         description="Position-agnostic pre-projection + content skip (arXiv 2604.10791): train, evaluate, analyse.",
     )

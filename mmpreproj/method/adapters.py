@@ -277,7 +277,7 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     trainable unless `inference_mode=True`).
 
     Switch between steps (after `loss.backward()` and the optimizer step), as for LoRA: a switch between a
-    forward and its backward leaves that backward filling the gradients of the adapter switched away from.
+    forward and its backward freezes the adapter that ran it, so that backward fills no adapter's gradient.
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
     wrappers = injected_modules(owner)
