@@ -15,15 +15,15 @@ model unchanged (parameters, buffers, requires_grad, module tree, peft's attribu
 `bench/results/capability_audit.txt` is its output (212 cases, about 20 s on one core).
 
 What its FAILs said, as the auditor judged them (`bench/results/capability_audit_before.txt`: 9 of 212), and now
-(`capability_audit.txt`: 6, each a limit written in docs/limits.md or left as the auditor's edge case):
+(`capability_audit.txt`: 5, each a limit written in docs/limits.md or documented):
   * fixed (tests/method/model/test_reliability_capability_audit.py): `PeftModel.unload()` of a PREPROJ model left
     `peft_config` on the base (LoRA's unload deletes it); `PeftModel.add_adapter` started the new adapter's
     `modules_to_save` module from the active adapter's trained values, not the base's (LoRA: the base's);
-    `mmpreproj.load_adapter(..., adapter_name="b", is_trainable=True)` left b frozen once active;
+    `mmpreproj.load_adapter(..., adapter_name="b", is_trainable=True)` left b frozen once active; after
+    `load_state_dict(assign=True)` (new parameter objects) `unload` left the base frozen (now found by name);
   * limits (docs/limits.md): with `modules_to_save` and several adapters the waiting adapters' values are outside
     `state_dict()` (2 cases); after transformers' `model.load_adapter`, `mmpreproj.unload` leaves transformers' own
     record, so its `save_pretrained` and a second `load_adapter` refuse, as after a LoRA `load_adapter` (2 cases);
-  * edge, left: `load_state_dict(assign=True)` before `unload` leaves the new base parameters frozen;
   * documented: a legacy (pre-peft) folder through peft's own `PeftModel.load_adapter` fails in peft's reader.
 
 One line per case: PASS/FAIL | area | case | details.  Every case builds its own tiny host (random weights, from

@@ -132,9 +132,9 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
     if injection.plan is None:
         return
     state = injection.plan.state
-    for p in state.frozen:
+    for p in state.frozen.values():
         p.requires_grad_(True)
-    for p in state.thawed:
+    for p in state.thawed.values():
         p.requires_grad_(False)
     for hook in state.hooks:
         hook.remove()
@@ -146,10 +146,10 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
 
 def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> None:
     injected = {id(p) for w in injected_modules(model) for p in adapter_params(w)} | _other_tuners_weights(model)
-    for p in model.parameters():
+    for n, p in model.named_parameters():
         if id(p) not in injected and p.requires_grad:
             p.requires_grad_(False)
-            state.frozen.append(p)
+            state.frozen[n] = p
     # With every base weight frozen, a block's input does not require grad, and reentrant gradient
     # checkpointing would silently give the injected weights no gradient. The hook makes the embedding output
     # require grad, only while reentrant checkpointing is on: otherwise that would cost a backward through
@@ -194,12 +194,12 @@ def _keep_trainable(model: nn.Module, state: InjectionState, *, thaw: bool) -> N
         if not thaw:
             continue
         keep = {id(p) for p in module.parameters()}
-        frozen_here = {id(p) for p in state.frozen}
-        for p in module.parameters():
+        frozen_here = {id(p) for p in state.frozen.values()}
+        for k, p in module.named_parameters():
             if not p.requires_grad and id(p) not in frozen_here:
-                state.thawed.append(p)
+                state.thawed[f"{path}.{k}"] = p
             p.requires_grad_(True)
-        state.frozen[:] = [p for p in state.frozen if id(p) not in keep]  # identity, not tensor ==
+        state.frozen = {n: p for n, p in state.frozen.items() if id(p) not in keep}  # identity, not tensor ==
 
 
 def unload(model: nn.Module) -> nn.Module:
@@ -234,11 +234,13 @@ def unload(model: nn.Module) -> nn.Module:
             raise TypeError(
                 f"unload: {type(owner).__name__}.{STATE_ATTR} is not an InjectionState; nothing was changed"
             )
-        if any(id(p) not in current for p in state.frozen) and any(hasattr(p, "full_tensor") for p in params):
+        if any(id(p) not in current for p in state.frozen.values()) and any(hasattr(p, "full_tensor") for p in params):
             raise RuntimeError(
                 "unload: the model's parameters were replaced by sharded ones after inject (FSDP fully_shard), so "
                 "the base's requires_grad flags cannot be restored; nothing was changed. Unload before sharding"
             )
+    # each owner's parameters by name, read with the wrappers in place (the names `state.frozen` / `thawed` hold)
+    named = {id(o): dict(o.named_parameters(remove_duplicate=False)) for o in owners}
     for parent, name, base in swaps:  # from here on nothing can fail
         wrapper = getattr(parent, name)
         if wrapper.seam_check is not None:
@@ -248,11 +250,12 @@ def unload(model: nn.Module) -> nn.Module:
     for owner in owners:
         state: InjectionState = vars(owner)[STATE_ATTR]
         restore_saved_modules(owner, state)
+        live = named[id(owner)]  # a parameter replaced since inject (`load_state_dict(assign=True)`): by its name
         if not (wrapped_by_peft or peft_layers(owner)):  # peft froze the base after inject: it stays frozen
-            for p in state.frozen:
+            for p in (live.get(n, p) for n, p in state.frozen.items()):
                 if not p.requires_grad:
                     p.requires_grad_(True)
-        for p in state.thawed:
+        for p in (live.get(n, p) for n, p in state.thawed.items()):
             if p.requires_grad:
                 p.requires_grad_(False)
         for hook in state.hooks:

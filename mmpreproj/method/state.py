@@ -83,8 +83,9 @@ class InjectionState:
     base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     modules: list[str] = field(default_factory=list)  # each injected wrapper's path in the model, aligned with layers
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
-    frozen: list[nn.Parameter] = field(default_factory=list, repr=False)  # what inject froze (unload thaws)
-    thawed: list[nn.Parameter] = field(default_factory=list, repr=False)  # frozen before, made trainable by inject
+    # by name in the injected model (a parameter replaced since, `load_state_dict(assign=True)`, is found by it)
+    frozen: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # what inject froze (unload thaws)
+    thawed: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # frozen before, made trainable
     # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`) and attributes set on the
     # instance by the API above the tuner (`mmpreproj.inject`'s `peft_config`, as peft's `inject_adapter_in_model`
     # leaves it: name -> the object set): unload and roll_back take exactly these off

@@ -132,3 +132,13 @@ def _lora_outcome(tmp_path) -> list[str]:
         except ValueError as e:
             outcome.append(str(e).split(".")[0])
     return outcome
+
+
+@pytest.mark.parametrize("saved", [None, ["lm_head"]], ids=["plain", "modules_to_save"])
+def test_unload_puts_back_the_flags_of_parameters_replaced_since_inject(saved):
+    """`load_state_dict(assign=True)` puts new parameter objects in place: `unload` finds them by name."""
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(modules_to_save=saved))
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    mmpreproj.unload(model)
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    assert flags == {n: True for n in flags}, [n for n, f in flags.items() if not f][:3]
