@@ -36,7 +36,6 @@ from peft import functional as peft_functional
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..hosts.spec import get_path
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 from .convert import model_keys
@@ -60,6 +59,7 @@ from .state_dict import (
     check_tensors_match,
     copy_adapter_weights,
     injected_paths,
+    original_module_tensors,
     saved_module_tensors,
     trainable_adapter_params,
 )
@@ -127,12 +127,7 @@ def plan_addition(
             modules[path] = built
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     if tensors is None:  # as LoRA's new adapter: a copy of the base's values (kept at inject), not the trained ones
-        originals = state.saved_originals  # `{name}.{param}` -> the value at inject
-        stored = {
-            f"{path}.{k}": originals[f"{n}.{k}"].clone()
-            for n, path in state.modules_to_save.items()
-            for k in get_path(owner, path).state_dict()
-        }
+        stored = {k: v.clone() for k, v in original_module_tensors(owner, state).items()}
         return Addition(name, config, owner, state, modules, stored)
     tensors = model_keys(tensors, pairs, state.modules_to_save)  # an older folder's block-index keys
     check_tensors_match({**expected, **live_modules}, tensors, f"adapter at {where} does not match its config")
@@ -281,8 +276,7 @@ def set_adapter(model: nn.Module, name: str) -> nn.Module:
     """
     record, owner, name = _through_peft(model, name, "set_adapter")
     wrappers = injected_modules(owner)
-    waiting = [p for w in wrappers for m in w.slots(name) if m is not None for p in m.parameters()]
-    trains = adapter_trains(wrappers) or any(p.requires_grad for p in waiting)
+    trains = adapter_trains(wrappers) or any(p.requires_grad for w in wrappers for p in adapter_params(w, name))
     if record is not None:  # peft's rule (trains unless inference_mode), told what ours is
         record.set_adapter(name, inference_mode=not trains)
     else:

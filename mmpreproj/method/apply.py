@@ -37,6 +37,7 @@ from .state import (
     injected_owners,
     is_injected,
 )
+from .state_dict import copy_adapter_weights, original_module_tensors, saved_module_tensors
 
 
 @dataclass
@@ -282,7 +283,5 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
 def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
     """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
-    with torch.no_grad():
-        for name, path in state.modules_to_save.items():
-            for k, v in get_path(model, path).state_dict(keep_vars=True).items():
-                v.copy_(state.saved_originals[f"{name}.{k}"])
+    live = saved_module_tensors(model, state.modules_to_save)
+    copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(model, state).items()])

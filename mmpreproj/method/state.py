@@ -160,9 +160,9 @@ def is_injected(model: nn.Module) -> bool:
     return hasattr(model, "mmpreproj_state") or bool(injected_modules(model))
 
 
-def adapter_params(wrapper: PreProjAttention) -> list[nn.Parameter]:
-    """The active adapter's weights in one wrapper."""
-    return [p for m in wrapper.slots() if m is not None for p in m.parameters()]
+def adapter_params(wrapper: PreProjAttention, name: str | None = None) -> list[nn.Parameter]:
+    """Adapter `name`'s weights in one wrapper (default: the active adapter's)."""
+    return [p for m in wrapper.slots(name) if m is not None for p in m.parameters()]
 
 
 def adapter_trains(wrappers: Iterable[PreProjAttention]) -> bool:

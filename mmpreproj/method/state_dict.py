@@ -79,6 +79,16 @@ def saved_module_tensors(model: nn.Module, modules_to_save: dict[str, str]) -> d
     }
 
 
+def original_module_tensors(model: nn.Module, state: InjectionState) -> dict[str, torch.Tensor]:
+    """The values the `modules_to_save` modules had at inject (what `unload` puts back), keyed `{path}.{param}` as
+    `saved_module_tensors` keys the live ones."""
+    return {
+        f"{path}.{k}": state.saved_originals[f"{name}.{k}"]
+        for name, path in state.modules_to_save.items()
+        for k in get_path(model, path).state_dict()
+    }
+
+
 def peft_heads(module: nn.Module) -> dict[str, nn.Module]:
     """{path: wrapper} of the modules peft wraps itself inside `module` (a classification task's heads in its
     `ModulesToSaveWrapper`, one copy per adapter, saved and loaded by peft)."""
