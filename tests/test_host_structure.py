@@ -360,6 +360,9 @@ def test_every_row_names_its_checkpointing_switch_and_the_switch_is_what_is_read
     assert reentrant_checkpointing(flagged, "any")  # the safe side
     assert not reentrant_checkpointing(flagged, "open_clip")  # open_clip's switch is never reentrant
     assert not reentrant_checkpointing(flagged, "transformers")  # transformers' switch is another attribute
+    flagged[0].gradient_checkpointing = True
+    assert not reentrant_checkpointing(flagged.eval(), "transformers")  # transformers checkpoints in train mode only
+    assert reentrant_checkpointing(flagged.train(), "transformers")  # its variant is private: the safe side
     with pytest.raises(ValueError, match="allowed values"):
         reentrant_checkpointing(flagged, "deepspeed")
     with pytest.raises(ValueError, match="checkpointing='deepspeed'"):

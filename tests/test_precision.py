@@ -265,7 +265,9 @@ def _embedding_requires_grad(model, emb, x, run):
 
 
 @pytest.mark.parametrize("mode", [None, False, True], ids=["plain", "non_reentrant", "reentrant"])
-def test_embedding_hook_only_under_reentrant_checkpointing_neox(mode):
+def test_embedding_hook_under_any_transformers_checkpointing_neox(mode):
+    """transformers' checkpoint function is private, so its checkpointing counts as reentrant whichever variant
+    (as transformers' and peft's own input-grad hooks do); plain training leaves the embedding output alone."""
     model, x, run = _host("neox", torch.float32, PreProjConfig())
     _perturb(model)
     ref = copy.deepcopy(model).train()
@@ -276,7 +278,7 @@ def test_embedding_hook_only_under_reentrant_checkpointing_neox(mode):
             warnings.simplefilter("ignore", FutureWarning)
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode})
         model.disable_input_require_grads()  # leave only mmpreproj's hook
-    assert _embedding_requires_grad(model, model.get_input_embeddings(), x, run) == (mode is True)
+    assert _embedding_requires_grad(model, model.get_input_embeddings(), x, run) == (mode is not None)
     ref_grads = _injected(ref)
     for n, p in _injected(model).items():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient for {n}"

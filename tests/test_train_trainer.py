@@ -229,11 +229,13 @@ def test_bf16_base_with_autocast_and_checkpointing_trains_fp32_weights(tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_reentrant_checkpointing_adds_transformers_input_hook_once():
-    """Reentrant checkpointing leaves exactly one input-embedding hook of transformers' (gradient_checkpointing_enable
-    may add one itself: the public disable/enable pair keeps it single, with no private attribute read)."""
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpointing_adds_transformers_input_hook_once(reentrant):
+    """Either variant leaves exactly one input-embedding hook of transformers' (gradient_checkpointing_enable
+    may add one itself: the public disable/enable pair keeps it single, with no private attribute read), so a
+    LoRA run's backward reaches as far as a pre-projection run's."""
     model = tiny_neox()
     embeddings = model.get_input_embeddings()
     before = len(embeddings._forward_hooks)  # a test may count hooks; the library reads no private state for it
-    enable_checkpointing(model, True)
+    enable_checkpointing(model, reentrant)
     assert len(embeddings._forward_hooks) == before + 1

@@ -153,8 +153,8 @@ def _freeze_base(model: nn.Module, state: InjectionState, spec: HostSpec) -> Non
             state.frozen[n] = p
     # With every base weight frozen, a block's input does not require grad, and reentrant gradient
     # checkpointing would silently give the injected weights no gradient. The hook makes the embedding output
-    # require grad, only while reentrant checkpointing is on: otherwise that would cost a backward through
-    # the frozen ops ahead of the first injected module (2.7% of a step) for nothing.
+    # require grad, only while checkpointing that may be reentrant is on (`hosts/checkpointing.py`): otherwise
+    # that would cost a backward through the frozen ops ahead of the first injected module for nothing.
     emb = spec.input_embeddings(model)
     if emb is not None:
         # a partial, not a closure: deepcopy and pickle carry it over to the copied model
@@ -178,7 +178,7 @@ def _other_tuners_weights(model: nn.Module) -> set[int]:
 def _make_output_require_grad(
     model: nn.Module, module: nn.Module, args: tuple, output: torch.Tensor, *, checkpointing: str = "any"
 ) -> None:
-    """Forward hook: `output.requires_grad_()` when some block of `model` is checkpointed reentrantly, read
+    """Forward hook: `output.requires_grad_()` when some block of `model` may be checkpointed reentrantly, read
     with the row's switch (`HostSpec.checkpointing`, `hosts/checkpointing.py`)."""
     if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.is_floating_point()):
         return

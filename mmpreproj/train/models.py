@@ -112,8 +112,8 @@ def enable_checkpointing(model: nn.Module, reentrant: bool = False) -> None:
             host.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         raise ValueError(f"{type(host).__name__} does not support activation checkpointing")
-    if reentrant and hasattr(host, "enable_input_require_grads"):
-        host.disable_input_require_grads()  # once only: a hook transformers already added goes first (public calls)
-        host.enable_input_require_grads()  # LoRA-only runs have no mmpreproj hook; older transformers skip this
-    if not reentrant and hasattr(host, "disable_input_require_grads"):
-        host.disable_input_require_grads()  # transformers 5 adds it always; non-reentrant needs none (2.7%/step)
+    if hasattr(host, "enable_input_require_grads"):
+        # exactly one hook of transformers', for either variant (5.x adds one itself for text models; the public
+        # pair keeps it single): a LoRA run has no mmpreproj hook, and the methods then pay the same backward
+        host.disable_input_require_grads()
+        host.enable_input_require_grads()
