@@ -25,7 +25,7 @@ from ..hosts.spec import Site, get_path
 from ..util.probing import probing
 from .adapters import Addition
 from .config import PreProjConfig
-from .layer import PreProjAttention, SeamCheck
+from .layer import PreProjAttention, SeamCheck, hand_adapter_names
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
 from .state import (
     STATE_ATTR,
@@ -102,6 +102,34 @@ def finish(model: nn.Module, plan: Plan) -> None:
     for _, wrapper in plan.placements:
         wrapper.values_aside = bool(plan.state.modules_to_save)
     model.mmpreproj_state = plan.state
+    plan.state.hooks += [
+        model.register_forward_pre_hook(_take_adapter_names, with_kwargs=True),
+        model.register_forward_hook(_drop_adapter_names, with_kwargs=True, always_call=True),
+    ]
+
+
+def _take_adapter_names(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of the injected model: a mixed batch's `adapter_names` (peft's forward argument) taken out
+    of the call and handed to every wrapper (`layer.hand_adapter_names`), so the names reach each block whether
+    or not the host passes its keyword arguments on to the attention (StableLM's and MPT's blocks do not), and a
+    host whose forward takes no such argument (a timm ViT) never sees it. A `PeftModel` takes them out first."""
+    if "adapter_names" not in kwargs:
+        return None
+    kwargs = dict(kwargs)
+    names = kwargs.pop("adapter_names")
+    if names is not None:
+        state = getattr(model, STATE_ATTR)
+        state.call_hooks = hand_adapter_names(injected_modules(model), names, state.peft_config)
+    return args, kwargs
+
+
+def _drop_adapter_names(model: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    """Forward hook of the injected model, run even when the forward raises: the mixed batch's pre-hooks go."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is not None and state.call_hooks:
+        for handle in state.call_hooks:
+            handle.remove()
+        state.call_hooks = []
 
 
 def mark_trainable(model: nn.Module, plan: Plan) -> None:

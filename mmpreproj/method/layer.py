@@ -28,7 +28,8 @@ decides). Not by identity alone: module hooks may hand the attention another ten
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -524,3 +525,22 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             f"part={self.part!r}, block_index={self.block_index}, active_adapter={self.active_adapters[0]!r}, "
             f"adapter_enabled={self.adapter_enabled}"
         )
+
+
+def hand_adapter_names(
+    wrappers: Iterable[nn.Module], names: Sequence[str], loaded: Iterable[str]
+) -> list[RemovableHandle]:
+    """A mixed batch's `names` (one per row; `BASE_ADAPTER`: the host alone), checked against the `loaded`
+    adapters, handed to each of `wrappers`' forward through a pre-hook, as peft hands them to LoRA's layers;
+    the caller removes the handles after the call."""
+    known = {*loaded, BASE_ADAPTER}
+    unknown = sorted({n for n in names if n not in known})
+    if unknown:
+        raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(known)})")
+    hook = partial(_pass_adapter_names, list(names))
+    return [w.register_forward_pre_hook(hook, with_kwargs=True) for w in wrappers]
+
+
+def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: hand a mixed batch's adapter names to the wrapper's forward."""
+    return args, {**kwargs, "adapter_names": names}

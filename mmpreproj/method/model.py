@@ -42,7 +42,7 @@ from .config import ADAPTER_FORMAT, PreProjConfig
 from .convert import model_keys
 from .file_check import DIGEST_KEY, HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names, weights_digest
 from .files import describe_for_save, injection_of
-from .layer import BASE_ADAPTER, MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, TUNER_PREFIX, PreProjAttention
+from .layer import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, TUNER_PREFIX, PreProjAttention, hand_adapter_names
 from .load_check import check_added_record, check_record_fits, check_transformers_load
 from .state import (
     active_name,
@@ -362,21 +362,14 @@ class PreProjModel(BaseTuner):
         if names is None:
             yield
             return
-        names = list(names)
-        loaded = set(self.peft_config) | {BASE_ADAPTER}
-        unknown = sorted({n for n in names if n not in loaded})
-        if unknown:
-            raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(loaded)})")
         # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
         # the names, as peft does for LoRA
         repeat = max([1, *(v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int))])
         names = [n for n in names for _ in range(repeat)]
+        wrappers = (*injected_modules(self.model), *peft_heads(self.model).values())
+        handles = hand_adapter_names(wrappers, names, self.peft_config)
         # the count is checked where the batch is seen (peft's task classes keep input_ids out of these kwargs)
-        handles = [self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True)]
-        handles += [
-            w.register_forward_pre_hook(partial(_pass_adapter_names, names), with_kwargs=True)
-            for w in (*injected_modules(self.model), *peft_heads(self.model).values())
-        ]
+        handles.append(self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True))
         try:
             yield
         finally:
@@ -530,11 +523,6 @@ def _check_batch(names: list[str], repeat: int, module: nn.Module, args: tuple, 
             f"forward(adapter_names=...): {len(names) // repeat} names{each} for a batch of "
             f"{batch.shape[0] // repeat} rows; pass one adapter name per row"
         )
-
-
-def _pass_adapter_names(names: list[str], module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Forward pre-hook: hand a mixed batch's adapter names to the wrapper's forward."""
-    return args, {**kwargs, "adapter_names": names}
 
 
 def _named_key(key: str, paths: list[str], adapter_name: str) -> str:

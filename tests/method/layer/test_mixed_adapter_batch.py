@@ -4,6 +4,8 @@ targeting) is refused with the reason."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from peft import get_peft_model
@@ -11,6 +13,7 @@ from peft import get_peft_model
 import mmpreproj
 from mmpreproj import PreProjConfig
 from tests.helpers.adapter_weights import perturb_adapters
+from tests.helpers.trace_zoo import build as trace_build
 from tests.helpers.zoo import BUILDERS, VOCAB, qwen2_vl, tokens, vl_inputs
 
 HOSTS = ("gpt_neox", "llama")
@@ -229,3 +232,88 @@ def test_a_mixed_batch_is_refused_while_modules_to_save_train_in_place(route, tm
         with pytest.raises(ValueError, match=r"rows of \['b'\] would run through the modules_to_save of the active"):
             model(ids, adapter_names=["b", "default"])
         assert torch.equal(model(ids).logits, want)
+
+
+def _in_place_pair(build, tmp_path, inputs):
+    """`build()` injected in place with adapters "default" and "b" (b loaded from a folder, other weights), eval."""
+    other = mmpreproj.inject(build(), PreProjConfig(skip_init_std=0.05))
+    perturb_adapters(other, seed=2)
+    mmpreproj.save_adapter(other, tmp_path / "b")
+    model = mmpreproj.inject(build(), PreProjConfig(skip_init_std=0.05))
+    perturb_adapters(model, seed=1)
+    mmpreproj.load_adapter(model, tmp_path / "b", adapter_name="b")
+    return model.eval()
+
+
+def _vit():
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=5)
+
+
+IN_PLACE_HOSTS = {  # builder, batch of 3 rows, output of a forward
+    "llama": (BUILDERS["llama"], lambda: tokens(batch=3)[0], lambda m, x, **kw: m(x, **kw).logits),
+    # blocks that call their attention without the forward's keyword arguments
+    "stablelm": (BUILDERS["stablelm"], lambda: tokens(batch=3)[0], lambda m, x, **kw: m(x, **kw).logits),
+    "mpt": (
+        partial(trace_build, "Mpt", "MptForCausalLM", d_model=32, n_heads=4, n_layers=2, expansion_ratio=2),
+        lambda: tokens(batch=3)[0],
+        lambda m, x, **kw: m(x, **kw).logits,
+    ),
+    # a host whose forward takes no adapter_names at all
+    "timm_vit": (_vit, lambda: torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0)), None),
+}
+
+
+@pytest.mark.parametrize("host", sorted(IN_PLACE_HOSTS))
+@torch.no_grad()
+def test_an_in_place_mixed_batch_reaches_every_block_whatever_the_host_passes_on(host, tmp_path):
+    """In place, `model(x, adapter_names=[...])` reaches every wrapper by the injected model's own pre-hook, not
+    through the host's keyword arguments: StableLM's and MPT's blocks call their attention without them (each row
+    ran the active adapter, unknown names passed), and timm's forward takes none. Each row equals its own run."""
+    build, inputs, run = IN_PLACE_HOSTS[host]
+    run = run or (lambda m, x, **kw: m(x, **kw))
+    model, x = _in_place_pair(build, tmp_path, inputs), inputs()
+    names = ["b", "__base__", "default"]
+    got = run(model, x, adapter_names=names)
+    want = []
+    for row, name in enumerate(names):
+        if name == "__base__":
+            with mmpreproj.adapter_disabled(model):
+                want.append(run(model, x[row : row + 1]))
+        else:
+            mmpreproj.set_adapter(model, name)
+            want.append(run(model, x[row : row + 1]))
+    mmpreproj.set_adapter(model, "default")
+    torch.testing.assert_close(got, torch.cat(want), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(want[0], want[2], atol=1e-4)  # the adapters differ, so a row run wrong shows
+    with pytest.raises(ValueError, match=r"\['nope'\] are not loaded adapters"):
+        run(model, x, adapter_names=["nope", "b", "default"])
+    with pytest.raises(ValueError, match="names for 3 rows|names for a batch"):
+        run(model, x, adapter_names=["b", "default"])
+    assert not any(w._forward_pre_hooks for w in mmpreproj.injected_modules(model))  # none left, even after errors
+    torch.testing.assert_close(run(model, x), run(model, x, adapter_names=["default"] * 3), atol=0, rtol=0)
+
+
+def _swin():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.SwinConfig(
+        image_size=16, patch_size=2, embed_dim=64, depths=[2], num_heads=[4], window_size=3, num_labels=3
+    )
+    return tf.SwinForImageClassification(cfg).eval()
+
+
+@torch.no_grad()
+def test_a_mix_through_windowed_attention_is_refused_naming_the_rows_it_sees(tmp_path):
+    """Swin's attention sees windows, not images (27 windows for 3 images here): a mix is refused naming the count,
+    and the model runs as before it."""
+    model = _in_place_pair(_swin, tmp_path, None)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    want = model(pixel_values=x).logits
+    with pytest.raises(ValueError, match=r"3 names for 27 rows in the attention of block 0"):
+        model(pixel_values=x, adapter_names=["default", "b", "__base__"])
+    assert not any(w._forward_pre_hooks for w in mmpreproj.injected_modules(model))
+    torch.testing.assert_close(model(pixel_values=x).logits, want, atol=0, rtol=0)

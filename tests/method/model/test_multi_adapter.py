@@ -239,8 +239,8 @@ def test_a_deep_copy_keeps_its_own_adapters(tmp_path):
 
 
 def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_ignored():
-    """peft's mixed-batch `adapter_names=` reaches the attention through transformers' kwargs: each row runs
-    through its adapter ("__base__": none), an unknown name is refused
+    """peft's mixed-batch `adapter_names=` reaches the attention in place (the injected model's own pre-hook hands
+    it to every wrapper): each row runs through its adapter ("__base__": none), an unknown name is refused
     (tests/method/layer/test_mixed_adapter_batch.py for several adapters)."""
     base = tiny_neox()
     tokens = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0))
@@ -250,7 +250,7 @@ def test_forward_with_adapter_names_runs_each_row_through_its_adapter_never_igno
     got = model(tokens, adapter_names=["default", "__base__"]).logits.detach()
     assert torch.allclose(got[0], ref[0], atol=1e-6, rtol=0) and torch.allclose(got[1], plain[1], atol=1e-6, rtol=0)
     assert not torch.allclose(ref[1], plain[1], atol=1e-4)  # the two rows' adapters differ: the test can fail
-    with pytest.raises(ValueError, match=r"adapter_names=.*\['other'\] are not adapters of this layer"):
+    with pytest.raises(ValueError, match=r"adapter_names=.*\['other'\] are not loaded adapters"):
         model(tokens, adapter_names=["default", "other"])
     assert torch.equal(model(tokens).logits, ref)
 
