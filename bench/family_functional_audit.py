@@ -42,7 +42,8 @@ Checks per family and route:
   get_model_status / get_layer_status, mixed batches with b active, mixed `generate`, unload after a delete,
   deleting the last adapter, and set_peft_model_state_dict refusals (a mis-sized state dict, an unknown name).
 One line per case: PASS/FAIL | route | family: case | details; then TOTAL n: p PASS, f FAIL (about 200 s, one core).
-Output on the code as it was audited: bench/results/family_functional_audit.txt (2,668 cases, 100 FAIL):
+Output on the code as it was audited (commit dc58ff1): bench/results/family_functional_audit_before.txt (2,668 cases,
+100 FAIL):
   * 82 documented (limits.md): deleting the last adapter is refused where LoRA deletes it (41 families x 2 routes);
   * 2 documented: in place, a mixed batch on Qwen2-VL / Qwen2.5-VL is refused (a packed vision tower);
   * 15 not documented, in place on StableLM, StableLM (parallel residual) and MPT (traced): the decoder layers of
@@ -51,6 +52,11 @@ Output on the code as it was audited: bench/results/family_functional_audit.txt 
     accepted silently (the docs: "an unknown name is refused, never ignored"); the PeftModel route is right there;
   * 1 not documented, in place on transformers Swin: a mixed batch is refused ("3 names for 27 rows", the windowed
     attention sees windows, not images); peft's LoRA refuses it too on the PeftModel route (where this passes).
+After the fixes (the injected model hands a mixed batch's names to every wrapper by its own forward pre-hook,
+`method/apply.py`; tests/method/layer/test_mixed_adapter_batch.py), bench/results/family_functional_audit.txt: 86 FAIL,
+the 84 documented above and a mixed batch in place on Swin and timm's SAM ViT (windowed attention: now documented).
+StableLM and MPT serve mixes in place, and so do the timm and open_clip models whose forward takes no
+`adapter_names` (ViT, Eva, DeiT, BEiT, CLIP, CustomTextCLIP: there it raised TypeError before, as LoRA does).
 """
 
 from __future__ import annotations

@@ -44,6 +44,10 @@ What its FAILs said on the code it audited (68 of 626; each the same on every ho
   * `add_adapter("b")` + `set_adapter("b")`: our (single) adapter stays trainable, so training "b" changes what the
     saved "default" holds in `preproj/`;
   * documented (peft-guide, "What each loader checks"): an `activation` edit in `preproj/adapter_config.json` loads.
+`bench/results/preproj_lora_audit_before.txt` is that output (commit dc58ff1). After the fixes that followed
+(tests/method/api/test_preproj_lora_layout.py), `preproj_lora_audit.txt`: 17 of 626, the 11 documented `activation`
+edits and 6 mixed-batch rows that differ from the single-adapter run at float level (at most 1.3e-7: the row's
+pre-projection runs on its own sub-batch, another matmul blocking; this audit compares bit for bit, the tests at 1e-6).
 """
 
 from __future__ import annotations

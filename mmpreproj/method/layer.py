@@ -527,6 +527,12 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         )
 
 
+def generate_copies(kwargs: dict) -> int:
+    """How many rows `generate` makes of each input row (`num_beams` / `num_return_sequences`: transformers'
+    expand_size), so a mixed batch repeats each name as often, as peft does for LoRA."""
+    return max([1, *(v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int))])
+
+
 def hand_adapter_names(
     wrappers: Iterable[nn.Module], names: Sequence[str], loaded: Iterable[str]
 ) -> list[RemovableHandle]:

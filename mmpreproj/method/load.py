@@ -54,7 +54,7 @@ from .inject import add_planned, apply_plan
 from .load_check import check_added_record, check_record, planned_tensors
 from .plan import check_saved_paths, plan_injection, saved_host
 from .pretrained_save import check_saved_pair, config_save_token
-from .stacked import PREPROJ_SUBDIR, lora_off_on_error, stacked_class
+from .stacked import PREPROJ_SUBDIR, lora_off_on_error, ours_below, stacked_class
 from .state import check_adapter_name, injected_modules, injected_owner, is_injected, refuse_meta_parameters
 from .state_dict import (
     SLOTS,
@@ -170,8 +170,8 @@ def detect(path: str | Path) -> Folder:
             "adapter folder, a save_pretrained or train() run folder, or a Trainer checkpoint"
         )
     if config_kind(top / ADAPTER_CONFIG_NAME) == "other":  # an unreadable one: our loader names why
-        below = top / PREPROJ_SUBDIR
-        return Folder(below, top, below) if (below / ADAPTER_CONFIG_NAME).is_file() else Folder(None, top, None)
+        below = ours_below(top)
+        return Folder(below, top, below) if below is not None else Folder(None, top, None)
     lora = lora_below_ours(top)
     return Folder(top, lora if (lora / ADAPTER_CONFIG_NAME).is_file() else None, given)
 

@@ -42,7 +42,14 @@ from .config import ADAPTER_FORMAT, PreProjConfig
 from .convert import model_keys
 from .file_check import DIGEST_KEY, HEAD_SHAPES_KEY, PEFT_PREFIX, peft_head_names, weights_digest
 from .files import describe_for_save, injection_of
-from .layer import MERGE_REFUSED, ONE_ADAPTER_PER_FORWARD, TUNER_PREFIX, PreProjAttention, hand_adapter_names
+from .layer import (
+    MERGE_REFUSED,
+    ONE_ADAPTER_PER_FORWARD,
+    TUNER_PREFIX,
+    PreProjAttention,
+    generate_copies,
+    hand_adapter_names,
+)
 from .load_check import check_added_record, check_record_fits, check_transformers_load
 from .state import (
     active_name,
@@ -364,7 +371,7 @@ class PreProjModel(BaseTuner):
             return
         # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
         # the names, as peft does for LoRA
-        repeat = max([1, *(v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int))])
+        repeat = generate_copies(kwargs)
         names = [n for n in names for _ in range(repeat)]
         wrappers = (*injected_modules(self.model), *peft_heads(self.model).values())
         handles = hand_adapter_names(wrappers, names, self.peft_config)

@@ -36,7 +36,8 @@ from .convert import OLD_STACKED_LORA_KEYS
 from .file_check import PEFT_PREFIX
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, config_kind, read_adapter, save_adapter
 from .inject import inject
-from .state import active_name, injected_owner, injected_owners, owner_prefix, wrappers_aside
+from .layer import BASE_ADAPTER, generate_copies, hand_adapter_names
+from .state import active_name, injected_modules, injected_owner, injected_owners, owner_prefix, wrappers_aside
 from .state_dict import (
     adapter_state_dict,
     adapter_tensors_from_state_dict,
@@ -78,6 +79,15 @@ class _Stacked:
                 f"save_pretrained: a LoRA adapter is named {PREPROJ_SUBDIR!r}, the folder of the mmpreproj adapter "
                 f"({Path(save_directory) / PREPROJ_SUBDIR}); rename it (allowed: any other name); nothing was written"
             )
+        peft_kwargs = dict(
+            safe_serialization=safe_serialization,
+            selected_adapters=selected_adapters,
+            save_embedding_layers=save_embedding_layers,
+            is_main_process=is_main_process,
+            path_initial_model_for_weight_conversion=path_initial_model_for_weight_conversion,
+        )
+        if not injected_owners(self):  # ours taken off (`mmpreproj.unload(model)`): a LoRA model, saved as peft does
+            return super().save_pretrained(save_directory, **peft_kwargs, **kwargs)
         owner, state = injected_owner(self, "save_pretrained")
         given = kwargs.get("state_dict")
         ours = None
@@ -92,15 +102,7 @@ class _Stacked:
         if given is not None:  # LoRA's keys as on the model LoRA was built on (`wrappers_aside`)
             kwargs["state_dict"] = lora_view(given, state.modules, owner_prefix(self, owner))
         with wrappers_aside(self):  # peft sees the LoRA model it built: LoRA's keys only, no segment of ours
-            super().save_pretrained(
-                save_directory,
-                safe_serialization=safe_serialization,
-                selected_adapters=selected_adapters,
-                save_embedding_layers=save_embedding_layers,
-                is_main_process=is_main_process,
-                path_initial_model_for_weight_conversion=path_initial_model_for_weight_conversion,
-                **kwargs,
-            )
+            super().save_pretrained(save_directory, **peft_kwargs, **kwargs)
         if is_main_process:
             save_adapter(owner, Path(save_directory) / PREPROJ_SUBDIR, state_dict=ours)
 
@@ -124,9 +126,9 @@ class _Stacked:
                 )
             copy_adapter_weights(_checked_ours(self, folder))
             return IncompatibleKeys([], [])  # what peft's load_adapter returns: nothing missing
-        below = folder / PREPROJ_SUBDIR
+        below = ours_below(folder)
         copies = None
-        if _holds_ours(below):
+        if below is not None:
             if adapter_name not in self.peft_config:
                 raise ValueError(
                     f"load_adapter({str(folder)!r}, {adapter_name!r}): the folder holds an mmpreproj adapter too "
@@ -147,6 +149,36 @@ class _Stacked:
                 for p in trainable_adapter_params(injected_owner(self, "load_adapter")[0]):
                     p.requires_grad_(True)
         return result
+
+    @contextlib.contextmanager
+    def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
+        """peft's mixed batch (`adapter_names=[...]`: LoRA's layers get the names), and ours the same rows: a
+        `"__base__"` row runs neither, every other row the one PREPROJ adapter, which this model's LoRA adapters
+        share (it trains with whichever is active)."""
+        names = kwargs.get("adapter_names")
+        with super()._enable_peft_forward_hooks(*args, **kwargs):
+            handles = []
+            if names is not None and injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
+                owner, state = injected_owner(self, "forward(adapter_names=...)")
+                ours, copies = active_name(owner), generate_copies(kwargs)
+                rows = [BASE_ADAPTER if n == BASE_ADAPTER else ours for n in names for _ in range(copies)]
+                handles = hand_adapter_names(injected_modules(owner), rows, state.peft_config)
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    def set_adapter(self, adapter_name: str, inference_mode: bool = False) -> None:
+        """peft's switch of the active LoRA adapter. Ours, the model's one PREPROJ adapter (named as the LoRA
+        adapter it was built with), keeps running under every LoRA adapter but trains only while that name is
+        active (and not `inference_mode`), as peft trains the active adapter alone."""
+        super().set_adapter(adapter_name, inference_mode=inference_mode)
+        if injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
+            owner, _ = injected_owner(self, "set_adapter")
+            trains = adapter_name == active_name(owner) and not inference_mode
+            for p in trainable_adapter_params(owner):
+                p.requires_grad_(trains)
 
     def add_adapter(self, adapter_name: str, peft_config: peft.PeftConfig, *args: Any, **kwargs: Any) -> None:
         """peft's `add_adapter` of a further LoRA, into the attention modules ours wraps (`wrappers_aside`)."""
@@ -195,6 +227,21 @@ def _ours_in_old_lora_file(folder: Path) -> dict[str, torch.Tensor]:
 def _holds_ours(folder: Path) -> bool:
     """Whether `folder` holds an adapter config that is ours (not another peft method's)."""
     return config_kind(folder / ADAPTER_CONFIG_NAME) == "ours"
+
+
+def ours_below(folder: Path) -> Path | None:
+    """`folder/preproj` when it holds our adapter, None when there is no such folder (LoRA alone, or our weights in
+    an mmpreproj <= 0.5 LoRA file); refused when it is there without our config (deleted, or another method's), so
+    the LoRA beside it never loads alone."""
+    below = folder / PREPROJ_SUBDIR
+    if not below.exists() or _holds_ours(below):
+        return below if below.exists() else None
+    cfg = below / ADAPTER_CONFIG_NAME
+    what = "is missing" if not cfg.is_file() else "is not an mmpreproj adapter config"
+    raise FileNotFoundError(
+        f"adapter file missing: {cfg} {what}, though {folder} holds a {PREPROJ_SUBDIR}/ folder, where a preproj_lora "
+        "save keeps the mmpreproj adapter beside the LoRA; restore it from the same save (nothing was loaded)"
+    )
 
 
 def _checked_ours(model: nn.Module, folder: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -301,3 +301,82 @@ def test_a_hand_built_stack_is_refused_by_peft_one_way_and_by_our_loader_the_oth
     assert base.state_dict().keys() == before.keys() and all(
         torch.equal(base.state_dict()[k], before[k]) for k in before
     )
+
+
+def _no_config(folder):  # our config deleted, our weights left
+    (folder / "adapter_config.json").unlink()
+
+
+def _lora_config(folder):  # LoRA's config in place of ours
+    (folder / "adapter_config.json").write_bytes((folder.parent / "adapter_config.json").read_bytes())
+
+
+@pytest.mark.parametrize("spoil, said", [(_no_config, "is missing"), (_lora_config, "is not an mmpreproj adapter")])
+def test_a_preproj_folder_without_our_config_is_refused_before_lora_loads(tmp_path, spoil, said):
+    """A torn DIR/preproj (its config deleted, or another method's) is refused naming the file, through the one
+    loader onto a fresh base and the resume route into a trained model, before LoRA loads: LoRA alone, or LoRA with
+    the model's own earlier weights of ours, would run silently (an independent audit's finding)."""
+    saved = tmp_path / "saved"
+    _trained(seed=3).save_pretrained(str(saved))
+    spoil(saved / PREPROJ_SUBDIR)
+    error = rf"adapter file missing: .*{PREPROJ_SUBDIR}/adapter_config.json {said}"
+    base = tiny_neox()
+    plain = _params(base)
+    with pytest.raises(FileNotFoundError, match=error):
+        mmpreproj.load_adapter(base, saved)
+    _assert_unchanged(base, plain)
+    model = _trained(seed=4)
+    before = _params(model)
+    with pytest.raises(FileNotFoundError, match=error):
+        model.load_adapter(str(saved), "default", is_trainable=True)
+    _assert_unchanged(model, before)
+
+
+def test_a_trainer_resume_from_a_checkpoint_without_our_config_changes_nothing(tmp_path):
+    pytest.importorskip("accelerate")
+    _fit(tmp_path / "cut", apply_method(tiny_neox(), "preproj_lora", lora_r=4), stop=2)
+    _no_config(tmp_path / "cut" / "checkpoint-2" / PREPROJ_SUBDIR)
+    fresh = apply_method(tiny_neox(), "preproj_lora", lora_r=4)
+    before = _params(fresh)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json is missing"):
+        _fit(tmp_path / "cut", fresh, resume=True)
+    _assert_unchanged(fresh, before)  # LoRA's weights were copied in before the refusal, before this was checked
+
+
+def test_a_mixed_batch_runs_a_base_row_through_neither_part():
+    """peft's `adapter_names` reach our wrappers too: a "__base__" row is the base (LoRA and ours off), a LoRA
+    adapter's row runs ours as well (before, every row ran ours)."""
+    model = _trained()
+    base = tiny_neox().eval()
+    with torch.no_grad():
+        got = model(IDS, adapter_names=["default", "__base__"]).logits
+        torch.testing.assert_close(got[1], base(IDS).logits[1], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[0], _logits(model)[0], atol=1e-6, rtol=0)
+        assert not torch.allclose(got[1], _logits(model)[1], atol=1e-4)  # the rows differ: the test can fail
+
+
+def test_a_second_lora_adapter_trains_alone_and_ours_with_its_own_name():
+    """Ours is the model's one PREPROJ adapter, named as the LoRA it was built with: it runs under every LoRA adapter
+    and trains only while that name is active, as peft trains the active adapter alone."""
+    model = _trained()
+    ours = [p for n, p in model.named_parameters() if ".preproj" in n]
+    assert ours and all(p.requires_grad for p in ours)
+    model.add_adapter("b", peft.LoraConfig(r=4, target_modules=["query_key_value"]))
+    model.set_adapter("b")
+    assert not any(p.requires_grad for p in ours)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        n for n, _ in model.named_parameters() if ".b." in n and "lora_" in n
+    }
+    model.set_adapter("default")
+    assert all(p.requires_grad for p in ours)
+    model.set_adapter("default", inference_mode=True)
+    assert not any(p.requires_grad for p in ours)
+
+
+def test_after_mmpreproj_unload_the_lora_model_saves_as_peft_does(tmp_path):
+    model = _trained()
+    mmpreproj.unload(model)
+    model.save_pretrained(str(tmp_path))  # raised "no mmpreproj modules" before
+    assert not (tmp_path / PREPROJ_SUBDIR).exists()
+    lora = peft.PeftModel.from_pretrained(tiny_neox(), str(tmp_path)).eval()
+    assert torch.equal(_logits(lora), _logits(model))
