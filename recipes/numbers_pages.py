@@ -630,8 +630,9 @@ CLAIMS: tuple[Claim, ...] = (
         "against a\nweight-bytes ratio of {bytes:.3f} (the limit of a memory-bound step: {fp32_bytes:.3f} and "
         "{bf16_bytes:.3f} of it), and at\n{fp32_auth:.3f}x and {bf16_auth:.3f}x the authors' code; the training step "
         "is {step:.3f}x theirs. "
-        "{hooks} Python hook is left on\nthe model after its first forward ({hooks_first} before it, the seam checks "
-        "among them, dropped once checked). The\nruns' 1-minute load stayed between {before:.1f} and {after:.1f}.",
+        "{hooks} Python hooks are left on\nthe model after its first forward (the input-embedding one and the model's "
+        "mixed-batch pair; {hooks_first} before it, the seam checks\namong them, dropped once checked). The runs' "
+        "1-minute load stayed between {before:.1f} and {after:.1f}.",
         _hot_path,
         (HOT_PATH_JSON,),
     ),
