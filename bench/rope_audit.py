@@ -18,6 +18,15 @@ Areas:
            Eva + rope_from_timm == Eva's own rope, remove_rope bit-exact, save_adapter/load_adapter round trip,
            refusals leave the model unchanged, forward_intermediates fails loudly (docs/limits.md).
 One line per case: PASS/FAIL | area | case | details; then TOTAL. Tiny random models built in code, no downloads.
+`bench/results/rope_audit.txt` is its output (81 cases, about 8 s on one core).
+
+What it found (the auditor's judgement): every reference comparison is exact (RoPE1D == Llama, RoPE2D == timm,
+RoPE3D == diffusers, MultimodalRoPE / use_multimodal_rope == Qwen2-VL and Qwen3-VL, multimodal_positions ==
+get_rope_index, a Qwen2 decoder with use_multimodal_rope == Qwen2-VL's language model bit for bit). One FAIL:
+`add_rope(vit, RoPE1D(16))` (num_axes 1 against the default 2-axis GridPositions) is accepted and changes the
+model; only its first forward raises. The head_dim mismatch is refused up front; the num_axes one is not.
+Noted, not a FAIL (documented refusal): `use_multimodal_rope` refuses a decoder cast with `.to(torch.bfloat16)`
+(its inv_freq buffer becomes bf16, so the text tables differ); a decoder built with `dtype=torch.bfloat16` works.
 """
 
 from __future__ import annotations
@@ -520,6 +529,46 @@ def _():
     return check(torch.equal(a[0].reshape(-1), b[0].reshape(-1)), f"shapes {tuple(a[0].shape)} {tuple(b[0].shape)}")
 
 
+@case("lm", "end to end: Qwen2 + use_multimodal_rope == Qwen2-VL's language model (same weights, 3D ids)")
+def _():
+    vl = mq.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, out_hidden_size=64))).eval()
+    tc = vl.config.text_config
+    q2 = llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                    rms_norm_eps=tc.rms_norm_eps)  # same config otherwise (Qwen2VL's eps default differs)
+    q2.config._attn_implementation = vl.model.language_model.config._attn_implementation
+    missing = q2.model.load_state_dict(vl.model.language_model.state_dict(), strict=True)
+    use_multimodal_rope(q2, sections=(2, 3, 3))
+    emb = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(4))
+    ids = torch.stack([multimodal_positions([("text", 2), ("image", (2, 3)), ("text", 1)])[0].T,
+                       multimodal_positions([("text", 4), ("image", (1, 4)), ("text", 1)])[0].T], 1)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    with torch.no_grad():
+        ref = vl.model.language_model(inputs_embeds=emb, position_ids=ids, attention_mask=mask).last_hidden_state
+        ours = q2.model(inputs_embeds=emb, position_ids=ids, attention_mask=mask).last_hidden_state
+    err = (ref - ours).abs().max().item()
+    return check(err < 1e-5, f"max |diff| {err:.2e} ({missing})")
+
+
+@case("lm", "llama: left-padded batch with (3,B,N) ids + mask == the row run alone")
+def _():
+    m = _lm()
+    use_multimodal_rope(m)
+    pos, _ = multimodal_positions([("text", 2), ("image", (2, 2)), ("text", 1)])  # 7 tokens
+    row = IDS[:1, :7]
+    with torch.no_grad():
+        alone = m(input_ids=row, position_ids=pos.T[:, None]).logits
+        ids = torch.cat([torch.zeros(1, 2, dtype=torch.long), row], 1).expand(2, -1)
+        ppos = torch.cat([torch.ones(2, 3, dtype=torch.long), pos], 0).T[:, None].expand(3, 2, -1)
+        mask = torch.tensor([[0, 0] + [1] * 7] * 2)
+        padded = m(input_ids=ids, position_ids=ppos, attention_mask=mask).logits
+    err = (padded[:, 2:] - alone).abs().max().item()
+    return check(err < 1e-5, f"max |diff| {err:.2e}")
+
+
 @case("lm", "refuse: gpt2 (no rotary_emb) unchanged, names rotary_emb")
 def _():
     m = BUILDERS["gpt2"]()
@@ -787,6 +836,23 @@ def _():
     n, p, pos = spy.calls[0]
     ok = p == 1 and torch.equal(pos.long().reshape(-1, 2), grid_positions(4, 6)) and torch.equal(_feats(m), base)
     return check(ok, f"prefix {p}, N {n}, pos {tuple(pos.shape)}")
+
+
+@case("timm", "ViT add_rope(theta=50) + inject + save -> load_adapter on a fresh ViT: theta restored, bit-equal")
+def _():
+    m = _vit()
+    add_rope(m, theta=50.0)
+    pm = mmpreproj.inject(m, mmpreproj.PreProjConfig(init="paper")) or m
+    pm.eval()
+    with torch.no_grad():
+        want = pm(IMG)
+    with tempfile.TemporaryDirectory() as d:
+        mmpreproj.save_adapter(pm, d)
+        loaded = mmpreproj.load_adapter(_vit(), d)
+        loaded.eval()
+        with torch.no_grad():
+            got = loaded(IMG)
+    return check(torch.equal(want, got), f"max |diff| {(want - got).abs().max().item():.2e}")
 
 
 @case("timm", "refuse: add_rope twice, model unchanged")
