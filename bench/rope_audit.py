@@ -27,6 +27,10 @@ get_rope_index, a Qwen2 decoder with use_multimodal_rope == Qwen2-VL's language 
 model; only its first forward raises. The head_dim mismatch is refused up front; the num_axes one is not.
 Noted, not a FAIL (documented refusal): `use_multimodal_rope` refuses a decoder cast with `.to(torch.bfloat16)`
 (its inv_freq buffer becomes bf16, so the text tables differ); a decoder built with `dtype=torch.bfloat16` works.
+`bench/results/rope_audit_before.txt` is its output on commit 749de0b (80 of 81 PASS). Since, `add_rope` refuses an
+encoder whose `num_axes` differs from the positions' before it changes anything, and that refusal of a cast decoder
+names the dtype (tests/test_vision_timm_rope.py, tests/test_rope_transformers_rotary.py):
+`bench/results/rope_audit.txt`, 81 of 81.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import sys
 import tempfile
 import traceback
 import warnings
-from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -156,7 +159,9 @@ for name, rope, axes, a, b, s in [
     @case("enc", f"relative position: {name} q.k depends only on the difference")
     def _(rope=rope, axes=axes, a=a, b=b, s=s):
         err, d = _relative(rope, axes, a, b, s)
-        return check(err < 1e-5 * max(1.0, abs(d)), f"|dot(a,b) - dot(a+s,b+s)| = {err:.2e} (dot {d:.3f}; float32 tables)")
+        return check(
+            err < 1e-5 * max(1.0, abs(d)), f"|dot(a,b) - dot(a+s,b+s)| = {err:.2e} (dot {d:.3f}; float32 tables)"
+        )
 
 
 @case("enc", "grid_positions(h, w): row-major (row, column)")
@@ -188,12 +193,28 @@ def _():
 def _qwen_ref_positions(segments):
     """transformers' Qwen2VLModel.get_rope_index for the same sequence (merge 1, so grid = tokens)."""
     cfg = tf.Qwen2VLConfig(
-        text_config=dict(vocab_size=VOCAB + 3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=32,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, spatial_merge_size=1,
-                           patch_size=4, temporal_patch_size=1, out_hidden_size=32),
-        image_token_id=VOCAB + 2, video_token_id=VOCAB + 1, vision_start_token_id=VOCAB,
+        text_config=dict(
+            vocab_size=VOCAB + 3,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+        ),
+        vision_config=dict(
+            depth=1,
+            embed_dim=32,
+            hidden_size=32,
+            num_heads=2,
+            spatial_merge_size=1,
+            patch_size=4,
+            temporal_patch_size=1,
+            out_hidden_size=32,
+        ),
+        image_token_id=VOCAB + 2,
+        video_token_id=VOCAB + 1,
+        vision_start_token_id=VOCAB,
     )
     model = mq.Qwen2VLModel(cfg).eval()
     ids, types, igrid, vgrid = [], [], [], []
@@ -210,7 +231,8 @@ def _qwen_ref_positions(segments):
             types += [2] * (n[0] * n[1] * n[2])
             vgrid.append(list(n))
     out, delta = model.get_rope_index(
-        torch.tensor([ids]), torch.tensor([types]),
+        torch.tensor([ids]),
+        torch.tensor([types]),
         image_grid_thw=torch.tensor(igrid) if igrid else None,
         video_grid_thw=torch.tensor(vgrid) if vgrid else None,
     )
@@ -228,14 +250,18 @@ for segs in (
         ref, ref_delta = _qwen_ref_positions(segs)
         pos, delta = multimodal_positions(segs)
         bad = (pos != ref).any(-1).nonzero().flatten().tolist()
-        return check(not bad and int(delta) == ref_delta,
-                     f"mismatch at tokens {bad[:6]} (ours {pos[bad[:1]].tolist()} ref {ref[bad[:1]].tolist()}),"
-                     f" delta {delta} vs {ref_delta}")
+        return check(
+            not bad and int(delta) == ref_delta,
+            f"mismatch at tokens {bad[:6]} (ours {pos[bad[:1]].tolist()} ref {ref[bad[:1]].tolist()}),"
+            f" delta {delta} vs {ref_delta}",
+        )
 
 
 @case("enc", "RoPE1D(half) == transformers LlamaRotaryEmbedding + apply_rotary_pos_emb")
 def _():
-    cfg = tf.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    cfg = tf.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+    )
     rot = ml.LlamaRotaryEmbedding(cfg)
     q, k = torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16)
     pos = torch.arange(9)[None].expand(2, -1) + torch.tensor([[0], [30]])
@@ -261,8 +287,11 @@ def _():
 
 
 def _qwen_rotary(head_dim, sections, theta=1e4):
-    cfg = tf.Qwen2VLTextConfig(hidden_size=head_dim * 2, num_attention_heads=2,
-                               rope_parameters={"rope_type": "default", "rope_theta": theta, "mrope_section": list(sections)})
+    cfg = tf.Qwen2VLTextConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": theta, "mrope_section": list(sections)},
+    )
     return mq.Qwen2VLRotaryEmbedding(cfg)
 
 
@@ -351,14 +380,21 @@ for kind in LM_KINDS:
         use_multimodal_rope(m)
         a, b = _out(m), _out(m, position_ids=torch.arange(9)[None].expand(2, -1))
         c = _out(m, position_ids=torch.arange(9)[None, None].expand(3, 2, -1))
-        return check(torch.equal(a, base) and torch.equal(b, base_pos) and torch.equal(c, base_pos),
-                     f"no ids {torch.equal(a, base)}, (B,N) {torch.equal(b, base_pos)}, (3,B,N) t=h=w {torch.equal(c, base_pos)}")
+        return check(
+            torch.equal(a, base) and torch.equal(b, base_pos) and torch.equal(c, base_pos),
+            f"no ids {torch.equal(a, base)}, (B,N) {torch.equal(b, base_pos)}, "
+            f"(3,B,N) t=h=w {torch.equal(c, base_pos)}",
+        )
 
     @case("lm", f"{kind}: cos/sin for image ids == Qwen2VLRotaryEmbedding (default sections)")
     def _(kind=kind):
         m = _lm(kind)
         rot = use_multimodal_rope(m)
-        hd = m.config.head_dim if getattr(m.config, "head_dim", None) else m.config.hidden_size // m.config.num_attention_heads
+        hd = (
+            m.config.head_dim
+            if getattr(m.config, "head_dim", None)
+            else m.config.hidden_size // m.config.num_attention_heads
+        )
         from mmpreproj.rope.layouts import default_sections  # noqa: PLC0415
 
         secs = rot.rope.sections if hasattr(rot.rope, "sections") else default_sections(hd)
@@ -388,8 +424,11 @@ def _():
     use_multimodal_rope(m)
     text = _out(m, position_ids=torch.arange(9)[None].expand(2, -1))
     img = _out(m, position_ids=_thw_ids())
-    return check(not torch.equal(text[:, :2], img[:, :2]) or not torch.equal(text[:, 2:], img[:, 2:]),
-                 f"first 2 (text) equal {torch.equal(text[:, :2], img[:, :2])}; rest differ {not torch.equal(text[:, 2:], img[:, 2:])}")
+    return check(
+        not torch.equal(text[:, :2], img[:, :2]) or not torch.equal(text[:, 2:], img[:, 2:]),
+        f"first 2 (text) equal {torch.equal(text[:, :2], img[:, :2])}; "
+        f"rest differ {not torch.equal(text[:, 2:], img[:, 2:])}",
+    )
 
 
 @case("lm", "llama: (3,B,N) ids with no attention mask == with an all-ones mask (pre-hook)")
@@ -434,9 +473,17 @@ def _():
     theta = m.config.rope_parameters["rope_theta"]
     rot = use_multimodal_rope(m, layout="interleaved")
     secs = tuple(rot.rope.sections)
-    cfg = tf.Qwen3VLTextConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
-                               rope_parameters={"rope_type": "default", "rope_theta": theta, "mrope_section": list(secs),
-                                                "mrope_interleaved": True})
+    cfg = tf.Qwen3VLTextConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": theta,
+            "mrope_section": list(secs),
+            "mrope_interleaved": True,
+        },
+    )
     ref = m3.Qwen3VLTextRotaryEmbedding(cfg)
     ids = _thw_ids()
     x = torch.zeros(1)
@@ -444,7 +491,6 @@ def _():
     rc, rs = ref(x, ids)
     err = max((cos - rc).abs().max().item(), (sin - rs).abs().max().item())
     return check(err < 1e-6, f"sections {secs}, max |diff| {err:.2e}")
-
 
 
 @case("lm", "llama: per-row (3,B,N) ids (different images per row) == Qwen2VLRotaryEmbedding row by row")
@@ -468,8 +514,10 @@ def _():
     x = torch.zeros(1, dtype=torch.bfloat16)
     cos, sin = rot(x, _thw_ids())
     rc, rs = _qwen_rotary(16, (2, 3, 3), m.config.rope_parameters["rope_theta"])(x, _thw_ids())
-    return check(cos.dtype == torch.bfloat16 and torch.equal(cos, rc) and torch.equal(sin, rs),
-                 f"dtype {cos.dtype}, cos equal {torch.equal(cos, rc)}, sin equal {torch.equal(sin, rs)}")
+    return check(
+        cos.dtype == torch.bfloat16 and torch.equal(cos, rc) and torch.equal(sin, rs),
+        f"dtype {cos.dtype}, cos equal {torch.equal(cos, rc)}, sin equal {torch.equal(sin, rs)}",
+    )
 
 
 @case("lm", "llama .to(bfloat16) (inv_freq cast to bf16): installed bit-exact or refused cleanly (documented)")
@@ -480,7 +528,9 @@ def _():
         use_multimodal_rope(m)
     except ValueError as err:
         d = same_snap(before, snap(m))
-        return check(not d, f"refused, model unchanged (inv_freq {m.model.rotary_emb.inv_freq.dtype}): {str(err)[:90]}")
+        return check(
+            not d, f"refused, model unchanged (inv_freq {m.model.rotary_emb.inv_freq.dtype}): {str(err)[:90]}"
+        )
     return check(torch.equal(_out(m), base), "installed; text logits bit-equal")
 
 
@@ -499,8 +549,12 @@ def _():
         out = m(input_ids=IDS[:1], position_ids=pos.T[:, None], use_cache=True)
         cache, steps = out.past_key_values, []
         for k in range(3):
-            o = m(input_ids=new[:, k:k + 1], position_ids=newpos[k:k + 1].T[:, None], past_key_values=cache,
-                  use_cache=True)
+            o = m(
+                input_ids=new[:, k : k + 1],
+                position_ids=newpos[k : k + 1].T[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache = o.past_key_values
             steps.append(o.logits)
     err = (torch.cat(steps, 1) - full[:, N:]).abs().max().item()
@@ -531,20 +585,38 @@ def _():
 
 @case("lm", "end to end: Qwen2 + use_multimodal_rope == Qwen2-VL's language model (same weights, 3D ids)")
 def _():
-    vl = mq.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, out_hidden_size=64))).eval()
+    vl = mq.Qwen2VLForConditionalGeneration(
+        tf.Qwen2VLConfig(
+            text_config=dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+            ),
+            vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, out_hidden_size=64),
+        )
+    ).eval()
     tc = vl.config.text_config
-    q2 = llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
-                    rms_norm_eps=tc.rms_norm_eps)  # same config otherwise (Qwen2VL's eps default differs)
+    q2 = llama_like(
+        tf.Qwen2Config,
+        tf.Qwen2ForCausalLM,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        rms_norm_eps=tc.rms_norm_eps,
+    )  # same config otherwise (Qwen2VL's eps default differs)
     q2.config._attn_implementation = vl.model.language_model.config._attn_implementation
     missing = q2.model.load_state_dict(vl.model.language_model.state_dict(), strict=True)
     use_multimodal_rope(q2, sections=(2, 3, 3))
     emb = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(4))
-    ids = torch.stack([multimodal_positions([("text", 2), ("image", (2, 3)), ("text", 1)])[0].T,
-                       multimodal_positions([("text", 4), ("image", (1, 4)), ("text", 1)])[0].T], 1)
+    ids = torch.stack(
+        [
+            multimodal_positions([("text", 2), ("image", (2, 3)), ("text", 1)])[0].T,
+            multimodal_positions([("text", 4), ("image", (1, 4)), ("text", 1)])[0].T,
+        ],
+        1,
+    )
     mask = torch.ones(2, 9, dtype=torch.long)
     with torch.no_grad():
         ref = vl.model.language_model(inputs_embeds=emb, position_ids=ids, attention_mask=mask).last_hidden_state
@@ -589,8 +661,9 @@ def _():
 
 @case("lm", "refuse: linear RoPE scaling in config, model unchanged, names rope_type")
 def _():
-    m = llama_like(tf.LlamaConfig, tf.LlamaForCausalLM,
-                   rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    m = llama_like(
+        tf.LlamaConfig, tf.LlamaForCausalLM, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    )
     return refusal(lambda: use_multimodal_rope(m), m, "rope_type")
 
 
@@ -630,9 +703,11 @@ def _():
     remove_multimodal_rope(c)
     still = _out(m, position_ids=_thw_ids())
     hooks_m = len(m.model._forward_pre_hooks)
-    return check(torch.equal(want, got) and torch.equal(still, want) and hooks_m == 1,
-                 f"copy equal {torch.equal(want, got)}, original still on {torch.equal(still, want)}, "
-                 f"original pre-hooks {hooks_m}")
+    return check(
+        torch.equal(want, got) and torch.equal(still, want) and hooks_m == 1,
+        f"copy equal {torch.equal(want, got)}, original still on {torch.equal(still, want)}, "
+        f"original pre-hooks {hooks_m}",
+    )
 
 
 @case("lm", "pickle round trip with M-RoPE on: same image-id logits, removable")
@@ -665,17 +740,36 @@ def _vit(reg=0, cls=True, seed=0):
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(seed)
-    return VisionTransformer(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
-                             dynamic_img_size=True, reg_tokens=reg, class_token=cls,
-                             global_pool="token" if cls else "avg", no_embed_class=reg > 0).eval()
+    return VisionTransformer(
+        img_size=(32, 48),
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=5,
+        dynamic_img_size=True,
+        reg_tokens=reg,
+        class_token=cls,
+        global_pool="token" if cls else "avg",
+        no_embed_class=reg > 0,
+    ).eval()
 
 
 def _eva(seed=0):
     from timm.models.eva import Eva
 
     torch.manual_seed(seed)
-    return Eva(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
-               dynamic_img_size=True, use_rot_pos_emb=True, use_abs_pos_emb=True).eval()
+    return Eva(
+        img_size=(32, 48),
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=5,
+        dynamic_img_size=True,
+        use_rot_pos_emb=True,
+        use_abs_pos_emb=True,
+    ).eval()
 
 
 IMG = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(5))
@@ -709,10 +803,12 @@ for reg, cls in [(0, True), (2, True), (0, False)]:
         _feats(m)
         _feats(m, torch.randn(1, 3, 24, 16))
         P = int(cls) + reg
-        (n1, p1, pos1), (n2, p2, pos2) = spy.calls[0], spy.calls[-1]
+        (n1, p1, pos1), (_n2, p2, pos2) = spy.calls[0], spy.calls[-1]
         ok = p1 == P and n1 == P + 24 and torch.equal(pos1.long().reshape(-1, 2), grid_positions(4, 6))
         ok = ok and p2 == P and torch.equal(pos2.long().reshape(-1, 2), grid_positions(3, 2))
-        return check(ok and len(spy.calls) == 4, f"prefix {p1} (want {P}), N {n1}, calls {len(spy.calls)}, pos {pos1.shape}")
+        return check(
+            ok and len(spy.calls) == 4, f"prefix {p1} (want {P}), N {n1}, calls {len(spy.calls)}, pos {pos1.shape}"
+        )
 
 
 for reg in (0, 2):
@@ -725,8 +821,10 @@ for reg in (0, 2):
         changed = not torch.equal(_feats(m), base)
         remove_rope(m)
         d = same_snap(before, snap(m))
-        return check(changed and not d and torch.equal(_feats(m), base) and not hasattr(m, "mmpreproj_rope"),
-                     d or f"rope changed outputs {changed}; restored")
+        return check(
+            changed and not d and torch.equal(_feats(m), base) and not hasattr(m, "mmpreproj_rope"),
+            d or f"rope changed outputs {changed}; restored",
+        )
 
 
 @case("timm", "ViT add_rope(keep_abs_pos=True) keeps pos_embed; False drops it from the forward")
@@ -787,7 +885,6 @@ for kind in ("vit", "eva"):
         return check(torch.equal(want, got), f"max |diff| {(want - got).abs().max().item():.2e}")
 
 
-
 @case("timm", "Eva: prefix (class) token not rotated, positions = grid")
 def _():
     m = _eva()
@@ -795,8 +892,10 @@ def _():
     add_rope(m, spy)
     _feats(m)
     n, p, pos = spy.calls[0]
-    return check(p == 1 and n == 25 and torch.equal(pos.long().reshape(-1, 2), grid_positions(4, 6)),
-                 f"prefix {p}, N {n}, pos {tuple(pos.shape)}")
+    return check(
+        p == 1 and n == 25 and torch.equal(pos.long().reshape(-1, 2), grid_positions(4, 6)),
+        f"prefix {p}, N {n}, pos {tuple(pos.shape)}",
+    )
 
 
 @case("timm", "ViT: add_rope, inject, remove_rope == inject alone (remove under an injection)")

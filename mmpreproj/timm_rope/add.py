@@ -143,6 +143,13 @@ def add_rope(
     _check(model, kind, rope)
     rope = rope if rope is not None else RoPE2D(model.blocks[0].attn.head_dim, theta=theta)
     positions = positions if positions is not None else GridPositions()
+    axes = positions(1, 1).shape[-1]  # (1, A): the axes of one patch's position
+    if getattr(rope, "num_axes", axes) != axes:
+        raise ValueError(
+            f"add_rope: rope {type(rope).__name__} has num_axes={rope.num_axes}, but positions "
+            f"({type(positions).__name__}) give {axes} per patch; pass an encoder with num_axes={axes} (RoPE2D for "
+            "the default (row, column) grid) or positions of its axes (nothing was changed)"
+        )
     npt = int(model.num_prefix_tokens)
     state = RopeState(kind, rope, positions, npt)
     for block in model.blocks:

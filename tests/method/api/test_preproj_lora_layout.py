@@ -272,17 +272,6 @@ def test_trainer_checkpoints_are_the_layout_and_resume_bit_exact(tmp_path):
     assert torch.equal(_logits(reloaded), _logits(fresh.eval()))
 
 
-def test_a_trainer_resume_from_a_spoilt_preproj_folder_is_refused(tmp_path):
-    pytest.importorskip("accelerate")
-    _fit(tmp_path / "cut", apply_method(tiny_neox(), "preproj_lora", lora_r=4), stop=2)
-    _corrupt_nan(tmp_path / "cut" / "checkpoint-2" / PREPROJ_SUBDIR)
-    fresh = apply_method(tiny_neox(), "preproj_lora", lora_r=4)
-    before = _params(fresh)
-    with pytest.raises(ValueError, match="weights_digest|non-finite"):
-        _fit(tmp_path / "cut", fresh, resume=True)
-    _assert_unchanged(fresh, before)
-
-
 def test_a_hand_built_stack_is_refused_by_peft_one_way_and_by_our_loader_the_other(tmp_path):
     """LoRA cannot go into an injected model (peft skips what a tuner layer holds, and our wrapper is one). Built the
     other way by hand (ours injected into the model a plain PeftModel wraps), peft's save holds LoRA's keys inside our
@@ -332,15 +321,20 @@ def test_a_preproj_folder_without_our_config_is_refused_before_lora_loads(tmp_pa
     _assert_unchanged(model, before)
 
 
-def test_a_trainer_resume_from_a_checkpoint_without_our_config_changes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    "spoil, error",
+    [(_corrupt_nan, (ValueError, "weights_digest|non-finite")), (_no_config, (FileNotFoundError, "json is missing"))],
+)
+def test_a_trainer_resume_from_a_spoilt_preproj_folder_is_refused(tmp_path, spoil, error):
+    """Refused before either part loads (without our config, LoRA's weights were copied in first, before)."""
     pytest.importorskip("accelerate")
     _fit(tmp_path / "cut", apply_method(tiny_neox(), "preproj_lora", lora_r=4), stop=2)
-    _no_config(tmp_path / "cut" / "checkpoint-2" / PREPROJ_SUBDIR)
+    spoil(tmp_path / "cut" / "checkpoint-2" / PREPROJ_SUBDIR)
     fresh = apply_method(tiny_neox(), "preproj_lora", lora_r=4)
     before = _params(fresh)
-    with pytest.raises(FileNotFoundError, match="adapter_config.json is missing"):
+    with pytest.raises(error[0], match=error[1]):
         _fit(tmp_path / "cut", fresh, resume=True)
-    _assert_unchanged(fresh, before)  # LoRA's weights were copied in before the refusal, before this was checked
+    _assert_unchanged(fresh, before)
 
 
 def test_a_mixed_batch_runs_a_base_row_through_neither_part():
