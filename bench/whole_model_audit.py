@@ -20,6 +20,8 @@ the shipped assets/mini-pythia. One line per case: PASS/FAIL | area | case | det
 `bench/results/whole_model_audit.txt` is its output (159 cases, about 15 s on one core). What it found (1 FAIL):
 `estimate(PreProjConfig(skip_rank=300), "mini-pythia")` returns a count for a rank above the width (d=256) that
 `inject` refuses (skip_rank allowed 1..d); everything else matched the docs and the peers. Not in docs/limits.md.
+That output is `bench/results/whole_model_audit_before.txt` (commit b164ea0). Since, `estimate` checks the sizes at
+the shape's width as inject does (tests/method/config/test_core_size_knobs.py): `whole_model_audit.txt`, 159 of 159.
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@ def estimate(config: PreProjConfig, shape: str) -> Estimate:
         )
     s = SHAPES[shape]
     d = s.dim
+    config.check_sizes(d)  # the ranges inject checks at this width (an inner width or skip rank it would refuse)
     blocks = len(config.resolve_layers(s.layers, "language"))
     preproj = PreProjection.num_params(d, config.expansion) if config.preproj and config.inner_width(d) else 0
     skip = ContentSkip.num_params(d, config.skip_rank) if config.skip else 0

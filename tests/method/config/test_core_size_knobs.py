@@ -161,3 +161,12 @@ def test_estimate_refuses_unknown_shapes_naming_the_allowed():
         estimate(PreProjConfig(), "gpt-5")
     with pytest.raises(ValueError, match="PreProjConfig"):
         estimate({"skip_rank": 4}, "llama-3-8b")
+
+
+def test_estimate_refuses_sizes_inject_refuses_at_that_width():
+    """A skip rank above the width gave a count for a model inject refuses to build (an independent audit's case)."""
+    with pytest.raises(ValueError, match=r"skip_rank=300 at hidden size 256; allowed: 1\.\.256"):
+        estimate(PreProjConfig(skip_rank=300), "mini-pythia")
+    with pytest.raises(ValueError, match=r"skip_rank=5000 at hidden size 4096"):
+        estimate(PreProjConfig(skip_rank=5000), "llama-3-8b")
+    assert estimate(PreProjConfig(skip_rank=256), "mini-pythia").skip > 0  # the top of the range still counts
