@@ -6,8 +6,8 @@ give the injected weights no gradient; inject's hook on the embeddings then make
 
 - "transformers": a module's `gradient_checkpointing` (train mode only), counted as reentrant whichever
   checkpoint function it was given: which one is a private attribute, so the hook is on whenever checkpointing
-  is, as transformers' and peft's own input-grad hooks are (off for non-reentrant, a step would save 1.8% in fp32
-  and 0.7% under bf16 autocast: `bench/bench_checkpoint_hook.py`);
+  is, as transformers' and peft's own input-grad hooks are (off for non-reentrant, a step would save 1.6% in fp32
+  and 0.8% under bf16 autocast: `bench/bench_checkpoint_hook.py`);
 - "timm": `grad_checkpointing`, reentrant as `timm.layers.use_reentrant_ckpt()` says (timm < 1.0.13, which has
   none: reentrant, torch's default there);
 - "open_clip": `grad_checkpointing`, never reentrant;

@@ -86,10 +86,10 @@ class InjectionState:
     # by name in the injected model (a parameter replaced since, `load_state_dict(assign=True)`, is found by it)
     frozen: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # what inject froze (unload thaws)
     thawed: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # frozen before, made trainable
-    # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`, the mixed batches' of
-    # `apply.finish`) and attributes set on the
-    # instance by the API above the tuner (`mmpreproj.inject`'s `peft_config`, as peft's `inject_adapter_in_model`
-    # leaves it: name -> the object set): unload and roll_back take exactly these off
+    # hooks put on the model (the reentrant-checkpointing one of `apply._freeze_base`, the mixed-batch pair of
+    # `apply.finish`) and attributes set on the instance by the API above the tuner (`mmpreproj.inject`'s
+    # `peft_config`, as peft's `inject_adapter_in_model` leaves it: name -> the object set): unload and roll_back
+    # take exactly these off
     hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
     # the wrappers' pre-hooks of the mixed batch running now (`apply._take_adapter_names`), removed when it ends
     call_hooks: list[RemovableHandle] = field(default_factory=list, repr=False)
