@@ -261,9 +261,12 @@ def audit(model_type: str, cls_name: str, entry: str) -> list[tuple[str, str, st
         try:
             if case == "plain":
                 _decode_case(rows, model_type, entry, a, b, x["input_ids"], base)
-            la, lb, l0 = _logits(a, x), _logits(b, x), _logits(base, x)
+            l0 = None
+            l0 = _logits(base, x)
+            la, lb = _logits(a, x), _logits(b, x)
         except Exception as e:  # noqa: BLE001
-            rows.append(("SKIP", model_type, f"{entry}/{case}", f"forward: {type(e).__name__}: {str(e)[:120]}"))
+            who = "the un-injected base fails alike" if l0 is None else "base runs, injected fails"
+            rows.append(("SKIP", model_type, f"{entry}/{case}", f"forward ({who}): {type(e).__name__}: {str(e)[:90]}"))
             continue
         if m is not None:
             la, lb, l0 = la[m.bool()], lb[m.bool()], l0[m.bool()]
