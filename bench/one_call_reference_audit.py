@@ -33,6 +33,12 @@ adds the skip to `attention`'s output; on a FAIL the row also reports A against 
 Nothing outside `bench/` is changed; runs in about a minute on one CPU thread.
 
 Output lines `PASS/FAIL/SKIP | family | case | details`, then `TOTAL`.
+
+Its run (`bench/results/one_call_reference_audit.txt`, commit 385b21b): 641 PASS, all at a difference of exactly 0;
+6 SKIP where the base model itself cannot run the case (cpmant, rwkv: cached decode; glm4_moe_lite: left padding);
+18 FAIL, all megatron-bert, roberta-prelayernorm and xlm-roberta-xl (3 cases x 2 entry points each): the library
+adds the skip to `attention.self`'s output, ahead of `attention.output.dense`, so it computes
+`x + attn_out + W_o W_skip x~` (the skip-before-dense variant matches it at 0). docs/hosts.md says so; not fixed.
 """
 
 from __future__ import annotations
