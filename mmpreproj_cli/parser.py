@@ -77,8 +77,18 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
     run_folder = p.add_mutually_exclusive_group()  # go on with the run in OUT, or start over there: one
-    run_folder.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
-    run_folder.add_argument("--overwrite", action="store_true", default=None, help="start afresh in a non-empty OUT")
+    run_folder.add_argument(
+        "--resume",
+        action="store_true",
+        default=None,
+        help="continue from OUT/checkpoint.pt (an OUT with no run yet: start from step 0)",
+    )
+    run_folder.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="start afresh in an OUT that holds a run (cleared once all is loaded)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
