@@ -61,7 +61,7 @@ from .state_dict import (
     injected_paths,
     original_module_tensors,
     saved_module_tensors,
-    trainable_adapter_params,
+    set_adapter_trainable,
 )
 
 
@@ -204,8 +204,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
         with attrs_set(wrappers, "values_aside", False):
             peft_functional.set_adapter(scope, name, inference_mode=not trains, layer_cls=PreProjAttention)
     if trains != now:
-        for p in trainable_adapter_params(owner):
-            p.requires_grad_(trains)
+        set_adapter_trainable(owner, trains)
 
 
 def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = None) -> None:

@@ -23,7 +23,7 @@ from .config import PreProjConfig
 from .model import PreProjModel
 from .plan import Plan, check_plain_model
 from .state import STATE_ATTR
-from .state_dict import trainable_adapter_params
+from .state_dict import set_adapter_trainable
 
 _ABSENT = object()
 
@@ -83,8 +83,7 @@ def inject(
         )
     _through_tuner(model, config, adapter_name, Request(host=host, example_input=example_input))
     if config.inference_mode:  # as peft's inject_adapter_in_model leaves a config in inference mode: frozen
-        for p in trainable_adapter_params(model):
-            p.requires_grad_(False)
+        set_adapter_trainable(model, False)
     return model
 
 

@@ -61,7 +61,7 @@ from .state_dict import (
     check_tensors_match,
     copy_adapter_weights,
     is_slot_key,
-    trainable_adapter_params,
+    set_adapter_trainable,
 )
 
 
@@ -124,8 +124,7 @@ def load_injection(
     # base modules trained with the adapter: written once the originals are kept
     copy_adapter_weights([(dst, tensors[k]) for k, dst in expected.items() if not is_slot_key(k)])
     if not is_trainable:
-        for p in trainable_adapter_params(model):
-            p.requires_grad_(False)
+        set_adapter_trainable(model, False)
     return model
 
 
@@ -215,8 +214,7 @@ def load_adapter(
             freeze_base=freeze_base,
         )
     if is_trainable:  # peft froze every non-LoRA weight, ours included
-        for p in trainable_adapter_params(model):
-            p.requires_grad_(True)
+        set_adapter_trainable(model, True)
     return lora
 
 

@@ -70,7 +70,7 @@ from .state_dict import (
     named_adapter_tensors,
     peft_heads,
     refuse_non_finite,
-    trainable_adapter_params,
+    set_adapter_trainable,
 )
 
 FREEZE_BASE_REFUSED = (
@@ -329,8 +329,7 @@ class PreProjModel(BaseTuner):
         for w in injected_modules(owner):
             w.set_requires_grad(names, requires_grad=requires_grad)
         if active_name(owner) in names:
-            for p in trainable_adapter_params(owner):
-                p.requires_grad_(requires_grad)
+            set_adapter_trainable(owner, requires_grad)
         set_requires_grad(self.model, names, requires_grad=requires_grad)  # peft's head wrappers (ours: no-ops)
 
     def delete_adapter(self, adapter_name: str) -> None:

@@ -45,7 +45,7 @@ from .state_dict import (
     copy_adapter_weights,
     is_slot_key,
     refuse_non_finite,
-    trainable_adapter_params,
+    set_adapter_trainable,
 )
 
 # The fields of what torch's `load_state_dict` and peft's `load_adapter` return (torch's own class is private)
@@ -146,8 +146,7 @@ class _Stacked:
         if copies is not None:
             copy_adapter_weights(copies)
             if is_trainable:
-                for p in trainable_adapter_params(injected_owner(self, "load_adapter")[0]):
-                    p.requires_grad_(True)
+                set_adapter_trainable(injected_owner(self, "load_adapter")[0], True)
         return result
 
     @contextlib.contextmanager
@@ -176,9 +175,7 @@ class _Stacked:
         super().set_adapter(adapter_name, inference_mode=inference_mode)
         if injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
             owner, _ = injected_owner(self, "set_adapter")
-            trains = adapter_name == active_name(owner) and not inference_mode
-            for p in trainable_adapter_params(owner):
-                p.requires_grad_(trains)
+            set_adapter_trainable(owner, adapter_name == active_name(owner) and not inference_mode)
 
     def add_adapter(self, adapter_name: str, peft_config: peft.PeftConfig, *args: Any, **kwargs: Any) -> None:
         """peft's `add_adapter` of a further LoRA, into the attention modules ours wraps (`wrappers_aside`)."""
@@ -234,8 +231,10 @@ def ours_below(folder: Path) -> Path | None:
     an mmpreproj <= 0.5 LoRA file); refused when it is there without our config (deleted, or another method's), so
     the LoRA beside it never loads alone."""
     below = folder / PREPROJ_SUBDIR
-    if not below.exists() or _holds_ours(below):
-        return below if below.exists() else None
+    if not below.exists():
+        return None
+    if _holds_ours(below):
+        return below
     cfg = below / ADAPTER_CONFIG_NAME
     what = "is missing" if not cfg.is_file() else "is not an mmpreproj adapter config"
     raise FileNotFoundError(

@@ -278,3 +278,9 @@ def trainable_adapter_params(owner: nn.Module) -> list[nn.Parameter]:
     params = [p for _, w in injected_paths(owner) for p in adapter_params(w)]
     params += [p for path in state.modules_to_save.values() for p in get_path(owner, path).parameters()]
     return params
+
+
+def set_adapter_trainable(owner: nn.Module, trains: bool) -> None:
+    """Set `requires_grad` of the active adapter's weights and its `modules_to_save` (`trainable_adapter_params`)."""
+    for p in trainable_adapter_params(owner):
+        p.requires_grad_(trains)
