@@ -3,8 +3,10 @@ the tables, lists, sizes, and what a path or model name points at (`path_checks.
 
 They run before torch loads, so a wrong argument answers at once, in one line naming the option and what it
 takes. The ranges and lists are the library's own rules (`mmpreproj_tables`: `values.py`, `tables.py`), not
-copies. Left to the library (`run.py`): whether a hub id is in the local hub cache, and `TrainConfig`'s rules
-that tie one field to the method (`--skip-rank` with a method without a skip) or to torch (`--device`).
+copies. `check_hub_cache` runs once the offline flags are set: a hub id that is not in the local hub cache while
+downloads are off. Left to the library (`run.py`): `TrainConfig`'s rules that tie one field to the method
+(`--skip-rank` with a method without a skip) or to torch (`--device`), and what needs the model (`--layers 99`
+on a 4-block model), which `command.py` words with the flag's name.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from mmpreproj_tables.sources import resolve_path
+from mmpreproj_tables.sources import check_hub_model, resolve_path
 from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
 from mmpreproj_tables.values import (
     TRAIN_BOUNDS,
@@ -195,3 +197,15 @@ def check_args(args: argparse.Namespace) -> None:
         parse_seeds(args.seeds, 0, flag="--seeds")
     if command != "analyze" and not getattr(args, "read_only", False):  # last: the other options come first
         _sources(args, "mini" if command == "demo" else getattr(args, "preset", None))
+
+
+def check_hub_cache(args: argparse.Namespace) -> None:
+    """After the offline flags are set (`choose_offline`): the model the command will load, when it is a hub id,
+    is in the local hub cache while downloads are off (ValueError in one line, no network tried, no torch)."""
+    preset = "mini" if args.command == "demo" else getattr(args, "preset", None)
+    if args.command == "analyze" or getattr(args, "read_only", False):
+        return
+    if getattr(args, "model", None) is not None:
+        check_hub_model(args.model, f"--model {args.model}")
+    elif preset is not None:
+        check_hub_model(PRESETS[preset]["model"], f"--preset {preset}: model {PRESETS[preset]['model']}")

@@ -65,6 +65,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             "model": "hub id or local folder",
             "data": "hub dataset id or local text file (one example per line)",
             "parallel": "with torchrun/accelerate launch: ddp (default) or fsdp (FSDP2: weights sharded over ranks)",
+            "save_every": "write OUT/checkpoint.pt every N optimizer steps and at the end; 0 = never (then --resume "
+            "has nothing to continue from)",
         }
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=helps.get(flag, "override the preset"), **kw)
     _add_size_args(p)

@@ -21,23 +21,8 @@ from .checks import adapter_list, check_names, size_overrides
 from .parser import TRAIN_FLAGS
 
 
-def _check_library(args: argparse.Namespace) -> None:
-    """What only the library can check, after `checks.check_args` (no arm trained, no file written): a hub
-    id given for the model, in the local hub cache when downloads are off (said at once, no network tried)."""
-    from mmpreproj.data.model_source import check_hub_model
-
-    preset = "mini" if args.command == "demo" else getattr(args, "preset", None)
-    if args.command == "analyze" or getattr(args, "read_only", False):
-        return
-    if args.model is not None:
-        check_hub_model(args.model, f"--model {args.model}")
-    elif preset is not None:
-        check_hub_model(PRESETS[preset]["model"], f"--preset {preset}: model {PRESETS[preset]['model']}")
-
-
 def run(args: argparse.Namespace) -> str:
     """Run the subcommand of `args` (parsed and checked by `command.main`); its one-line summary."""
-    _check_library(args)
     if args.command == "train":
         return _train(args)
     if args.command == "eval":

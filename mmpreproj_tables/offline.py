@@ -22,6 +22,11 @@ def flag_on(value: str | None) -> bool:
     return value is not None and value.strip().lower() in TRUE
 
 
+def hub_offline(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """True when `HF_DATASETS_OFFLINE` or `HF_HUB_OFFLINE` asks for offline mode (cache only)."""
+    return any(flag_on(environ.get(k)) for k in OFFLINE_FLAGS)
+
+
 def offline_flags(environ: MutableMapping[str, str] = os.environ) -> str:
     """The offline flags that are set, as `NAME=value` words ("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1")."""
     return " ".join(f"{k}={environ[k]}" for k in OFFLINE_FLAGS if k in environ)

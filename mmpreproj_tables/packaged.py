@@ -66,3 +66,8 @@ ONNX_MODELS: dict[str, OnnxBackbone] = {  # image backbones, as one ONNX file (`
         "architecture, fine-tuned inside a saliency model), fp32, positions learned for 518 px",
     ),
 }
+
+
+def is_gguf_name(name: str) -> bool:
+    """True for a short name of `GGUF_MODELS` or a path ending in `.gguf`."""
+    return name in GGUF_MODELS or name.lower().endswith(".gguf")

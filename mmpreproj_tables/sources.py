@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .offline import hub_offline, offline_flags
+from .packaged import ONNX_MODELS, is_gguf_name
 from .tables import ADAPTER_CONFIG_NAME, ADAPTER_DIR
 
 ASSETS_ENV = "MMPREPROJ_ASSETS"
@@ -56,6 +58,30 @@ def looks_like_model_path(name: str) -> bool:
     """Whether a model name is written as a local path: it starts with `/`, `.` or `~`, ends with `/`, holds a
     backslash, or has more than one `/` (no hub id `org/name` has)."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
+
+
+def hub_cached(name: str) -> bool:
+    """Whether the hub id `name` has a config.json in the local hub cache (an id that is no valid repo id: no).
+    Imports huggingface_hub (no torch)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # huggingface_hub's HFValidationError: not a repo id at all
+        return False
+
+
+def check_hub_model(name: str, label: str) -> None:
+    """With hub downloads off (`HF_HUB_OFFLINE`), ValueError in one line when `name` is a hub id that is not in
+    the local hub cache: said before anything loads, no network tried. Local paths, packaged names (GGUF, ONNX,
+    `.gguf` files) and any name while downloads are on pass."""
+    if not hub_offline() or is_gguf_name(name) or name in ONNX_MODELS:
+        return
+    if resolve_path(name) is None and not hub_cached(name):
+        raise ValueError(
+            f"{label}: not in the local hub cache, and hub downloads are off ({offline_flags()}); pass "
+            "--online to download it, or a local folder"
+        )
 
 
 def looks_like_data_path(source: str) -> bool:

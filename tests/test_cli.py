@@ -226,3 +226,44 @@ def test_online_with_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch, c
     first, *err = capsys.readouterr().err.strip().splitlines()
     assert first == "mmpreproj train: online: HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 (--online: hub downloads allowed)"
     assert code == 1 and len(err) == 1 and "cannot be reached" in err[0] and "--model PATH" in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--layers", "9"], "--layers contains 9, but the model has 2 blocks (allowed: -2..1)"),
+        (["--parts", "bogus"], "--parts names ['bogus'], but this 'gpt_neox' model has parts ['language']"),
+    ],
+    ids=["layers", "parts"],
+)
+def test_a_size_flag_out_of_range_for_the_model_is_refused_naming_the_flag(
+    flags, says, tiny_model_dir, tmp_path, capsys
+):
+    """In range only once the model is loaded (its blocks, its parts): refused in one line that names the flag the
+    user typed (not the config field behind it), before anything is written to --out."""
+    out = tmp_path / "new"
+    code = main(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(out), "--no-progress", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == f"mmpreproj train: error: {says}", err
+    assert not out.exists()
+
+
+def test_the_flag_names_replace_only_fields_the_subcommand_has_flags_for():
+    from mmpreproj_cli.command import _flag_names
+
+    train = build_parser().parse_args(["train"])
+    evaluate = build_parser().parse_args(["eval"])
+    msg = "PreProjConfig.layers contains 9; TrainConfig.device='x'; TrainConfig.min_lr_ratio=2"
+    assert _flag_names(msg, train) == "--layers contains 9; --device 'x'; TrainConfig.min_lr_ratio=2"
+    assert _flag_names(msg, evaluate) == msg  # eval has none of these flags
+
+
+def test_reproduce_with_too_few_ppl_rows_names_limit_and_leaves_no_output_folder(tiny_model_dir, tmp_path, capsys):
+    """`--limit 3` is in range, but the first 3 WikiText rows are all too short for the paper's PPL filters: the
+    baseline's evaluation refuses in one line naming --limit, and the new --out is not left behind empty."""
+    out = tmp_path / "new"
+    argv = ["reproduce", "--preset", "mini", "--model", str(tiny_model_dir), "--methods", "lora"]
+    code = main([*argv, "--steps", "2", "--limit", "3", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "none of the 3 rows given passed the filters" in err[-1] and "--limit" in err[-1], err
+    assert not out.exists()

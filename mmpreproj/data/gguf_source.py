@@ -24,14 +24,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mmpreproj_tables.packaged import GGUF_MODELS  # the rows, light: the command checks them before torch loads
+from mmpreproj_tables.packaged import is_gguf_name as is_gguf_name  # re-exported
 
 from .assets import resolve_path
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest
-
-
-def is_gguf_name(name: str) -> bool:
-    """True for a short name of `GGUF_MODELS` or a path ending in `.gguf`."""
-    return name in GGUF_MODELS or name.lower().endswith(".gguf")
 
 
 def gguf_file(name: str) -> Path:

@@ -7,17 +7,12 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-from mmpreproj_tables.offline import OFFLINE_FLAGS, flag_on
+from mmpreproj_tables.offline import hub_offline as hub_offline  # re-exported
 from mmpreproj_tables.offline import offline_flags as offline_flags  # re-exported
 
 
 class DataUnavailableError(RuntimeError):
     """A data set cannot be read from where it was asked for (no network, not shipped, not cached)."""
-
-
-def hub_offline() -> bool:
-    """True when `HF_DATASETS_OFFLINE` or `HF_HUB_OFFLINE` asks for offline mode (cache only)."""
-    return any(flag_on(os.environ.get(k)) for k in OFFLINE_FLAGS)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -13,7 +13,8 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors import safe_open
 
-from mmpreproj_tables.sources import looks_like_model_path
+from mmpreproj_tables.sources import check_hub_model as check_hub_model  # re-exported
+from mmpreproj_tables.sources import hub_cached, looks_like_model_path
 
 from . import gguf_source, hub, onnx_source
 from .assets import resolve_path
@@ -46,7 +47,7 @@ def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
         return str(local), {}
     if not (hub.hub_offline() or not hub.hub_reachable()):
         return name, {}
-    if not _cached(name):
+    if not hub_cached(name):
         why = f"hub downloads are off ({hub.offline_flags()})" if hub.hub_offline() else "the Hub cannot be reached"
         raise FileNotFoundError(f"{why} and {name!r} is neither cached nor a local folder")
     return name, {"local_files_only": True}
@@ -60,27 +61,6 @@ def convert_packaged(name: str) -> None:
         gguf_source.plain_folder(name)
     elif onnx_source.is_onnx_name(name):
         onnx_source.plain_folder(name)
-
-
-def _cached(name: str) -> bool:
-    """Whether the hub id `name` has a config.json in the local hub cache (an id that is no valid repo id: no)."""
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # huggingface_hub's HFValidationError: not a repo id at all
-        return False
-
-
-def check_hub_model(name: str, label: str) -> None:
-    """With hub downloads off (`HF_HUB_OFFLINE`), ValueError in one line when `name` is a hub id that is not in
-    the local hub cache: said before anything loads, no network tried. Local paths and packaged names (checked
-    by the command, `mmpreproj_cli.path_checks`) and any name while downloads are on pass."""
-    if not hub.hub_offline() or gguf_source.is_gguf_name(name) or onnx_source.is_onnx_name(name):
-        return
-    if resolve_path(name) is None and not _cached(name):
-        raise ValueError(
-            f"{label}: not in the local hub cache, and hub downloads are off ({hub.offline_flags()}); pass "
-            "--online to download it, or a local folder"
-        )
 
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

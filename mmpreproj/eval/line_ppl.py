@@ -45,7 +45,10 @@ def line_perplexity(
             continue
         requests.append((ids[:1], ids[1:]))
     if not requests:
-        raise ValueError(f"no row passed the filters (>= {min_chars} chars, >= {min_tokens} tokens)")
+        raise ValueError(
+            f"line ppl: none of the {len(rows)} rows given passed the filters (>= {min_chars} chars, >= {min_tokens} "
+            "tokens); score more rows (`limit`, --limit; the paper's protocol reads the first 300)"
+        )
     scores = score_continuations(model, requests, batch_size, progress=progress, desc="line ppl")
     losses = [-s.logprob / s.n_tokens for s in scores]
     mean_loss = sum(losses) / len(losses)

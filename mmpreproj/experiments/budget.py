@@ -79,7 +79,6 @@ def budget_study(
     overrides = dict(train_overrides or {})
     base_cfg = get_preset(preset, **overrides)
     settings = eval_settings_for(preset, SWEEP_EVAL, eval_settings)
-    out.mkdir(parents=True, exist_ok=True)
     runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
     dim, layers = host_shape(runner.base)
     per_rank = lora_per_rank(runner.base)

@@ -159,8 +159,7 @@ def reproduce(
     seed_list = parse_seeds(seeds, base_cfg.seed)
     cfgs = preset_grid(preset, out, methods, "seed", seed_list, train_overrides or {}, progress)
     runner = ArmRunner.open(base_cfg, settings, data_source=data_source, protocol=protocol, progress=progress)
-    runner.check(cfgs.values())
-    out.mkdir(parents=True, exist_ok=True)
+    runner.check(cfgs.values())  # OUT is made by the first result written (a refusal leaves no folder)
     device = next(runner.base.parameters()).device
     texts = _ratio_texts(data_source, settings["ppl_split"])
     runner.ratio_batches = lambda: _ratio_batches(runner.tokenizer, texts, base_cfg.max_len, device)

@@ -60,8 +60,7 @@ def lr_sweep(
     base_cfg = get_preset(preset, **{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     cfgs = preset_grid(preset, out, methods, "lr", lrs, overrides, progress)
     runner = ArmRunner.open(base_cfg, settings, data_source=data_source, progress=progress)
-    runner.check(cfgs.values())
-    out.mkdir(parents=True, exist_ok=True)
+    runner.check(cfgs.values())  # OUT is made by the first result written (a refusal leaves no folder)
     t0 = time.time()
     base_row, _, _ = runner.baseline(out, base_cfg.model)
     points: dict[str, dict[float, dict[str, Any]]] = {}
