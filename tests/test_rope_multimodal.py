@@ -74,6 +74,17 @@ def test_rejects_wrong_section_sum():
         MultimodalRoPE(64, sections=(4, 6, 6), rotary_fraction=0.25)
 
 
+@pytest.mark.parametrize("encoder", [MultimodalRoPE(16, sections=(2, 3, 3)), RoPE1D(16)], ids=["mrope", "rope1d"])
+def test_integer_queries_are_refused_not_truncated(encoder):
+    """Integer q/k would be rotated in float32 and cast back, the rotation truncated (found by bench/mixed_audit.py):
+    refused naming both dtypes."""
+    q = torch.arange(1, 97).reshape(1, 2, 3, 16)  # int64
+    pos = torch.tensor([[0, 0, 0], [3, 1, 2], [3, 1, 3]]) if isinstance(encoder, MultimodalRoPE) else torch.arange(3)
+    with pytest.raises(ValueError, match=r"q and k must be floating point, got torch.int64 and torch.float32"):
+        encoder(q, q.float(), pos)
+    encoder(q.float(), q.float(), pos)  # the same call in float runs
+
+
 # ---- multimodal_positions vs Qwen2VLModel.get_rope_index --------------------------------------------------
 
 

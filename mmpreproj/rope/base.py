@@ -123,6 +123,8 @@ class RotaryEncoder(nn.Module):
             raise ValueError(f"q and k must share B, N and D, got {tuple(q.shape)} and {tuple(k.shape)}")
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q and k have head dim {q.shape[-1]}, this encoder has head_dim={self.head_dim}")
+        if not (q.is_floating_point() and k.is_floating_point()):  # the rotation would be truncated on the way back
+            raise ValueError(f"q and k must be floating point, got {q.dtype} and {k.dtype}")
         n_tokens = q.shape[2]
         if not 0 <= num_prefix_tokens <= n_tokens:
             raise ValueError(f"num_prefix_tokens must be in [0, N={n_tokens}], got {num_prefix_tokens}")

@@ -13,8 +13,9 @@ class MultimodalRoPE(RotaryEncoder):
 
     The spectrum theta^(-2k/r) over the r rotary channels is split into consecutive chunks of
     `sections` frequency pairs driven by t, h and w (Qwen2-VL's `mrope_section`), split-half pairing.
-    Equals transformers' `Qwen2VLRotaryEmbedding` + qwen2_vl `apply_rotary_pos_emb`; text tokens
-    (t = h = w) get exactly `RoPE1D(head_dim, rotary_fraction, theta)`.
+    Equals transformers' `Qwen2VLRotaryEmbedding` + qwen2_vl `apply_rotary_pos_emb` in float32; text tokens
+    (t = h = w) get exactly `RoPE1D(head_dim, rotary_fraction, theta)`. In bf16 / fp16 the two differ by rounding:
+    this rotates in float32 and rounds once, transformers rounds cos / sin to the input's dtype first.
 
     Args:
         head_dim: D.
