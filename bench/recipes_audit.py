@@ -142,7 +142,7 @@ def run_plain(script, args, timeout=CLAIM_TIMEOUT):
 
 
 NOISE = (
-    re.compile(r"^[WI]\d{4} [\d:.]+ \d+ torch/"),  # torch's pytree / compile import warnings
+    re.compile(r"^[WI]\d{4} [\d:.]+ \d+ \S*torch/"),  # torch's pytree / compile import warnings (path as logged)
     re.compile(r"^Skipping publisher trust check"),  # the kernels package, offline
     re.compile(r"^Failed to load CPU gemm_4bit_forward from kernels-community"),  # bitsandbytes' kernels, offline
     re.compile(r": offline: "),  # the library's offline banner

@@ -183,8 +183,9 @@ class Guard:
 
 
 def _device(cfg: Config):
-    from mmpreproj.train.models import resolve_device
+    from mmpreproj.train.models import check_device_present, resolve_device
 
+    check_device_present(cfg.device)  # `--device cuda` on a machine without one: one line, not torch's traceback
     return resolve_device(cfg.device)
 
 
@@ -533,4 +534,7 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -32,7 +32,8 @@ def _check(ok: bool, name: str, value: Any, rule: str) -> None:
 
 @dataclass
 class TrainConfig(JsonConfig):
-    """A frozen-probe training run (defaults = the paper's Pythia-160M protocol; see `presets.py`).
+    """A frozen-probe training run (defaults = the paper's Pythia-160M protocol, but for `model_dtype`: float32
+    here, bfloat16 in the `pythia-160m` preset as the paper loaded the base; see `presets.py`).
 
     Args:
         method: what trains, one of `METHODS` (train/methods.py: "preproj", "skip", "preproj_skip", "lora",
@@ -69,7 +70,8 @@ class TrainConfig(JsonConfig):
         save_every: write `checkpoint.pt` every N optimizer steps and at the end (0 = never).
         resume: continue from `out/checkpoint.pt` (starts from step 0 when there is none).
         overwrite: allow starting a fresh run in a folder that already holds one.
-        stop_at: stop after this optimizer step (checkpoint written), as a preempted job would.
+        stop_at: stop after this optimizer step, as a preempted job would (its checkpoint written there unless
+            `save_every=0`, which writes none: such a run cannot be resumed).
         progress: show a tqdm bar (rank 0 only).
         preset: name of the preset this config came from (informational).
     """

@@ -35,6 +35,7 @@ import mmpreproj  # noqa: E402
 from mmpreproj.data import wikitext_lines  # noqa: E402
 from mmpreproj.train import apply_method  # noqa: E402
 from mmpreproj.train.data import pack_lines, select_lines  # noqa: E402
+from mmpreproj_tables.sources import check_hub_model  # noqa: E402
 from recipes.kit.recipe import parse_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +73,7 @@ def build_data(config: RecipeConfig, tokenizer) -> Dataset:
 
 
 def run(config: RecipeConfig) -> dict:
+    check_hub_model(config.model, f"--model {config.model}")  # offline and not cached: one line, no retries
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     model = build_model(config)
@@ -103,4 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -122,4 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -95,6 +95,8 @@ def _saved_timm_config(name: str, checkpoint: str) -> tuple[str, dict, dict]:
 
     path = Path(checkpoint)
     file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():  # said here, in one line, before timm logs its own
+        raise BackboneUnavailable(f"cannot load timm weights {name!r} from {checkpoint!r}: no {file}; {BACKBONE_HINT}")
     config = file.parent / "config.json"
     if not config.is_file():
         return str(file), {}, {}
@@ -246,11 +248,19 @@ def load_backbone(spec: str, checkpoint: str | None = None, seed: int = 0, img_s
     if spec in ("dinov2-small", "timm:dinov2-small"):
         family = "timm" if spec.startswith("timm:") else "transformers"
         return _dinov2("dinov2-small", family, img_size or DINOV2_DEFAULT_SIZE, checkpoint)
+    check_backbone_spec(spec)
     family, _, rest = spec.partition(":")
-    if family == "timm" and rest:
-        return _timm(rest, checkpoint)
-    if family == "open_clip" and rest:
-        return _open_clip(rest, checkpoint)
+    return _timm(rest, checkpoint) if family == "timm" else _open_clip(rest, checkpoint)
+
+
+def check_backbone_spec(spec: str) -> None:
+    """ValueError naming the forms `load_backbone` takes when `spec` has none of them (said before anything
+    loads or is written)."""
+    family, _, rest = spec.partition(":")
+    if spec in ("random-tiny", "random-tiny-clip", "dinov2-small", "timm:dinov2-small"):
+        return
+    if family in ("timm", "open_clip") and rest:
+        return
     raise ValueError(
         f"unknown backbone {spec!r}: use timm:NAME, open_clip:ARCH[:TAG], dinov2-small, timm:dinov2-small, "
         "random-tiny or random-tiny-clip"

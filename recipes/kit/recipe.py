@@ -8,13 +8,25 @@ import json
 import os
 import platform
 import resource
+import sys
 import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["environment", "parse_config", "plot_bars", "plot_curves", "print_table", "write_json"]
+from recipes.command import flags_named, run_main
+
+__all__ = [
+    "environment",
+    "flags_named",
+    "parse_config",
+    "plot_bars",
+    "plot_curves",
+    "print_table",
+    "run_main",
+    "write_json",
+]
 
 
 def parse_config(
@@ -38,9 +50,28 @@ def parse_config(
             kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint)  # X | None -> X
             if kind is str and default != "":  # '' would stand in for the default silently (`--out ''`)
                 kind = _non_empty(default)
+            if kind is int and f.name in COUNT_FIELDS:  # refused as typed, before `--quick` could replace it
+                kind = _at_least_one
             parser.add_argument(flag, type=kind, default=default, help=text)
     args = vars(parser.parse_args(argv))
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+    try:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+    except (ValueError, TypeError) as e:  # the config's own checks: usage and one line naming the flag
+        parser.error(flags_named(str(e), sys.argv[1:] if argv is None else argv))
+
+
+COUNT_FIELDS = frozenset({"steps", "batch_size", "batch", "eval_batch", "workers"})
+"""Config fields that are counts (>= 1) in every recipe: `--steps 0` is refused by `parse_config` itself."""
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}; must be an integer >= 1")
+    return value
+
+
+_at_least_one.__name__ = "count"
 
 
 def _non_empty(default: Any):

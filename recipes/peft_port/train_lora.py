@@ -31,12 +31,19 @@ def wikitext_blocks(tokenizer, num_lines: int, max_len: int) -> Dataset:
     return Dataset.from_dict({"input_ids": rows, "labels": rows})
 
 
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "runs" / "peft-port" / Path(__file__).stem))
-    parser.add_argument("--max-steps", type=int, default=60)
-    parser.add_argument("--num-lines", type=int, default=512)
-    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--out", default=str(REPO / "runs" / "peft-port" / Path(__file__).stem), help="run folder")
+    parser.add_argument("--max-steps", type=positive, default=60, help="optimizer steps (default: %(default)s)")
+    parser.add_argument("--num-lines", type=positive, default=512, help="WikiText lines (default: %(default)s)")
+    parser.add_argument("--max-len", type=positive, default=128, help="tokens per block (default: %(default)s)")
     args = parser.parse_args()
 
     torch.manual_seed(0)

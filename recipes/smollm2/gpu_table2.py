@@ -45,8 +45,9 @@ MICRO_BATCHES = tuple(b for b in range(1, EFFECTIVE_BATCH + 1) if EFFECTIVE_BATC
 
 def train_overrides(args: argparse.Namespace) -> dict:
     """The `smollm2-135m` preset's fields this invocation changes (model, data, device, batch split, dry run)."""
-    from mmpreproj.train.models import resolve_device
+    from mmpreproj.train.models import check_device_present, resolve_device
 
+    check_device_present(args.device)  # `--device cuda` on a machine without one: one line, before anything loads
     overrides = {
         "model": args.model,
         "data": str(ROOT / VALID_LINES),
@@ -72,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/smollm2-135m-gpu", help="(default: %(default)s)")
     ap.add_argument("--model", default="smollm2-135m", help="model name, .gguf file or folder (default: %(default)s)")
-    ap.add_argument("--data-source", choices=("local", "hub"), default="local")
+    ap.add_argument(
+        "--data-source",
+        choices=("local", "hub"),
+        default="local",
+        help="evaluation data: the shipped files (local) or the Hugging Face Hub (default: %(default)s)",
+    )
     ap.add_argument("--device", default="auto", help="'auto', 'cuda', 'cuda:N' or 'cpu' (default: %(default)s)")
     ap.add_argument(
         "--micro-batch",
@@ -165,4 +171,7 @@ def _lr_round(args: argparse.Namespace, overrides: dict) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--commit", action="store_true", help="git-commit each finished step's files")
     ap.add_argument("--report", action="store_true", help="train nothing: write the report from what is finished")
     args = ap.parse_args()
+    if args.workers < 1:
+        ap.error(f"--workers {args.workers}: must be an integer >= 1")
     if args.workers > 1:  # start the workers as separate processes and wait for them
         argv, rest = sys.argv[1:], []
         while argv:  # the same arguments less --workers N / --workers=N
@@ -160,4 +162,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

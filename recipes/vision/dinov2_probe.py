@@ -68,7 +68,7 @@ from mmpreproj.analysis import routing_ratios, skip_norms  # noqa: E402
 from mmpreproj.data import asset_path  # noqa: E402
 from mmpreproj.experiments.runner import LR_LADDER, next_lr, work_through  # noqa: E402
 from recipes.kit import environment, fit_classifier, load_image_zip, parse_config  # noqa: E402
-from recipes.kit.backbones import Backbone, BackboneUnavailable, load_backbone  # noqa: E402
+from recipes.kit.backbones import Backbone, BackboneUnavailable, check_backbone_spec, load_backbone  # noqa: E402
 from recipes.smollm2.table2 import commit  # noqa: E402
 from recipes.vision.cifar_probe import Probe, lora_rank, preparer  # noqa: E402
 from recipes.vision.dinov2_probe_report import write_report  # noqa: E402
@@ -152,6 +152,9 @@ class Config:
             raise ValueError(f"arms: unknown {bad}; allowed values: {list(ARMS)}")
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
+        for spec in (self.backbone, self.timm_backbone):  # before any cell writes its log
+            if not is_random_dinov2(spec):
+                check_backbone_spec(spec)
         if not 0 < self.heldout_per_class < self.train_per_class:
             raise ValueError(f"heldout_per_class={self.heldout_per_class}: must be in (0, train_per_class)")
         if self.quick:
@@ -854,4 +857,7 @@ def finish(cfg: Config, ran: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -187,10 +187,10 @@ def run(cfg: ProbeConfig) -> dict:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     start, load = time.time(), os.getloadavg()
+    train_x, train_y, classes = load_image_zip(Path(cfg.data) / "train.zip", cfg.train_per_class)  # before the model:
+    test_x, test_y, _ = load_image_zip(Path(cfg.data) / "test.zip", cfg.test_per_class)  # a bad --data says so first
     model, processor = load_vlm(cfg.model, cfg.dtype)
     model.to(cfg.device)
-    train_x, train_y, classes = load_image_zip(Path(cfg.data) / "train.zip", cfg.train_per_class)
-    test_x, test_y, _ = load_image_zip(Path(cfg.data) / "test.zip", cfg.test_per_class)
     train_chats = build_chats(processor, train_x, train_y, classes)
     test_chats = build_chats(processor, test_x, test_y, classes)
     test = [{k: v.to(cfg.device) for k, v in collate(processor, test_chats[i : i + cfg.batch_size]).items()}
@@ -226,4 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `recipes.command`
+    from recipes.command import run_main  # a refusal in one line naming its flags
+
+    run_main(main)

@@ -79,5 +79,8 @@ def save_tiny_qwen2vl(path: str | Path, width: int = 64, depth: int = 2, seed: i
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("path")
-    print(save_tiny_qwen2vl(parser.parse_args().path))
+    parser.add_argument("path", help="the folder to write the tiny model and its processor into")
+    args = parser.parse_args()
+    if not args.path.strip():  # '' would write into the working directory
+        parser.error("path: empty; pass a folder to write the tiny model into")
+    print(save_tiny_qwen2vl(args.path))
