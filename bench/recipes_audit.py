@@ -43,7 +43,13 @@ into cwd). `--device cuda` without a GPU: torch's RuntimeError traceback. (c) ev
 in 7-16 s and writes what the docs say; the restartable ones (mini_vit_probe, dinov2_probe, dinov2_smollm2) read
 their finished points back, clip_order and hf_trainer give the same numbers again. (d) frozen_probe and cifar_probe
 refuse a hub id in one line; hf_trainer (transformers' 89-line traceback) and quantized_base (a traceback ending
-in the library's clear ModelUnavailableError) do not. Nothing in the repository changed. Not fixed here."""
+in the library's clear ModelUnavailableError) do not. Nothing in the repository changed. Not fixed here.
+That run's lines: bench/results/recipes_audit_before.txt.
+
+Run again after the fixes (recipes/command.py `run_main` in every script, `parse_config`'s counts and flag names, the
+per-recipe checks; and one harness fix: torch's import warnings are logged with the path relative to the first
+`sys.path` entry, `.venv/lib/.../torch/...` when the venv sits inside the checkout, so the noise pattern takes any
+prefix): 99 cases, 99 PASS in 675 s (bench/results/recipes_audit.txt)."""
 
 from __future__ import annotations
 
