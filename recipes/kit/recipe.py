@@ -15,18 +15,9 @@ from typing import Any
 
 import torch
 
-from recipes.command import flags_named, run_main
+from recipes.command import flags_named
 
-__all__ = [
-    "environment",
-    "flags_named",
-    "parse_config",
-    "plot_bars",
-    "plot_curves",
-    "print_table",
-    "run_main",
-    "write_json",
-]
+__all__ = ["environment", "parse_config", "plot_bars", "plot_curves", "print_table", "write_json"]
 
 
 def parse_config(
