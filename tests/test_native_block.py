@@ -87,3 +87,11 @@ def test_block_without_rope_equals_torch_multihead_attention(causal):
     ref = x + mha(h, h, h, attn_mask=future, need_weights=False)[0]
     ref = ref + blk.mlp.fc2(nn.functional.gelu(blk.mlp.fc1(blk.norm2(ref))))
     torch.testing.assert_close(blk(x), ref, atol=1e-5, rtol=0)
+
+
+def test_a_rope_of_another_head_dim_is_refused_at_construction():
+    """Found by bench/mixed_audit.py: it was refused only at the first forward."""
+    said = r"rope has head_dim=16, but this attention's heads have dim // num_heads = 8"
+    with pytest.raises(ValueError, match=said):
+        Block(32, 4, rope=RoPE1D(16))
+    Block(32, 4, rope=RoPE1D(8))  # the matching one builds

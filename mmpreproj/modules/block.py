@@ -60,6 +60,11 @@ class SelfAttention(nn.Module):
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
+        rope_dim = getattr(rope, "head_dim", self.head_dim)  # an encoder of `mmpreproj.rope` says its head dim
+        if rope_dim != self.head_dim:
+            raise ValueError(
+                f"rope has head_dim={rope_dim}, but this attention's heads have dim // num_heads = {self.head_dim}"
+            )
         self.causal = causal
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
