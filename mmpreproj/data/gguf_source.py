@@ -24,7 +24,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mmpreproj_tables.packaged import GGUF_MODELS  # the rows, light: the command checks them before torch loads
-from mmpreproj_tables.packaged import is_gguf_name as is_gguf_name  # re-exported
 
 from .assets import resolve_path
 from .packaged import SOURCE_FILE, cache_root, convert_once, file_digest

@@ -13,7 +13,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors import safe_open
 
-from mmpreproj_tables.sources import check_hub_model as check_hub_model  # re-exported
+from mmpreproj_tables.packaged import is_gguf_name
 from mmpreproj_tables.sources import hub_cached, looks_like_model_path
 
 from . import gguf_source, hub, onnx_source
@@ -26,7 +26,7 @@ def check_local_model(name: str, what: str = "model folder") -> None:
     a hub lookup of a name that cannot be a hub id."""
     if not name.strip():
         raise FileNotFoundError(f"{what}: empty name; pass a hub id or a local folder")
-    if gguf_source.is_gguf_name(name) or onnx_source.is_onnx_name(name):
+    if is_gguf_name(name) or onnx_source.is_onnx_name(name):
         return  # a packaged model or a .gguf path: `pretrained_source` finds it or says how to install it
     if looks_like_model_path(name) and resolve_path(name) is None:
         raise FileNotFoundError(f"{what} not found: {name} (no such file or folder; a hub id looks like org/name)")
@@ -38,7 +38,7 @@ def pretrained_source(name: str) -> tuple[str, dict[str, Any]]:
     once instead of retrying the network. A name written as a local path that does not exist fails at once
     (`check_local_model`)."""
     check_local_model(name)
-    if gguf_source.is_gguf_name(name):
+    if is_gguf_name(name):
         return str(gguf_source.plain_folder(name)), {}
     if onnx_source.is_onnx_name(name):
         return str(onnx_source.plain_folder(name)), {}
@@ -57,7 +57,7 @@ def convert_packaged(name: str) -> None:
     """Convert a packaged model file (a GGUF, an ONNX backbone) into its cached plain folder now, if `name` is
     one and the cache is missing or stale; any other name: nothing. A run calls it before it seeds, so the
     conversion's own draws never shift the run's stream (the first run on a machine equals every later one)."""
-    if gguf_source.is_gguf_name(name):
+    if is_gguf_name(name):
         gguf_source.plain_folder(name)
     elif onnx_source.is_onnx_name(name):
         onnx_source.plain_folder(name)
