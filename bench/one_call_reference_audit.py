@@ -38,7 +38,11 @@ Its run (`bench/results/one_call_reference_audit.txt`, commit 385b21b): 641 PASS
 6 SKIP where the base model itself cannot run the case (cpmant, rwkv: cached decode; glm4_moe_lite: left padding);
 18 FAIL, all megatron-bert, roberta-prelayernorm and xlm-roberta-xl (3 cases x 2 entry points each): the library
 adds the skip to `attention.self`'s output, ahead of `attention.output.dense`, so it computes
-`x + attn_out + W_o W_skip x~` (the skip-before-dense variant matches it at 0). docs/hosts.md says so; not fixed.
+`x + attn_out + W_o W_skip x~` (the skip-before-dense variant matches it at 0). That run's lines:
+`bench/results/one_call_reference_audit_before.txt`.
+
+Run again after the fix (the trace sets the part's `skip_to: "attention"` there, and the skip joins `attention`'s
+output, `method/layer.py: SkipJoin`): 659 PASS, 0 FAIL, the same 6 SKIP (`bench/results/one_call_reference_audit.txt`).
 """
 
 from __future__ import annotations

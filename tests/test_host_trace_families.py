@@ -383,31 +383,3 @@ def test_a_class_attention_returning_the_class_token_only_is_refused_with_the_re
     ):
         mmpreproj.inject(model, IDENTITY)
     assert_same_snapshot(snapshot(model), before)
-
-
-@pytest.mark.parametrize(
-    ("name", "warns"),
-    [
-        (("RobertaPreLayerNorm", "RobertaPreLayerNormModel"), True),
-        (("XLMRobertaXL", "XLMRobertaXLModel"), True),
-        (("MegatronBert", "MegatronBertModel"), True),
-        (("T5", "T5Model"), False),  # norm and attention inside layer.0, which adds no weights of its own
-        (("JetMoe", "JetMoeForCausalLM"), False),
-    ],
-    ids=lambda v: v[0] if isinstance(v, tuple) else str(v),
-)
-def test_a_norm_inside_the_attention_module_warns_that_the_skip_is_projected(name, warns):
-    """The pre-LN BERTs hold their norm inside the attention module (`attention.LayerNorm -> attention.self`,
-    MegatronBERT's `attention.ln`), whose `output.dense` then projects the skip: the one call says so (the reference
-    audit measures these three, and only these, off the paper's formula: one_call_reference_audit.txt)."""
-    import warnings
-
-    model = build(*name, **({"kv_channels": 8} if name[0] == "JetMoe" else {}))
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        trace_seams(model, **example_input(model))
-    said = [str(w.message) for w in seen if "W_o·W_skip·x~" in str(w.message)]
-    assert bool(said) == warns, said
-    if warns:
-        assert "sits inside 'attention' with the attention 'attention.self'" in said[0], said
-        assert "attention.output.dense" in said[0], said

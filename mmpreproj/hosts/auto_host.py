@@ -72,9 +72,14 @@ def one_call_host(model: nn.Module, example_input: Any = None) -> tuple[dict | N
     except Exception as e:  # the model could not run the input built for it
         if found.spec is not None and example_input is None:
             return None, None
+        which, advice = (
+            ("example_input=", "Pass a batch its forward takes (model(**batch))")
+            if example_input is not None
+            else ("the example input built for it", "Pass example_input= (one forward's input)")
+        )
         raise ValueError(
-            f"{_no_row(model, found)}; tracing it failed: the forward on the example input raised "
-            f"{type(e).__name__}: {e}. Pass example_input= (one forward's input)"
+            f"{_no_row(model, found)}; tracing it failed: the forward on {which} raised {type(e).__name__}: {e}. "
+            f"{advice}"
         ) from None
     if found.spec is not None:
         row, seen = _attentions(model, found.spec), _attentions(model, HostSpec.from_dict(traced))

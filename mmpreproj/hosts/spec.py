@@ -100,6 +100,11 @@ class PartSpec:
             stream). A part with `norm=None` and no opt-in is refused. Built-in rows set it in code, silently;
             a described part (`from_dict`, a user's or an adapter file's) warns when it uses it, and the
             opt-in is saved with the description.
+        skip_to: path from a block to a module around the attention whose output the content skip joins, when
+            that module applies weights of its own to the attention's output before the residual add (the pre-LN
+            BERTs: `attention` = norm, `self`, then `output.dense` + the residual): the skip then joins after
+            them, `x + W_o attn_out + W_skip x~` as the paper writes it. Its output is a tensor or a tuple whose
+            item 0 is the block's hidden states. None (the default): the skip joins the attention's own output.
     """
 
     name: str
@@ -112,15 +117,23 @@ class PartSpec:
     optional: bool = False
     unchecked_seam: bool = False
     contains: str | None = None
+    skip_to: str | None = None
 
     def __post_init__(self) -> None:
         if self.norm is None and not self.unchecked_seam:
             raise HostError(_NO_NORM.format(where=f"part {self.name!r}"))
+        if self.skip_to is not None and not self.attention.startswith(f"{self.skip_to}."):
+            raise HostError(
+                f"part {self.name!r}: skip_to={self.skip_to!r} must be a module around the attention "
+                f"{self.attention!r} (a prefix of its path, e.g. {self.attention.rpartition('.')[0] or 'none'!r})"
+            )
 
     def to_dict(self) -> dict:
         extra = {"unchecked_seam": True} if self.unchecked_seam else {}
         if self.contains is not None:
             extra["contains"] = self.contains
+        if self.skip_to is not None:
+            extra["skip_to"] = self.skip_to
         return {
             "name": self.name,
             "blocks": self.blocks[0] if len(self.blocks) == 1 else list(self.blocks),
@@ -148,6 +161,7 @@ class PartSpec:
             "num_blocks",
             "unchecked_seam",
             "contains",
+            "skip_to",
         }
         unknown = sorted(set(d) - allowed)
         if unknown:
@@ -164,7 +178,7 @@ class PartSpec:
         for key in ("name", "attention"):
             if not isinstance(d[key], str) or not d[key]:
                 raise HostError(f"{where}.{key} must be a non-empty string, got {d[key]!r}")
-        for key in ("norm", "width", "contains"):
+        for key in ("norm", "width", "contains", "skip_to"):
             if d.get(key) is not None and (not isinstance(d[key], str) or not d[key]):
                 raise HostError(f"{where}.{key} must be a path string or null, got {d[key]!r}")
         for i, b in enumerate(blocks):
@@ -173,7 +187,7 @@ class PartSpec:
                     raise HostError(f"{where}.blocks[{i}]={b!r}: '*:' must be followed by a class name")
             else:
                 check_path(b, f"{where}.blocks")
-        for key in ("attention", "norm", "width", "contains"):
+        for key in ("attention", "norm", "width", "contains", "skip_to"):
             if d.get(key) is not None:
                 check_path(d[key], f"{where}.{key}")
         types = d.get("block_types", [])
@@ -203,6 +217,7 @@ class PartSpec:
             block_types=tuple(types),
             unchecked_seam=unchecked,
             contains=d.get("contains"),
+            skip_to=d.get("skip_to"),
         )
 
 
@@ -230,6 +245,7 @@ class Site:
     norm_path: str | None
     width: int
     call: AttentionCall
+    skip_to: nn.Module | None = None  # the module whose output the skip joins (`PartSpec.skip_to`); None: attention's
 
 
 @dataclass(frozen=True)
@@ -469,7 +485,21 @@ def resolve_sites(model: nn.Module, spec: HostSpec) -> list[Site]:
                 if not isinstance(norm, nn.Module):
                     raise HostError(f"{where}: {part.norm!r} is a {type(norm).__name__}, not a module")
             width = _width(block, attention, norm, part, where)
+            skip_to = get_path(block, part.skip_to) if part.skip_to is not None else None
             sites.append(
-                Site(part.name, len(sites), j, block, parent, attr, attention, norm, part.norm, width, part.call)
+                Site(
+                    part.name,
+                    len(sites),
+                    j,
+                    block,
+                    parent,
+                    attr,
+                    attention,
+                    norm,
+                    part.norm,
+                    width,
+                    part.call,
+                    skip_to,
+                )
             )
     return sites

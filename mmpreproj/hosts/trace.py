@@ -28,7 +28,6 @@ norm and attention). `partial=True` accepts such a description; the modules are 
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -184,7 +183,7 @@ def _trace(
         _restrict_to_seams(model, part, what)
     for part in parts.values():
         _refuse_post_norm(model, args, kwargs, ref, named, part, what, rng)
-        _warn_projected_skip(named, part, what)
+        _skip_after_parent(named, part)
     for part in parts.values():  # output layout: tuple -> index 0, tensor -> null
         _set_output_index(model, args, kwargs, named, part, what, rng)
     description = {"name": "traced", "parts": list(parts.values())}
@@ -317,25 +316,18 @@ def _refuse_post_norm(
         )
 
 
-def _warn_projected_skip(named: dict[str, nn.Module], part: dict, what: str) -> None:
-    """Warn when the norm sits inside the attention's own parent module and that parent has weights besides the
-    two (the pre-LN BERTs: `attention.LayerNorm -> attention.self`, then `attention.output.dense`): the skip joins
-    the inner attention's output, which the parent projects, so the model computes `x + attn_out + W_o W_skip x~`,
-    not the paper's `x + attn_out + W_skip x~` (docs/hosts.md). T5's `layer.0` (norm, attention, dropout) is fine."""
+def _skip_after_parent(named: dict[str, nn.Module], part: dict) -> None:
+    """Where the norm sits inside the attention's own parent module and that parent has weights besides the two
+    (the pre-LN BERTs: `attention.LayerNorm -> attention.self`, then `attention.output.dense` and the residual add),
+    the skip joins the parent's output (`skip_to`), after its projection: `x + W_o attn_out + W_skip x~` as the
+    paper writes it, not `W_o (attn_out + W_skip x~)`. T5's `layer.0` (norm, attention, dropout) needs none."""
     parent = part["attention"].rpartition(".")[0]
     if not parent or not part["norm"].startswith(parent + "."):
         return
     inner = tuple(path[len(parent) + 1 :] + "." for path in (part["attention"], part["norm"]))  # ("self.", ...)
     attn_name = part["_seams"][0][1]  # the first seam's full name: its parent is the module in question
-    after = [n for n, _ in named[attn_name.rpartition(".")[0]].named_parameters() if not n.startswith(inner)]
-    if after:
-        warnings.warn(
-            f"trace_seams: in {what}, the norm {part['norm']!r} sits inside {parent!r} with the attention "
-            f"{part['attention']!r}, and {parent!r} applies weights of its own to the attention's output (e.g. "
-            f"{parent}.{after[0]}): the content skip joins before them, so these blocks compute x + attn_out + "
-            "W_o·W_skip·x~, not the paper's x + attn_out + W_skip·x~ (docs/hosts.md)",
-            stacklevel=2,
-        )
+    if any(not n.startswith(inner) for n, _ in named[attn_name.rpartition(".")[0]].named_parameters()):
+        part["skip_to"] = parent
 
 
 def _set_output_index(

@@ -25,7 +25,7 @@ from ..hosts.spec import Site, get_path
 from ..util.probing import probing
 from .adapters import Addition
 from .config import PreProjConfig
-from .layer import PreProjAttention, SeamCheck, hand_adapter_names
+from .layer import PreProjAttention, SeamError, hand_adapter_names
 from .plan import Plan, check_plain_model, config_host, peft_layers, plan_injection
 from .state import (
     STATE_ATTR,
@@ -97,8 +97,7 @@ def place(injection: Injection, site: Site, wrapper: PreProjAttention) -> None:
 def finish(model: nn.Module, plan: Plan) -> None:
     """Every site holds its wrapper: arm the seam checks, tell the wrappers whether the host's `modules_to_save`
     train in place (`PreProjAttention.values_aside`), attach the injection state."""
-    for wrapper, block, norm, where, norm_path in plan.seams:
-        wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
+    plan.arm()
     for _, wrapper in plan.placements:
         wrapper.values_aside = bool(plan.state.modules_to_save)
     model.mmpreproj_state = plan.state
@@ -142,12 +141,23 @@ def mark_trainable(model: nn.Module, plan: Plan) -> None:
 
 
 def run_example(model: nn.Module, example_input: Any) -> None:
-    """One forward on `example_input` (None: none), under `torch.no_grad`, in eval mode, on a forked RNG."""
+    """One forward on `example_input` (None: none), under `torch.no_grad`, in eval mode, on a forked RNG. An error
+    of the host's own on that input is a ValueError naming `example_input` (the caller rolls the injection back); a
+    seam that does not fit stays a `SeamError`."""
     if example_input is None:
         return
     args, kwargs = split_input(example_input)
-    with probing(model), torch.no_grad():
-        model(*args, **kwargs)
+    try:
+        with probing(model), torch.no_grad():
+            model(*args, **kwargs)
+    except (SeamError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:
+        raise ValueError(
+            f"inject(example_input=...): {type(model).__name__} failed on the example input: {type(e).__name__}: "
+            f"{e}; pass a batch its forward takes (a tensor, a tuple of positional arguments, or a dict of keyword "
+            "arguments, as model(**batch)); nothing was changed"
+        ) from e
 
 
 def roll_back(model: nn.Module, injection: Injection) -> None:
@@ -155,8 +165,7 @@ def roll_back(model: nn.Module, injection: Injection) -> None:
     flag peft's loop set after ours, `set_adapter(inference_mode=True)`, is put back too), the hooks, the state."""
     for site, wrapper in reversed(injection.placed):
         setattr(site.parent, site.attr, wrapper.base_layer)
-        if getattr(wrapper, "seam_check", None) is not None:
-            wrapper.seam_check.close()
+        wrapper.disarm()
     injection.placed.clear()
     if injection.plan is None:
         return
@@ -271,9 +280,7 @@ def unload(model: nn.Module) -> nn.Module:
     # each owner's parameters by name, read with the wrappers in place (the names `state.frozen` / `thawed` hold)
     named = {id(o): dict(o.named_parameters(remove_duplicate=False)) for o in owners}
     for parent, name, base in swaps:  # from here on nothing can fail
-        wrapper = getattr(parent, name)
-        if wrapper.seam_check is not None:
-            wrapper.seam_check.close()
+        getattr(parent, name).disarm()
         setattr(parent, name, base)
     wrapped_by_peft = peft_layers(model)[:1] == [""]
     for owner in owners:

@@ -129,6 +129,48 @@ class SeamCheck:
         return twin
 
 
+class SkipJoin:
+    """Where the content skip joins when the host description names a module around the attention (`PartSpec.
+    skip_to`, the pre-LN BERTs' `attention`, whose `output.dense` projects the attention's output before the
+    residual add): the wrapper hands its skip over (`hand`), and a forward hook of that module adds it to the
+    module's output (a tensor, or item 0 of a tuple), so the block computes `x + W_o attn_out + W_skip x~`. A
+    pre-hook drops a skip left by a call that never reached the module, so nothing joins a later call twice.
+
+    Args:
+        module: the module whose output the skip joins (it holds the wrapper).
+        where: how to name the site in the error ("host 'traced', part 'language', block 3").
+    """
+
+    def __init__(self, module: nn.Module, where: str) -> None:
+        self.where = where
+        self._skip: torch.Tensor | None = None  # held from the wrapper's return to the module's, within one call
+        self._handles = [module.register_forward_pre_hook(self._drop), module.register_forward_hook(self._join)]
+
+    def hand(self, skip: torch.Tensor) -> None:
+        self._skip = skip
+
+    def _drop(self, module: nn.Module, args: tuple) -> None:
+        self._skip = None
+
+    def _join(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        skip, self._skip = self._skip, None
+        if skip is None:  # the adapters are off (`adapter_disabled`): the module's output as it is
+            return None
+        hidden = output if isinstance(output, torch.Tensor) else output[0] if isinstance(output, tuple) else None
+        if not isinstance(hidden, torch.Tensor) or hidden.shape != skip.shape:
+            got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(output).__name__
+            raise SeamError(
+                f"{self.where}: the skip_to module returns {got}, but the skip joins the block's hidden states of "
+                f"shape {tuple(skip.shape)}: fix 'skip_to' in the host description"
+            )
+        return hidden + skip if isinstance(output, torch.Tensor) else (hidden + skip, *output[1:])
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._skip = [], None
+
+
 MERGE_REFUSED = (
     "the pre-projection x~ = x^ + W_down SiLU(W_up x^) is nonlinear, so it cannot be folded into the host's "
     "Q/K/V weights, and the content skip adds a term beside attention: there is nothing to merge. Keep the "
@@ -197,6 +239,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self._output_checked = False  # the first call checks the output the skip goes to (`_check_output`)
         self._ran = False  # until the host attention has run once: inputs checked, its errors reported with the seam
         self.seam: str | None = None  # the seam in words ("norm 'ln_1' -> attention 'attn'"), set by inject
+        self.skip_join: SkipJoin | None = None  # set by inject where the skip joins a module around the attention
         self._observers: OrderedDict[int, Observer] = OrderedDict()
 
     # --- peft's layer interface (`BaseTunerLayer`; merging is refused) ------------------------------------
@@ -391,6 +434,9 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         attn = out if tensor_out else out[i]
         for fn in self._observers.values():
             fn(self, attn, skip)
+        if self.skip_join is not None:  # joins the output of the module around the attention (`SkipJoin`)
+            self.skip_join.hand(skip)
+            return out
         y = attn + skip
         return y if tensor_out else (*out[:i], y, *out[i + 1 :])
 
@@ -508,6 +554,13 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             f"attention {got}, but the skip must be added to a tensor of the attention input's shape "
             f"{tuple(skip.shape)}; {hint}: fix 'call.output_index' in the host description"
         )
+
+    def disarm(self) -> None:
+        """Take the seam check and the skip join off the host's modules (the wrapper leaves the model)."""
+        for attr in ("seam_check", "skip_join"):
+            if getattr(self, attr, None) is not None:
+                getattr(self, attr).close()
+                setattr(self, attr, None)
 
     def unload_and_optionally_merge_module(
         self, merge: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None

@@ -26,7 +26,7 @@ from ..hosts.spec import HostError, Site, get_path, resolve_sites
 from ..hosts.trace import DESCRIBE_BY_HAND, TraceError, probe_outputs, same_outputs, trace_description
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
-from .layer import PreProjAttention, SeamCheck
+from .layer import PreProjAttention, SeamCheck, SkipJoin
 from .state import InjectionState, check_adapter_name, is_injected
 
 
@@ -39,6 +39,14 @@ class Plan:
     placements: list[tuple[Site, PreProjAttention]]  # (site, wrapper)
     seams: list[tuple[PreProjAttention, nn.Module, nn.Module, str, str]] = field(default_factory=list)
     adapter_name: str = "default"
+    joins: list[tuple[PreProjAttention, nn.Module, str]] = field(default_factory=list)  # (wrapper, skip_to, where)
+
+    def arm(self) -> None:
+        """Every wrapper placed: arm the seam checks and the skip joins (`SeamCheck`, `SkipJoin`)."""
+        for wrapper, block, norm, where, norm_path in self.seams:
+            wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
+        for wrapper, module, where in self.joins:
+            wrapper.skip_join = SkipJoin(module, where)
 
 
 def _device_of(module: nn.Module) -> torch.device:
@@ -123,7 +131,7 @@ def plan_injection(
     parts, chosen = _select(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
-    placements, seams = [], []
+    placements, seams, joins = [], [], []
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
@@ -136,9 +144,11 @@ def plan_injection(
             f"attention {next(p.attention for p in spec.parts if p.name == site.part)!r}"
         )
         placements.append((site, wrapper))
+        where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
         if site.norm is not None:
-            where = f"host {spec.name!r}, part {site.part!r}, block {site.part_index}"
             seams.append((wrapper, site.block, site.norm, where, site.norm_path))
+        if site.skip_to is not None:
+            joins.append((wrapper, site.skip_to, where))
     widths = [site.width for site, _ in placements]
     width: int | list[int] = widths[0] if len(set(widths)) == 1 else widths
     description = spec.describe(model)
@@ -164,7 +174,7 @@ def plan_injection(
         modules=attentions,
         peft_config={adapter_name: config},  # until the tuner hands over peft's own dict
     )
-    return Plan(spec, state, placements, seams, adapter_name)
+    return Plan(spec, state, placements, seams, adapter_name, joins)
 
 
 def check_plain_model(model: nn.Module) -> None:
@@ -329,8 +339,7 @@ def _check(model: nn.Module, description: dict, args: tuple, kwargs: dict, rng: 
     plan = plan_injection(twin, PreProjConfig(init="identity", skip_init_std=0.0), description)
     for site, wrapper in plan.placements:
         setattr(site.parent, site.attr, wrapper)
-    for wrapper, block, norm, where, norm_path in plan.seams:
-        wrapper.seam_check = SeamCheck(block, norm, where, norm_path)
+    plan.arm()
     ref = probe_outputs(model, [], args, kwargs, rng)
     got = probe_outputs(twin, [], args, kwargs, rng)
     if not same_outputs(got, ref, 1e-5):

@@ -136,3 +136,23 @@ def test_peft_model_route_unchanged_by_the_one_name_count(tmp_path):
     loaded = PeftModel.from_pretrained(tiny_neox(), str(tmp_path))
     out = loaded.generate(input_ids=IDS, adapter_names=["default", "__base__"], max_new_tokens=2, num_beams=2)
     assert out.shape == (2, 9)
+
+
+@pytest.mark.parametrize("host", [None, "gpt_neox"])
+def test_an_example_input_the_host_cannot_run_is_refused_naming_it(host):
+    """The calls audit's last two findings: the host's own error from deep inside torch named nothing we take."""
+    model = tiny_neox()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"inject\(example_input=...\): GPTNeoXForCausalLM failed .*TypeError"):
+        mmpreproj.inject(model, PreProjConfig(), host=host, example_input="not a batch")
+    assert_unchanged(model, before)
+
+
+def test_a_traced_model_names_the_example_input_it_could_not_run():
+    from tests.helpers.trace_zoo import build
+
+    model = build("XLMRobertaXL", "XLMRobertaXLModel")
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"the forward on example_input= raised .* Pass a batch its forward takes"):
+        mmpreproj.inject(model, PreProjConfig(), example_input="not a batch")
+    assert_unchanged(model, before)
