@@ -40,7 +40,7 @@ from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 from .convert import model_keys
 from .layer import TUNER_PREFIX, PreProjAttention
-from .plan import new_adapter_modules
+from .plan import device_of, new_adapter_modules
 from .state import (
     STATE_ATTR,
     InjectionState,
@@ -118,11 +118,12 @@ def plan_addition(
     rng = torch.random.fork_rng(devices=[]) if tensors is not None else contextlib.nullcontext()
     with rng:
         for path, w in pairs:
-            ref = adapter_params(w)[0]  # the active adapter's weight: its device and dtype
-            built = new_adapter_modules(w.adapter_width, config, ref.device)
+            held = adapter_params(w)  # the active adapter's weights: their device and dtype (none: a fresh one's)
+            device = held[0].device if held else device_of(w.get_base_layer())
+            built = new_adapter_modules(w.adapter_width, config, device)
             for slot, module in zip(SLOTS, built):
                 if module is not None:
-                    module.to(dtype=ref.dtype).requires_grad_(False)  # added inactive and frozen
+                    module.to(dtype=held[0].dtype if held else torch.float32).requires_grad_(False)  # inactive, frozen
                     expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
             modules[path] = built
     live_modules = saved_module_tensors(owner, state.modules_to_save)
@@ -186,7 +187,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
     wrappers = injected_modules(owner)
     now = adapter_trains(wrappers)
     trains = now if trains is None else trains
-    old = active_name(owner)
+    old = active_name(owner)  # None: every adapter was deleted, the host's modules hold the base's values
     if name == old and trains == now:
         return
     if name != old:
@@ -194,7 +195,8 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
         kept = {k: v.detach().clone() for k, v in live.items()}
         waiting = state.stored_modules.pop(name, {})
         copy_adapter_weights([(dst, waiting[k]) for k, dst in live.items()])
-        state.stored_modules[old] = kept
+        if old is not None:
+            state.stored_modules[old] = kept
     if scope is None:
         for w in wrappers:
             w.activate([name], inference_mode=not trains)
@@ -209,29 +211,34 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
 
 def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = None) -> None:
     """`delete_adapter` on the injected model `owner` itself: the inactive adapter `name` goes (the peft tuner's
-    `delete_adapter` switches away from an active one first, as peft does). With `scope` (the peft tuner's model)
-    through `peft.functional.delete_adapter` over it: the wrappers and peft's head wrappers, as
-    `BaseTuner.delete_adapter`; without, the wrappers alone (`switch_adapter`)."""
+    `delete_adapter` switches away from an active one first, as peft does), or the last one: the host then runs
+    alone, its `modules_to_save` back at the base's values and frozen, as a LoRA model without adapters. With
+    `scope` (the peft tuner's model) through `peft.functional.delete_adapter` over it: the wrappers and peft's head
+    wrappers, as `BaseTuner.delete_adapter`; without, the wrappers alone (`switch_adapter`)."""
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
     refuse_active(owner, name)
     wrappers = injected_modules(owner)
-    if scope is not None:
-        peft_functional.delete_adapter(scope, name, prefix=TUNER_PREFIX, layer_cls=PreProjAttention)
-    for w in wrappers:  # all of them without `scope`; with it, any whose path holds peft's prefix (peft skips those)
-        if name in w.adapter_names():
-            w.delete_adapter(name)
+    if loaded_adapters(owner) == [name]:  # the last: the host's modules_to_save hold its values
+        set_adapter_trainable(owner, False)
+        live = saved_module_tensors(owner, state.modules_to_save)
+        copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(owner, state).items()])
+    with attrs_set(wrappers, "values_aside", False):  # the values are where they belong: the layers may delete
+        if scope is not None:
+            peft_functional.delete_adapter(scope, name, prefix=TUNER_PREFIX, layer_cls=PreProjAttention)
+        for w in wrappers:  # all without `scope`; with it, any whose path holds peft's prefix (peft skips those)
+            if name in w.adapter_names():
+                w.delete_adapter(name)
     state.peft_config.pop(name, None)
     state.stored_modules.pop(name, None)
 
 
 def refuse_active(owner: nn.Module, name: str) -> None:
-    """ValueError when `name` is the active adapter of the injected model `owner` (the wrappers must keep one to
-    run)."""
-    if name == active_name(owner):
-        others = [n for n in loaded_adapters(owner) if n != name]
-        hint = f"set_adapter to one of {others} first" if others else "call mmpreproj.unload(model) to remove it"
-        raise ValueError(f"delete_adapter: {name!r} is the active adapter; {hint}")
+    """ValueError when `name` is the active adapter of the injected model `owner` and others are loaded (switch to
+    one of them first); the last one may go (`remove_adapter`)."""
+    others = [n for n in loaded_adapters(owner) if n != name]
+    if name == active_name(owner) and others:
+        raise ValueError(f"delete_adapter: {name!r} is the active adapter; set_adapter to one of {others} first")
 
 
 def adapter_names(model: nn.Module) -> list[str]:
@@ -296,8 +303,9 @@ def _through_peft(model: nn.Module, name: str, what: str) -> tuple[nn.Module | N
 
 
 def delete_adapter(model: nn.Module, name: str) -> nn.Module:
-    """Remove the loaded, inactive adapter `name` (switch away from the active one first; `unload`
-    removes them all); through the `PeftModel` when `model` is one, so peft's `peft_config` follows."""
+    """Remove the loaded, inactive adapter `name` (switch away from the active one first), or the last one (the
+    host then runs alone, as a LoRA model without adapters; `unload` takes the wrappers off); through the
+    `PeftModel` when `model` is one, so peft's `peft_config` follows."""
     record, owner, name = _through_peft(model, name, "delete_adapter")
     refuse_active(owner, name)
     if record is not None:

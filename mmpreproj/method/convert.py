@@ -119,7 +119,8 @@ def named_slot_key(rest: str, wrapper: Any) -> str | None:
         return None
     if param.partition(".")[0] in getattr(wrapper, new):
         return rest
-    return f"{new}.{wrapper.active_adapters[0]}.{param}"
+    active = wrapper.active_adapters
+    return f"{new}.{active[0]}.{param}" if active else None
 
 
 def named_model_keys(tensors: Mapping[str, V], wrappers: Iterable[tuple[str, Any]]) -> dict[str, V]:

@@ -227,6 +227,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.call = call
         self.preproj = nn.ModuleDict()
         self.preproj_skip = nn.ModuleDict()
+        self.width: int | None = None  # the block's width d, kept when every adapter is deleted
         BaseTunerLayer.set_adapter(self, adapter_name)  # peft's record of what runs (no modules yet: no flag changes)
         self.update_layer(adapter_name, preproj, skip)
         self.merged_adapters = []
@@ -250,9 +251,10 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             raise ValueError("PreProjAttention needs a preproj, a skip, or both")
         if adapter_name in self._get_available_adapters():
             raise ValueError(f"PreProjAttention: adapter {adapter_name!r} is already in this layer")
-        widths = {m.dim for m in (preproj, skip, *self.preproj.values(), *self.preproj_skip.values()) if m is not None}
+        widths = {m.dim for m in (preproj, skip) if m is not None} | ({self.width} if self.width else set())
         if len(widths) != 1:
             raise ValueError(f"PreProjAttention: adapter {adapter_name!r} has width(s) {sorted(widths)}, one expected")
+        (self.width,) = widths
         if preproj is not None:
             self.preproj[adapter_name] = preproj
         if skip is not None:
@@ -275,8 +277,13 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.activate(names, inference_mode)
 
     def activate(self, adapter_names: list[str], inference_mode: bool = False) -> None:
-        """`set_adapter` without the `values_aside` check (the injection's own switch, which moves the values)."""
+        """`set_adapter` without the `values_aside` check (the injection's own switch, which moves the values). An
+        empty list is peft's "no active adapter" (`delete_adapter` of the last one): the host then runs alone."""
         names = [n for n in adapter_names if n in self._get_available_adapters()]
+        if not adapter_names:
+            BaseTunerLayer.set_adapter(self, [], inference_mode=inference_mode)
+            self._sync_slots()
+            return
         if not names:
             return
         if len(names) != 1:
@@ -285,12 +292,16 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self._sync_slots()
 
     def delete_adapter(self, adapter_name: str) -> None:
-        """peft's `delete_adapter` (a deleted active adapter hands over to the first remaining one); the last one is
-        refused (a wrapper without an adapter cannot run: `unload` takes the injection off)."""
-        if self._all_available_adapter_names() == [adapter_name]:
+        """peft's `delete_adapter`: a deleted active adapter hands over to the first remaining one, and with none
+        left the host attention runs alone, as a LoRA layer without adapters (`unload` takes the wrapper off).
+        Refused for the last one while `values_aside`: the host's `modules_to_save` hold its values, which a layer
+        alone cannot put back (the model's `delete_adapter` does)."""
+        if self.values_aside and self._all_available_adapter_names() == [adapter_name]:
             raise ValueError(
-                f"delete_adapter({adapter_name!r}): it is the only adapter of this injection, which cannot run "
-                "without one; unload the model (mmpreproj.unload(model), or peft_model.unload()) to take it off"
+                f"delete_adapter({adapter_name!r}) on one layer: it is the last adapter and this injection trains "
+                "modules_to_save in place, whose values go back to the base's with it, which a layer alone cannot "
+                "do; delete it through the model: mmpreproj.delete_adapter(model, name) or "
+                "peft_model.delete_adapter(name) (nothing was changed)"
             )
         BaseTunerLayer.delete_adapter(self, adapter_name)
         self._sync_slots()
@@ -343,7 +354,10 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         return self._all_available_adapter_names()
 
     def slots(self, adapter_name: str | None = None) -> tuple[PreProjection | None, ContentSkip | None]:
-        """(pre-projection, skip) of `adapter_name` (default: the active adapter); None for a slot it lacks."""
+        """(pre-projection, skip) of `adapter_name` (default: the active adapter, or none once every adapter is
+        deleted); None for a slot it lacks."""
+        if adapter_name is None and not self.active_adapters:
+            return None, None
         name = self.active_adapters[0] if adapter_name is None else adapter_name
         pre = self.preproj[name] if name in self.preproj else None  # noqa: SIM401 (ModuleDict has no .get)
         skip = self.preproj_skip[name] if name in self.preproj_skip else None  # noqa: SIM401
@@ -352,7 +366,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     @property
     def adapter_width(self) -> int:
         """The width d of the block's hidden states."""
-        return next(m.dim for d in (self.preproj, self.preproj_skip) for m in d.values())
+        return self.width
 
     def observe(self, fn: Observer) -> RemovableHandle:
         """Call `fn(wrapper, attn_out, skip_out)` on every forward that adds the skip; `.remove()` the handle.
@@ -450,7 +464,11 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
                 f"forward(adapter_names=...): {unknown} are not adapters of this layer "
                 f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
             )
-        others = sorted(set(adapter_names) - set(self.active_adapters)) if self.values_aside else []
+        others = (
+            sorted(set(adapter_names) - set(self.active_adapters))
+            if self.values_aside and self.active_adapters
+            else []
+        )
         if others:
             raise ValueError(
                 f"forward(adapter_names=...): rows of {others} would run through the modules_to_save of the active "
@@ -575,8 +593,8 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
 
     def extra_repr(self) -> str:
         return (
-            f"part={self.part!r}, block_index={self.block_index}, active_adapter={self.active_adapters[0]!r}, "
-            f"adapter_enabled={self.adapter_enabled}"
+            f"part={self.part!r}, block_index={self.block_index}, "
+            f"active_adapter={next(iter(self.active_adapters), None)!r}, adapter_enabled={self.adapter_enabled}"
         )
 
 

@@ -335,8 +335,9 @@ class PreProjModel(BaseTuner):
     def delete_adapter(self, adapter_name: str) -> None:
         """peft's `delete_adapter`, through `peft.functional.delete_adapter` over the model (the wrappers and peft's
         head wrappers, `adapters.remove_adapter`): the active adapter hands over to the first of the others by
-        name, which then trains (peft's rule, with peft's warning); the last one is refused (`unload` removes it).
-        A name not loaded is refused before anything changes."""
+        name, which then trains (peft's rule, with peft's warning); after the last one the host runs alone, as a
+        LoRA model without adapters (`unload` takes the wrappers off). A name not loaded is refused before anything
+        changes."""
         owner, _ = injected_owner(self.model, "delete_adapter")
         name, _ = named_adapter(owner, check_adapter_name(adapter_name))
         others = sorted(n for n in loaded_adapters(owner) if n != name)
@@ -348,6 +349,8 @@ class PreProjModel(BaseTuner):
             self.set_adapter(others[0])
         remove_adapter(self.model, name, scope=self.model)
         self.peft_config.pop(name, None)
+        if active_name(owner) is None:
+            self.active_adapter = []  # peft's `BaseTuner.delete_adapter`: no active adapter left
 
     def disable_adapter_layers(self) -> None:
         self._enable_adapter_layers(False)

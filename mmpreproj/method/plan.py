@@ -49,7 +49,7 @@ class Plan:
             wrapper.skip_join = SkipJoin(module, where)
 
 
-def _device_of(module: nn.Module) -> torch.device:
+def device_of(module: nn.Module) -> torch.device:
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 
@@ -135,7 +135,7 @@ def plan_injection(
     for site in chosen:
         if isinstance(site.attention, PreProjAttention):
             raise RuntimeError(f"block {site.index} already holds a PreProjAttention")
-        preproj, skip = new_adapter_modules(site.width, config, _device_of(site.block))
+        preproj, skip = new_adapter_modules(site.width, config, device_of(site.block))
         wrapper = PreProjAttention(
             site.attention, site.call, preproj, skip, block_index=site.index, part=site.part, adapter_name=adapter_name
         )

@@ -48,7 +48,7 @@ from .apply import restore_saved_modules
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
-from .state import STATE_ATTR, wrappers_aside
+from .state import STATE_ATTR, named_adapter, wrappers_aside
 from .state_dict import (
     SLOTS,
     adapter_state_dict,
@@ -189,6 +189,7 @@ def save_pretrained(
             "adapter alone with mmpreproj.save_adapter; nothing was written"
         )
     refuse_peft_heads(model, "save_pretrained")
+    named_adapter(model, None)  # an injection whose adapters were all deleted has none to save
     if kwargs.get("push_to_hub"):
         raise ValueError(
             "save_pretrained(push_to_hub=True) of an injected model is not supported: save to a folder, then "

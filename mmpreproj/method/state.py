@@ -197,9 +197,10 @@ def loaded_adapters(owner: nn.Module) -> list[str]:
     return [n for n, c in vars(owner)[STATE_ATTR].peft_config.items() if n in held and isinstance(c, PreProjConfig)]
 
 
-def active_name(owner: nn.Module) -> str:
-    """The adapter that runs in the injected model `owner`: peft's per-layer record (`active_adapters`)."""
-    return _first_wrapper(owner).active_adapters[0]
+def active_name(owner: nn.Module) -> str | None:
+    """The adapter that runs in the injected model `owner`: peft's per-layer record (`active_adapters`); None once
+    every adapter is deleted (the host runs alone, as a LoRA model without adapters)."""
+    return next(iter(_first_wrapper(owner).active_adapters), None)
 
 
 def named_adapter(owner: nn.Module, name: str | None) -> tuple[str, PreProjConfig]:
@@ -207,6 +208,11 @@ def named_adapter(owner: nn.Module, name: str | None) -> tuple[str, PreProjConfi
     listing the loaded names."""
     loaded = loaded_adapters(owner)
     name = active_name(owner) if name is None else name
+    if name is None:
+        raise ValueError(
+            "no adapter is loaded: every one was deleted (the host runs alone); add or load one (peft_model."
+            "add_adapter, mmpreproj.load_adapter(model, DIR, adapter_name=...)), or mmpreproj.unload(model)"
+        )
     if name not in loaded:
         raise ValueError(f"adapter_name={name!r} is not loaded; loaded: {loaded}")
     return name, vars(owner)[STATE_ATTR].peft_config[name]

@@ -158,9 +158,9 @@ def test_set_requires_grad_refuses_a_name_not_loaded():
 
 def test_deleting_the_active_adapter_hands_over_as_for_lora(folders):
     """peft's `delete_adapter` of the active adapter: the first of the others by name becomes active and trains, with
-    peft's warning. The last adapter is refused for PREPROJ (the wrappers keep one; `unload` removes it), where a
-    LoRA model runs on with no adapter active."""
-    seen = {}
+    peft's warning; after the last one the layers hold no adapter and nothing trains, as for LoRA (PeftModel keeps
+    its `active_adapter` name, so its own forward fails on any method: peft's, unchanged here)."""
+    seen, last = {}, {}
     for kind in ("lora", "preproj"):
         model = PeftModel.from_pretrained(_base(), folders[kind]["default"])
         model.load_adapter(folders[kind]["b"], adapter_name="b")
@@ -168,11 +168,14 @@ def test_deleting_the_active_adapter_hands_over_as_for_lora(folders):
         with pytest.warns(UserWarning, match="Adapter default was active which is now deleted"):
             model.delete_adapter("default")
         seen[kind] = (model.active_adapter, sorted(model.peft_config), _status(model), _trained_names(model))
-    assert seen["preproj"] == seen["lora"] == ("a", ["a", "b"], {"a": True, "b": False}, {"a"})
-    model.delete_adapter("b")
-    with pytest.raises(ValueError, match=r"delete_adapter: 'a' is the active adapter; call mmpreproj.unload"):
+        model.delete_adapter("b")
         model.delete_adapter("a")
-    assert model.active_adapter == "a" and _trained_names(model) == {"a"}
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        with pytest.raises(KeyError, match="'a'"):  # peft's forward reads peft_config[active_adapter], for any method
+            model(X)
+        last[kind] = (model.active_adapter, model.active_adapters, sorted(model.peft_config), trainable)
+    assert seen["preproj"] == seen["lora"] == ("a", ["a", "b"], {"a": True, "b": False}, {"a"})
+    assert last["preproj"] == last["lora"] == ("a", [], [], [])
 
 
 @pytest.mark.parametrize("autocast", [True, False])

@@ -14,6 +14,8 @@ five host families; 33 failed): each is now refused before anything changes, or 
 
 from __future__ import annotations
 
+import copy
+
 import peft.functional as pf
 import pytest
 import torch
@@ -55,15 +57,21 @@ def test_modules_to_save_outside_the_attention_still_trains_and_unloads():
 
 
 @pytest.mark.parametrize("route", ["inject", "peft"])
-def test_deleting_the_only_adapter_through_peft_functional_is_refused(route):
-    base = tiny_neox()
-    model = mmpreproj.inject(base) if route == "inject" else get_peft_model(base, PreProjConfig())
-    before = snapshot(model)
-    with pytest.raises(ValueError, match=r"delete_adapter\('default'\): it is the only adapter"):
-        pf.delete_adapter(model, "default", prefix="preproj")
-    assert_unchanged(model, before)
-    assert mmpreproj.adapter_names(model) == ["default"]
-    model(IDS)  # still runs
+def test_deleting_the_only_adapter_through_peft_functional_leaves_the_host_alone_as_for_lora(route):
+    """The audit found `StopIteration` at the next forward, then the last adapter was refused (the family audit: 82
+    cases where LoRA deletes it); now, as LoRA, the layers hold no adapter and the model runs as the base."""
+    seen = {}
+    for kind in ("lora", "preproj"):
+        base = tiny_neox()
+        want = base(IDS).logits
+        config = LoraConfig(target_modules=["query_key_value"]) if kind == "lora" else PreProjConfig()
+        if route == "peft":
+            model = get_peft_model(base, config)
+        else:
+            model = inject_adapter_in_model(config, base) if kind == "lora" else mmpreproj.inject(base, config)
+        left = pf.delete_adapter(model, "default", prefix="lora_" if kind == "lora" else "preproj")
+        seen[kind] = (left, torch.equal(model(IDS).logits, want))
+    assert seen["preproj"] == seen["lora"] == ([], True)
 
 
 @pytest.mark.parametrize("names", [["default"], ["__base__"], ["default"] * 3], ids=["one", "base", "three"])
@@ -156,3 +164,34 @@ def test_a_traced_model_names_the_example_input_it_could_not_run():
     with pytest.raises(ValueError, match=r"the forward on example_input= raised .* Pass a batch its forward takes"):
         mmpreproj.inject(model, PreProjConfig(), example_input="not a batch")
     assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("route", ["inject", "peft"])
+def test_deleting_the_last_adapter_puts_modules_to_save_back_and_one_can_be_loaded_again(route, tmp_path):
+    """After the last adapter the host runs alone: its `modules_to_save` back at the base's values and frozen, nothing
+    to save (a clear refusal), and an adapter loaded again runs as saved; `unload` still restores the base."""
+    base = tiny_neox()
+    want = base(IDS).logits.detach()
+    model = copy.deepcopy(base)
+    config = PreProjConfig(modules_to_save=["lm_head"])
+    model = mmpreproj.inject(model, config) if route == "inject" else get_peft_model(model, config)
+    host = model if route == "inject" else model.base_model.model
+    with torch.no_grad():
+        for p in (*mmpreproj.injected_modules(host)[0].parameters(), host.lm_head.weight):
+            if p.requires_grad:
+                p.add_(0.05)
+    trained = host(IDS).logits.detach()
+    mmpreproj.save_adapter(model, tmp_path / "a")
+    if route == "inject":
+        mmpreproj.delete_adapter(model, "default")
+    else:
+        model.delete_adapter("default")
+    assert torch.equal(host(IDS).logits, want)
+    assert not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match="no adapter is loaded: every one was deleted"):
+        mmpreproj.save_adapter(model, tmp_path / "b")
+    mmpreproj.load_adapter(model, tmp_path / "a", adapter_name="again")
+    mmpreproj.set_adapter(model, "again")
+    assert torch.equal(host(IDS).logits, trained)
+    mmpreproj.unload(host)
+    assert torch.equal(host(IDS).logits, want)
