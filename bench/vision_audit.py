@@ -62,6 +62,11 @@ The FAILs:
 Harness notes: a random timm head's logits are tiny, so the timm cases compare forward_features and logits; the
 permutation case sharpens the attention (q/k weights x6) so positions visibly matter; unload / set_adapter of a
 plain model raise RuntimeError while adapter_disabled raises ValueError (one-line messages, accepted here).
+
+Run again after the fixes (rows `clip_vision`, `clip_text`, `siglip_vision`, `siglip_text` for a tower on its own; the
+open_clip rows refuse a model without `visual`; docs/hosts.md gives the ONNX test's check instead of "2.2e-5"):
+TOTAL 140: 139 PASS, 1 FAIL. The one FAIL is this harness's own figure, 2.2e-5, which the docs no longer state.
+The first run's lines: bench/results/vision_audit_before.txt.
 """
 
 from __future__ import annotations

@@ -470,3 +470,15 @@ def test_timm_vision_tower_is_rejected_with_a_pointer_to_its_trunk():
     mmpreproj.inject(model.visual.trunk)  # the timm row takes the trunk
     assert mmpreproj.hosts.find_host(model.visual.trunk).name == "timm_vit"
     assert len(mmpreproj.injected_modules(model)) == len(model.visual.trunk.blocks)
+
+
+def test_an_open_clip_adapter_on_a_model_without_visual_is_refused_not_crashed(tmp_path):
+    """The vision audit: loading a CLIP adapter onto a timm ViT raised AttributeError from the row's check."""
+    timm = pytest.importorskip("timm")
+    clip = mmpreproj.inject(build_clip(width=192))
+    mmpreproj.save_adapter(clip, tmp_path / "a")
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2).eval()
+    before = snapshot(vit)
+    with pytest.raises(ValueError, match="has no vision tower 'visual': it is not an open_clip CLIP"):
+        mmpreproj.load_adapter(vit, tmp_path / "a")
+    assert_same_snapshot(snapshot(vit), before)

@@ -365,3 +365,34 @@ def test_trace_seams_on_a_vlm_finds_both_towers():
         "model.visual.blocks": ("attn", "norm1", None),
         "model.language_model.layers": ("self_attn", "input_layernorm", 0),
     }
+
+
+@pytest.mark.parametrize("family", ["CLIP", "Siglip"])
+@pytest.mark.parametrize("tower", ["vision", "text"])
+def test_one_tower_on_its_own_injects_as_in_the_whole_model(family, tower):
+    """`CLIPVisionModel` / `CLIPModel.vision_model` / `SiglipTextModel` keep their blocks at `encoder.layers`: rows of
+    their own (`clip_vision`, ...) claim them (the vision audit found every one refused). The tower alone, injected
+    with the whole model's adapter weights, gives the whole model's tower output."""
+    whole = mmpreproj.inject(_clip(family=family), PreProjConfig(skip_init_std=0.05))
+    alone = getattr(_clip(family=family), f"{tower}_model")  # the same weights (seed 0), a tower module of its own
+    assert alone.config.model_type == f"{family.lower()}_{tower}_model"
+    base_out = _tower_out(alone, tower)
+    mmpreproj.inject(alone, PreProjConfig(skip_init_std=0.05))
+    assert mmpreproj.hosts.find_host(alone).name == f"{family.lower()}_{tower}"
+    mine = [w for w in mmpreproj.injected_modules(whole) if w.part == tower]
+    for w, src in zip(mmpreproj.injected_modules(alone), mine, strict=True):
+        for slot, other in zip(w.slots(), src.slots(), strict=True):
+            slot.load_state_dict(other.state_dict())
+    got = _tower_out(alone, tower)
+    assert not torch.allclose(got, base_out, atol=1e-4)  # the adapter acts
+    torch.testing.assert_close(got, _tower_out(getattr(whole, f"{tower}_model"), tower), atol=0, rtol=0)
+    mmpreproj.unload(alone)
+    torch.testing.assert_close(_tower_out(alone, tower), base_out, atol=0, rtol=0)
+
+
+def _tower_out(model, tower):
+    inputs = dual_inputs()
+    with torch.no_grad():
+        if tower == "text":
+            return model(input_ids=inputs[0]).last_hidden_state
+        return model(pixel_values=inputs[1]).last_hidden_state

@@ -60,7 +60,8 @@ def evaluate_adapters(
 
 
 def adapters_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """A markdown table: one row per adapter, one column per (task, numeric metric)."""
+    """A markdown table: one row per adapter, one column per (task, metric) whose value is a float (the counts
+    `evaluate` also returns, such as `rows`, `tokens` and `correct`, are left out)."""
     columns: list[tuple[str, str]] = []
     for res in results.values():
         for task, metrics in res.items():

@@ -63,6 +63,11 @@ def document_perplexity(
 
     `max_length` defaults to the model's `config.max_position_embeddings` (else 2048), lm-eval's default.
 
+    Equal to lm-eval's `loglikelihood_rolling` for a tokenizer that adds no special tokens (Pythia's, every shipped
+    number). For one that adds a BOS (Llama's), lm-eval 0.4.13 by default also scores the document's own BOS token
+    after the prefix, one more token per document; it equals this with `HFLM(..., add_bos_token=False)`
+    (`bench/eval_audit.py`, case `bos`).
+
     Returns `{"token_perplexity" = exp(-LL / tokens), "word_perplexity" = exp(-LL / words),
     "byte_perplexity" = exp(-LL / bytes), "bits_per_byte" = -LL / bytes / ln 2, "loglikelihood", "tokens",
     "words", "bytes", "documents"}`.

@@ -94,7 +94,9 @@ def _check_stack(stack: nn.Module, host: str, tower: str) -> None:
             )
 
 
-def _vision_stack(visual: nn.Module, host: str) -> nn.Module:
+def _vision_stack(visual: nn.Module | None, host: str) -> nn.Module:
+    if visual is None:
+        raise HostError(f"host {host!r}: the model has no vision tower 'visual': it is not an open_clip CLIP")
     if _isinstance(visual, "transformer", "VisionTransformer"):
         return visual.transformer
     hint = {
@@ -119,14 +121,17 @@ def _text_stack(model: nn.Module, host: str) -> nn.Module:
 
 
 def _check_clip(model: nn.Module) -> None:
-    _check_stack(_vision_stack(model.visual, "open_clip"), "open_clip", "vision")
+    _check_stack(_vision_stack(getattr(model, "visual", None), "open_clip"), "open_clip", "vision")
     _check_stack(_text_stack(model, "open_clip"), "open_clip", "text")
 
 
 def _check_coca(model: nn.Module) -> None:
-    _check_stack(_vision_stack(model.visual, "open_clip_coca"), "open_clip_coca", "vision")
+    _check_stack(_vision_stack(getattr(model, "visual", None), "open_clip_coca"), "open_clip_coca", "vision")
     _check_stack(_text_stack(model, "open_clip_coca"), "open_clip_coca", "text")
-    _check_stack(model.text_decoder, "open_clip_coca", "decoder")
+    decoder = getattr(model, "text_decoder", None)
+    if decoder is None:
+        raise HostError("host 'open_clip_coca': the model has no 'text_decoder': it is not an open_clip CoCa")
+    _check_stack(decoder, "open_clip_coca", "decoder")
 
 
 def _part(name: str, *blocks: str) -> PartSpec:

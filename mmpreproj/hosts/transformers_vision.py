@@ -9,7 +9,9 @@ pre-projection ahead of each modality's RoPE; `PreProjConfig(parts=["language"])
 language-only tuning. `modules_to_save=["projector"]` trains the vision-language merger too (Qwen3-VL:
 the main merger; the deepstack mergers stay frozen).
 
-CLIP / SigLIP (whole models or one tower): `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights).
+CLIP / SigLIP (whole models or one tower): `self_attn(hidden_states=layer_norm1(x), ...)` -> (out, weights). A
+tower on its own (`CLIPVisionModel`, `CLIPModel.vision_model`, `SiglipTextModel`) has its own row (`clip_vision`, ...):
+its blocks sit at `encoder.layers`, and its model type says which tower it is.
 ViT / DINOv2: `attention(layernorm_before(x) | norm1(x), ...)` -> (out, weights); VideoMAE and ViViT have
 the ViT layout and are recognised by structure (`structure.py`).
 TimeSformer: two seams per layer, two parts over the same blocks: "spatial" `attention(layernorm_before(x))`
@@ -82,6 +84,21 @@ def _dual(name: str, model_types: tuple[str, ...]) -> HostSpec:
     )
 
 
+def _tower(name: str, model_types: tuple[str, ...], part: str) -> HostSpec:
+    """One tower of a CLIP-style model on its own (`CLIPVisionModel`, `SiglipTextModel`, `CLIPModel.vision_model`):
+    its blocks at `encoder.layers`, or under `{part}_model.` (`CLIPVisionModelWithProjection`)."""
+    return register_host(
+        HostSpec(
+            name=name,
+            description=f"transformers {name.replace('_', ' ')} tower on its own",
+            model_types=model_types,
+            parts=(_encoder_part(part, f"{part}_model.encoder.layers", "encoder.layers"),),
+            lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+            checkpointing="transformers",
+        )
+    )
+
+
 def _vit(name: str, classes: str, norm: str) -> HostSpec:
     """A transformers ViT-style encoder: `attention(norm(x))` per layer (`layers`, or `encoder.layer` before 5.x)."""
     paths = (f"{name}.layers", "layers", f"{name}.encoder.layer", "encoder.layer")
@@ -109,8 +126,12 @@ VISION_ROWS = [
     _qwen_vl("qwen2_vl", ("qwen2_vl",)),
     _qwen_vl("qwen2_5_vl", ("qwen2_5_vl",)),
     _qwen_vl("qwen3_vl", ("qwen3_vl",)),
-    _dual("clip", ("clip", "clip_vision_model", "clip_text_model")),
-    _dual("siglip", ("siglip", "siglip_vision_model", "siglip_text_model")),
+    _dual("clip", ("clip",)),
+    _tower("clip_vision", ("clip_vision_model",), "vision"),
+    _tower("clip_text", ("clip_text_model",), "text"),
+    _dual("siglip", ("siglip",)),
+    _tower("siglip_vision", ("siglip_vision_model",), "vision"),
+    _tower("siglip_text", ("siglip_text_model",), "text"),
     _vit("vit", "ViTModel / ViTForImageClassification", "layernorm_before"),
     _vit("dinov2", "Dinov2Model", "norm1"),
     register_host(
