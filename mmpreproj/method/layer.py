@@ -227,7 +227,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         self.call = call
         self.preproj = nn.ModuleDict()
         self.preproj_skip = nn.ModuleDict()
-        self.width: int | None = None  # the block's width d, kept when every adapter is deleted
+        self._width: int | None = None  # the block's width d (`adapter_width`), kept when every adapter is deleted
         BaseTunerLayer.set_adapter(self, adapter_name)  # peft's record of what runs (no modules yet: no flag changes)
         self.update_layer(adapter_name, preproj, skip)
         self.merged_adapters = []
@@ -251,10 +251,10 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
             raise ValueError("PreProjAttention needs a preproj, a skip, or both")
         if adapter_name in self._get_available_adapters():
             raise ValueError(f"PreProjAttention: adapter {adapter_name!r} is already in this layer")
-        widths = {m.dim for m in (preproj, skip) if m is not None} | ({self.width} if self.width else set())
+        widths = {m.dim for m in (preproj, skip) if m is not None} | ({self._width} if self._width else set())
         if len(widths) != 1:
             raise ValueError(f"PreProjAttention: adapter {adapter_name!r} has width(s) {sorted(widths)}, one expected")
-        (self.width,) = widths
+        (self._width,) = widths
         if preproj is not None:
             self.preproj[adapter_name] = preproj
         if skip is not None:
@@ -266,15 +266,15 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         `inference_mode` (peft's rule). Names it does not hold are another tuner's (a LoRA switching its own
         adapters): with none of ours among them, the layer is left as it is. Refused while `values_aside` (the
         injection's `modules_to_save` hold the active adapter's values: a layer alone cannot move them)."""
-        names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
-        names = [n for n in names if n in self._get_available_adapters()]
+        given = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
+        names = [n for n in given if n in self._get_available_adapters()]
         if self.values_aside and names and names != list(self.active_adapters):
             raise ValueError(
                 f"set_adapter({names[0]!r}) on one layer: this injection trains modules_to_save in place, each "
                 "adapter's values kept aside while another runs, which a layer alone cannot move; switch the model: "
                 "mmpreproj.set_adapter(model, name) or peft_model.set_adapter(name) (nothing was changed)"
             )
-        self.activate(names, inference_mode)
+        self.activate(given, inference_mode)
 
     def activate(self, adapter_names: list[str], inference_mode: bool = False) -> None:
         """`set_adapter` without the `values_aside` check (the injection's own switch, which moves the values). An
@@ -366,7 +366,7 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     @property
     def adapter_width(self) -> int:
         """The width d of the block's hidden states."""
-        return self.width
+        return self._width
 
     def observe(self, fn: Observer) -> RemovableHandle:
         """Call `fn(wrapper, attn_out, skip_out)` on every forward that adds the skip; `.remove()` the handle.

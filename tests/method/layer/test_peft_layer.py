@@ -160,3 +160,12 @@ def test_an_adapter_named_like_a_key_segment_saves_and_reloads_bit_exact(tmp_pat
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
         assert not torch.equal(reloaded(input_ids=ids).logits, tiny_neox()(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("names", [["lora_b"], [], "lora_b"], ids=["other-tuner", "none", "one-name"])
+def test_a_layer_switch_to_names_it_does_not_hold_changes_nothing_an_empty_list_clears(names):
+    """peft's switch over every tuner layer hands ours another tuner's names (a stacked LoRA switching its own): the
+    layer stays as it is; an empty list is peft's "no active adapter" (its `delete_adapter` of the last one)."""
+    (wrapper, *_) = mmpreproj.injected_modules(mmpreproj.inject(tiny_neox()))
+    wrapper.set_adapter(names)
+    assert wrapper.active_adapters == ([] if names == [] else ["default"])
