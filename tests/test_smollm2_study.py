@@ -73,6 +73,15 @@ def test_study_search_seeds_restart_and_report(tiny_gguf, tmp_path):
     data = json.loads((tmp_path / "out" / "study.json").read_text())
     assert {c["reference"] for c in data["comparisons"]} >= {"baseline", "lora"}
     assert (tmp_path / "out" / "skip_norms.png").is_file() and (tmp_path / "out" / "routing.png").is_file()
+    # a step written before times were kept: the compute is then said to be a lower bound, naming the file
+    assert "lower bound" not in report
+    untimed = arms / "preproj_skip" / ours[0] / "select.json"
+    kept = json.loads(untimed.read_text())
+    kept["row"].pop("select_seconds")
+    untimed.write_text(json.dumps(kept))
+    report = write_report(s).read_text()
+    assert f"1 evaluation(s) recorded no time (preproj_skip/{ours[0]}/select.json: written before" in report
+    assert "so this is a lower bound" in report
 
 
 def test_study_full_step_retrains_when_the_adapter_is_gone(tiny_gguf, tmp_path, monkeypatch):

@@ -172,6 +172,24 @@ def compute_seconds(s: Study) -> dict[str, float]:
     return out
 
 
+def untimed_steps(s: Study) -> list[str]:
+    """The finished evaluations whose files record no time (written before times were kept), relative to `arms/`:
+    `compute_seconds` cannot count them, so its sum is then a lower bound."""
+    missing = []
+    for f in sorted((s.out / "arms").glob("**/*.json")):
+        try:
+            row = json.loads(f.read_text()).get("row", {})
+        except (OSError, ValueError):
+            continue
+        if (
+            isinstance(row, dict)
+            and f.name != "metrics.json"
+            and not (row.get("eval_seconds") or row.get("select_seconds"))
+        ):
+            missing.append(f.relative_to(s.out / "arms").as_posix())
+    return missing
+
+
 def setting_lines(s: Study) -> list[str]:
     """What was trained and measured, from the preset (and the evaluation settings in the steps' keys)."""
     c = s.base_cfg
@@ -350,6 +368,13 @@ def _head_lines(s: Study, notes: Sequence[str], rerun: str | None) -> list[str]:
     """report.md's title, how to continue the study, the setting, the notes and the compute so far."""
     spent = compute_seconds(s)
     hours = sum(spent.values()) / 3600
+    untimed = untimed_steps(s)
+    lower = (
+        f" {len(untimed)} evaluation(s) recorded no time ({', '.join(untimed)}: written before times were kept) and "
+        "are not counted, so this is a lower bound."
+        if untimed
+        else ""
+    )
     return [
         f"# Table 2 on {s.preset}",
         "",
@@ -367,7 +392,7 @@ def _head_lines(s: Study, notes: Sequence[str], rerun: str | None) -> list[str]:
         f"Compute so far: {hours:.2f} CPU-hours of wall time on one thread per worker (training "
         f"{spent['train'] / 3600:.2f} h, evaluation {spent['eval'] / 3600:.2f} h, baseline "
         f"{spent['baseline'] / 3600:.2f} h), summed over the finished steps; training counts every invocation of a "
-        "resumed arm (the per-step times in its log.jsonl).",
+        f"resumed arm (the per-step times in its log.jsonl).{lower}",
         "",
     ]
 
