@@ -57,6 +57,11 @@ After the fixes (the injected model hands a mixed batch's names to every wrapper
 the 84 documented above and a mixed batch in place on Swin and timm's SAM ViT (windowed attention: now documented).
 StableLM and MPT serve mixes in place, and so do the timm and open_clip models whose forward takes no
 `adapter_names` (ViT, Eva, DeiT, BEiT, CLIP, CustomTextCLIP: there it raised TypeError before, as LoRA does).
+Run again after the last adapter became deletable as LoRA's is (the 82 "delete the last adapter" FAILs above):
+TOTAL 2668: 2664 PASS, 4 FAIL: a mixed batch in place through a windowed or packed vision tower (Swin, SAM ViT,
+Qwen2-VL, Qwen2.5-VL), refused as docs/limits.md says. A first re-run on the commit before the mend 02c290a gave 86
+FAIL again, another 82: there a layer's switch to a name it does not hold (`pf.set_adapter('nope')`) cleared its
+active adapter, which the mend (and tests/method/layer/test_peft_layer.py) put right.
 """
 
 from __future__ import annotations
