@@ -28,6 +28,10 @@ What its FAILs said, as the auditor judged them (`bench/results/capability_audit
 
 One line per case: PASS/FAIL | area | case | details.  Every case builds its own tiny host (random weights, from
 configs in code: tests/helpers/zoo.py, timm and open_clip as their tests build them); nothing is downloaded.
+
+Re-run on b778dff (bench/results/capability_audit.txt): TOTAL 212: 205 PASS, 7 FAIL. The two new FAILs are this
+harness's expectation that the last adapter's delete is refused (then documented): it is now allowed on every route,
+as LoRA's is (issue 45 item 2; docs/limits.md no longer lists the refusal). The other five are as before.
 """
 
 from __future__ import annotations
