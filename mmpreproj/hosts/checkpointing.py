@@ -51,6 +51,12 @@ def _any(m: nn.Module) -> bool | None:
 _SWITCHES = {"transformers": _transformers, "timm": _timm, "open_clip": _open_clip, "any": _any}
 
 
+def checkpointing_on(model: nn.Module) -> bool:
+    """Whether some module of `model` checkpoints its blocks now, by any family's switch (transformers': in train
+    mode only; timm's and open_clip's: whenever set)."""
+    return any(_any(m) is not None for m in model.modules())
+
+
 def reentrant_checkpointing(model: nn.Module, mode: str) -> bool:
     """True when some module of `model` is (or, for transformers' switch, may be) checkpointed reentrantly, read
     with `mode`'s switch."""

@@ -118,7 +118,7 @@ def _take_adapter_names(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     names = kwargs.pop("adapter_names")
     if names is not None:
         state = getattr(model, STATE_ATTR)
-        state.call_hooks = hand_adapter_names(injected_modules(model), names, state.peft_config)
+        state.call_hooks = hand_adapter_names(model, injected_modules(model), names, state.peft_config)
     return args, kwargs
 
 

@@ -37,6 +37,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..hosts.checkpointing import checkpointing_on
 from ..hosts.spec import AttentionCall
 from ..modules.base_wrapper import BaseLayerWrapper
 from ..modules.preproj import PreProjection
@@ -371,7 +372,10 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
     def observe(self, fn: Observer) -> RemovableHandle:
         """Call `fn(wrapper, attn_out, skip_out)` on every forward that adds the skip; `.remove()` the handle.
 
-        The wrapper hands over the two terms it adds, so a reader needs no hook on the host's internals.
+        The wrapper hands over the two terms it adds, so a reader needs no hook on the host's internals. Where the
+        skip joins a module around the attention (`skip_join`, the pre-LN BERTs) `attn_out` is the wrapped
+        attention's own output, before that module's projection `W_o`: in `x + W_o attn_out + W_skip x~`, the
+        `attn_out`.
         """
         handle = RemovableHandle(self._observers)
         self._observers[handle.id] = fn
@@ -464,16 +468,15 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
                 f"forward(adapter_names=...): {unknown} are not adapters of this layer "
                 f"(loaded: {sorted(known)}, or {BASE_ADAPTER!r} for the base model)"
             )
-        others = (
-            sorted(set(adapter_names) - set(self.active_adapters))
-            if self.values_aside and self.active_adapters
-            else []
-        )
+        # the host's modules_to_save hold the active adapter's values, or the base's once every adapter is deleted
+        served = set(self.active_adapters) or {BASE_ADAPTER}
+        others = sorted(set(adapter_names) - served) if self.values_aside else []
         if others:
+            holder = f"the active adapter {self.active_adapters[0]!r}" if self.active_adapters else "the base"
             raise ValueError(
-                f"forward(adapter_names=...): rows of {others} would run through the modules_to_save of the active "
-                f"adapter {self.active_adapters[0]!r} (this injection trains them in place, one value for the whole "
-                "batch); run each adapter's rows as their own batch after set_adapter"
+                f"forward(adapter_names=...): rows of {others} would run through the modules_to_save of {holder} "
+                "(this injection trains them in place, one value for the whole batch); run each adapter's rows as "
+                "their own batch after set_adapter"
             )
         if getattr(self.base_layer, "batch_first", True) is False:  # nn.MultiheadAttention's (N, B, d) layout
             raise ValueError(
@@ -605,15 +608,24 @@ def generate_copies(kwargs: dict) -> int:
 
 
 def hand_adapter_names(
-    wrappers: Iterable[nn.Module], names: Sequence[str], loaded: Iterable[str]
+    model: nn.Module, wrappers: Iterable[nn.Module], names: Sequence[str], loaded: Iterable[str]
 ) -> list[RemovableHandle]:
     """A mixed batch's `names` (one per row; `BASE_ADAPTER`: the host alone), checked against the `loaded`
     adapters, handed to each of `wrappers`' forward through a pre-hook, as peft hands them to LoRA's layers;
-    the caller removes the handles after the call."""
+    the caller removes the handles after the call. Refused while `model` checkpoints its blocks and gradients are
+    on: the recompute in backward runs after the call, without the names, so the gradients would be another
+    batch's (torch's non-reentrant checkpoint says so; the reentrant one would not)."""
     known = {*loaded, BASE_ADAPTER}
     unknown = sorted({n for n in names if n not in known})
     if unknown:
         raise ValueError(f"forward(adapter_names=...): {unknown} are not loaded adapters ({sorted(known)})")
+    if torch.is_grad_enabled() and checkpointing_on(model):
+        raise ValueError(
+            "forward(adapter_names=...): a mixed-adapter batch with gradient checkpointing on is refused: the blocks "
+            "run again in backward, after this call, without the names, so the gradients would be another batch's; "
+            "turn checkpointing off for it (model.gradient_checkpointing_disable()), run it under torch.no_grad(), "
+            "or run each adapter's rows as their own batch (nothing was changed)"
+        )
     hook = partial(_pass_adapter_names, list(names))
     return [w.register_forward_pre_hook(hook, with_kwargs=True) for w in wrappers]
 

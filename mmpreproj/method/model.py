@@ -376,7 +376,7 @@ class PreProjModel(BaseTuner):
         repeat = generate_copies(kwargs)
         names = [n for n in names for _ in range(repeat)]
         wrappers = (*injected_modules(self.model), *peft_heads(self.model).values())
-        handles = hand_adapter_names(wrappers, names, self.peft_config)
+        handles = hand_adapter_names(self.model, wrappers, names, self.peft_config)
         # the count is checked where the batch is seen (peft's task classes keep input_ids out of these kwargs)
         handles.append(self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True))
         try:

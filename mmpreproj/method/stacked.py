@@ -161,7 +161,7 @@ class _Stacked:
                 owner, state = injected_owner(self, "forward(adapter_names=...)")
                 ours, copies = active_name(owner), generate_copies(kwargs)
                 rows = [BASE_ADAPTER if n == BASE_ADAPTER else ours for n in names for _ in range(copies)]
-                handles = hand_adapter_names(injected_modules(owner), rows, state.peft_config)
+                handles = hand_adapter_names(owner, injected_modules(owner), rows, state.peft_config)
             try:
                 yield
             finally:

@@ -122,7 +122,8 @@ def local_adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`adapter_state_dict`'s keys and this process's tensors: shards stay shards (no collective)."""
     owner, _ = injected_owner(model, "adapter_state_dict")
     refuse_peft_heads(owner, "adapter_state_dict")
-    return named_adapter_tensors(owner, active_name(owner))
+    name, _ = named_adapter(owner, None)  # every adapter deleted: refused, as the save calls refuse
+    return named_adapter_tensors(owner, name)
 
 
 def _full(v: torch.Tensor) -> torch.Tensor:

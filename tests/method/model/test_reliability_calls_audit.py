@@ -195,3 +195,36 @@ def test_deleting_the_last_adapter_puts_modules_to_save_back_and_one_can_be_load
     assert torch.equal(host(IDS).logits, trained)
     mmpreproj.unload(host)
     assert torch.equal(host(IDS).logits, want)
+
+
+@pytest.mark.parametrize("route", ["inject", "peft"])
+def test_a_mixed_batch_under_gradient_checkpointing_is_refused_not_silently_wrong(route):
+    """The blocks run again in backward after the call, without the names: reentrant checkpointing gave other
+    gradients, non-reentrant a CheckpointError (found by bench/change_audit.py). Under no_grad it still runs."""
+    base = tiny_neox()
+    model = mmpreproj.inject(base) if route == "inject" else get_peft_model(base, PreProjConfig())
+    host = model if route == "inject" else model.base_model.model
+    host.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="a mixed-adapter batch with gradient checkpointing on is refused"):
+        model(IDS, adapter_names=["default", "__base__"])
+    assert_unchanged(model, before)
+    with torch.no_grad():
+        mixed = model(IDS, adapter_names=["default", "__base__"]).logits
+        assert torch.equal(mixed[0], model(IDS[:1]).logits[0])
+
+
+def test_after_the_last_delete_a_mixed_batch_naming_a_waiting_adapter_is_refused_and_the_state_dict_too(tmp_path):
+    """With our own modules_to_save trained in place, the host holds the base's values once every adapter is gone:
+    rows of an adapter loaded again but not active would run through them (found by bench/change_audit.py)."""
+    model = mmpreproj.inject(tiny_neox(), PreProjConfig(modules_to_save=["lm_head"]))
+    mmpreproj.save_adapter(model, tmp_path / "a")
+    mmpreproj.delete_adapter(model, "default")
+    with pytest.raises(ValueError, match="no adapter is loaded"):
+        mmpreproj.adapter_state_dict(model)
+    mmpreproj.load_adapter(model, tmp_path / "a", adapter_name="tr")
+    with pytest.raises(ValueError, match=r"rows of \['tr'\] would run through the modules_to_save of the base"):
+        model(IDS, adapter_names=["tr", "tr"])
+    with torch.no_grad():
+        assert torch.equal(model(IDS, adapter_names=["__base__", "__base__"]).logits, model(IDS).logits)
