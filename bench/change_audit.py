@@ -30,8 +30,9 @@ Result on commit 715aabc (CPU, one thread, about 25 s wall): TOTAL 673: 648 PASS
     self.active_adapters`). limits.md: such a batch is refused while our modules_to_save train in place.
   * 8 library bug, older than today (same at 9d1ce17): a mixed-adapter batch in training mode under gradient
     checkpointing gives other gradients (reentrant: Llama, XLM-RoBERTa-XL; the other two BERTs happened to agree)
-    or torch's CheckpointError (non-reentrant: every host tried), by both routes; the recomputation in backward runs without the `adapter_names` the forward hooks handed over.
-    LoRA refuses mixed batches in training mode; ours accepts them and computes wrong gradients silently.
+    or torch's CheckpointError (non-reentrant: every host tried), by both routes; by the look of it the
+    recomputation in backward runs without the `adapter_names` the forward hooks handed over (not traced further).
+    LoRA refuses mixed batches in training mode; ours accepts them and, reentrant, gives wrong gradients silently.
   * 8 minor: after deleting the last adapter with own modules_to_save, `mmpreproj.adapter_state_dict` returns the
     host's modules_to_save at base values as though an adapter held them (without modules_to_save: {}); the save
     calls and `set_adapter_state_dict` refuse with "no adapter is loaded", peft's `get_peft_model_state_dict`
