@@ -45,6 +45,13 @@ both checkpointing variants, torch.compile, deepcopy/pickle/torch.save, switchin
 adapter_disabled, exceptions and stray inner calls; an old file keeps the old placement; bad skip_to is refused
 with the model unchanged. Deleting the last adapter matches LoRA's peft calls step for step (where LoRA's own
 add_adapter with modules_to_save raises in peft 0.21, ours goes on), and a stacked preproj_lora keeps ours active.
+
+Re-run after the fixes (bench/results/change_audit.txt; the first run: change_audit_before.txt): TOTAL 673: 664
+PASS, 9 FAIL. Fixed: the mixed batch naming a waiting adapter after the last delete (refused), adapter_state_dict
+after the last delete (refused), and a mixed batch under gradient checkpointing (refused at the call: the `mixgc`
+cases accept that). Left: the three `observe` cases (docs/hosts.md and `observe`'s docstring now say `attn_out` is
+the attention's output before `W_o` on the skip_to hosts) and the six `join` cases of a mixed batch under
+checkpointing, which expect equality and get the refusal.
 """
 
 from __future__ import annotations
