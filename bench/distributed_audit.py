@@ -65,6 +65,11 @@ those given); (2) the resume case round-trips the gathered optimizer state throu
 state dict from `get_optimizer_state_dict` aliases the live, non-DTensor `step` tensors, so one held in memory
 sees the next step's increment (torch's behaviour, not the library's). The refused peft-route ZeRO-3 save leaves
 peft's README.md (no weights), as the guide's "writes no weights" allows.
+
+Re-run after the fixes (bench/results/distributed_audit.txt; the first run: distributed_audit_before.txt): TOTAL 63:
+62 PASS, 1 FAIL. The zero3 case passes (the stacked save checks ours before peft writes). The fsdp case is now
+refused before anything is written, naming `state_dict=`, and the peft guide says so; this harness expected the
+save to succeed.
 """
 
 from __future__ import annotations

@@ -161,3 +161,32 @@ def test_peft_save_pretrained_refuses_a_state_dict_without_the_adapter(tmp_path)
     with pytest.raises(ValueError, match=r"get_peft_model_state_dict\('default'\): the given state_dict lacks 6"):
         model.save_pretrained(tmp_path / "s", state_dict=base_only)
     assert not (tmp_path / "s" / "adapter_model.safetensors").exists()
+
+
+def test_a_preproj_lora_save_without_state_dict_refuses_fsdp2_shards_before_writing(one_rank, tmp_path):
+    """peft's own save of the LoRA cannot write FSDP2 shards (it failed on their storage, after nothing of ours was
+    checked: found by bench/distributed_audit.py); refused first, naming state_dict=."""
+    from torch.distributed.fsdp import fully_shard
+
+    from mmpreproj.train import apply_method
+
+    model = apply_method(tiny_neox(), "preproj_lora")
+    fully_shard(model)
+    with pytest.raises(ValueError, match=r"the LoRA weights are FSDP2 shards, .* as state_dict="):
+        model.save_pretrained(tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_preproj_lora_save_of_empty_zero3_partitions_writes_nothing(tmp_path):
+    """ZeRO-3 leaves every live weight an empty partition outside a gather: our part was refused only after peft
+    had written the LoRA's empty tensors (found by bench/distributed_audit.py)."""
+    from mmpreproj.train import apply_method
+
+    model = apply_method(tiny_neox(), "preproj_lora")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = torch.empty(0)  # as DeepSpeed's partitioning leaves a trained weight
+    with pytest.raises(ValueError, match=r"refusing to write .* is empty in the weights to save .* nothing was"):
+        model.save_pretrained(tmp_path / "s")
+    assert not (tmp_path / "s").exists()

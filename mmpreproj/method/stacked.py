@@ -44,6 +44,7 @@ from .state_dict import (
     checked_adapter_copies,
     copy_adapter_weights,
     is_slot_key,
+    refuse_empty,
     refuse_non_finite,
     set_adapter_trainable,
 )
@@ -92,13 +93,20 @@ class _Stacked:
         given = kwargs.get("state_dict")
         ours = None
         if given is None:
+            _refuse_sharded_lora(self, save_directory)
             ours = adapter_state_dict(owner)  # a collective on FSDP2 shards: every rank is here
         elif is_main_process:
             ours = adapter_tensors_from_state_dict(
                 owner, active_name(owner), given, owner_prefix(self, owner), gather=False
             )
-        if ours is not None:
+        if ours is not None:  # what save_adapter refuses, refused before peft writes the LoRA
             refuse_non_finite(ours, f"save_pretrained: refusing to write {save_directory}")
+            try:
+                refuse_empty(ours, "the weights to save")
+            except ValueError as e:
+                raise ValueError(
+                    f"save_pretrained: refusing to write {save_directory}: {e}; nothing was written"
+                ) from None
         if given is not None:  # LoRA's keys as on the model LoRA was built on (`wrappers_aside`)
             kwargs["state_dict"] = lora_view(given, state.modules, owner_prefix(self, owner))
         with wrappers_aside(self):  # peft sees the LoRA model it built: LoRA's keys only, no segment of ours
@@ -194,6 +202,18 @@ class _Stacked:
         so the model returned is the injected base with the same outputs."""
         with wrappers_aside(self):  # out of the way of peft's visit (each keeps its base layer, merged in place)
             return self.base_model.merge_and_unload(*args, **kwargs)
+
+
+def _refuse_sharded_lora(model: nn.Module, save_directory: str | os.PathLike) -> None:
+    """Without `state_dict=`, peft's own save writes the LoRA from the live weights, which it cannot do from FSDP2
+    shards (it fails on their storage, for a LoRA model alone too): refused first, naming the way."""
+    if any(hasattr(p, "full_tensor") for n, p in model.named_parameters() if ".lora_" in n):
+        raise ValueError(
+            f"save_pretrained: refusing to write {save_directory}: the LoRA weights are FSDP2 shards, which peft's "
+            "save cannot write; pass the full state dict gathered on every rank as state_dict= "
+            "(torch.distributed.checkpoint.state_dict.get_model_state_dict(model, options=StateDictOptions("
+            "full_state_dict=True, cpu_offload=True))); nothing was written"
+        )
 
 
 def lora_view(state_dict: dict[str, torch.Tensor], paths: list[str], prefix: str) -> dict[str, torch.Tensor]:
