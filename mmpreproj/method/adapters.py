@@ -60,6 +60,7 @@ from .state_dict import (
     copy_adapter_weights,
     injected_paths,
     original_module_tensors,
+    restore_saved_modules,
     saved_module_tensors,
     set_adapter_trainable,
 )
@@ -221,8 +222,7 @@ def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = Non
     wrappers = injected_modules(owner)
     if loaded_adapters(owner) == [name]:  # the last: the host's modules_to_save hold its values
         set_adapter_trainable(owner, False)
-        live = saved_module_tensors(owner, state.modules_to_save)
-        copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(owner, state).items()])
+        restore_saved_modules(owner, state)
     with attrs_set(wrappers, "values_aside", False):  # the values are where they belong: the layers may delete
         if scope is not None:
             peft_functional.delete_adapter(scope, name, prefix=TUNER_PREFIX, layer_cls=PreProjAttention)

@@ -37,7 +37,7 @@ from .state import (
     injected_owners,
     is_injected,
 )
-from .state_dict import copy_adapter_weights, original_module_tensors, saved_module_tensors
+from .state_dict import restore_saved_modules
 
 
 @dataclass
@@ -314,9 +314,3 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
         )
     with attrs_set(wrappers, "adapter_enabled", False):
         yield model
-
-
-def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
-    """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
-    live = saved_module_tensors(model, state.modules_to_save)
-    copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(model, state).items()])

@@ -44,7 +44,6 @@ import torch
 from torch import nn
 
 from ..util.io import set_new_file_modes
-from .apply import restore_saved_modules
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
@@ -56,6 +55,7 @@ from .state_dict import (
     local_adapter_state_dict,
     refuse_non_finite,
     refuse_peft_heads,
+    restore_saved_modules,
     saved_module_tensors,
 )
 

@@ -285,3 +285,9 @@ def set_adapter_trainable(owner: nn.Module, trains: bool) -> None:
     """Set `requires_grad` of the active adapter's weights and its `modules_to_save` (`trainable_adapter_params`)."""
     for p in trainable_adapter_params(owner):
         p.requires_grad_(trains)
+
+
+def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
+    """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
+    live = saved_module_tensors(model, state.modules_to_save)
+    copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(model, state).items()])
