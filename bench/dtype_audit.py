@@ -58,6 +58,9 @@ Harness notes: the first draft's "float32"-under-autocast reference rounded x^ t
 PreProjection docstring says the input is cast to the weights' dtype (fp32) and back, and the reference now does
 so (the library was then bit-equal). quantize_frozen_base refuses an injected model with RuntimeError (the
 docstring names no type; accepted here).
+Re-run after the docs fix (a61a090; bench/results/dtype_audit.txt, the first run: dtype_audit_before.txt): TOTAL 99:
+98 PASS, 1 FAIL, the same case: it checks the library against docs/performance.md's former sentence (host's dtype);
+the sentence now says the autocast dtype, which is what this case measures.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ the in-process numbers (rel diff 0, fp32 load), batch sizes and repeated runs eq
   2. adapters | adapters_table leaves out the integer-valued entries of evaluate()'s output (rows, skipped, tokens,
      correct, total), though its docstring says one column per (task, numeric metric). Docs wording (counts are
      probably meant to be left out); minor.
+Re-run after the docstring fixes (a61a090; bench/results/eval_audit.txt, the first run: eval_audit_before.txt):
+TOTAL 76: 74 PASS, 2 FAIL, the same two cases: each checks the former wording (`document_perplexity` against lm-eval's
+default with a BOS-adding tokenizer; `adapters_table` with a column per numeric metric); the docstrings now say what
+these cases measure.
 """
 
 from __future__ import annotations

@@ -48,6 +48,10 @@ the last digit with `paired_bootstrap` on the per-item files. The 2 FAILs are do
     preproj_lora have one seed in study.json (the README's table says 1 for them).
 Harness notes: inject draws the adapter init from the global RNG (seeded before each inject); the 3-seed
 `lambada.acc` bootstrap check agrees to 1e-17 because accuracy differences lie on a 1/900 lattice.
+Re-run after the docs fixes (a61a090; bench/results/real_model_audit.txt, the first run: real_model_audit_before.txt):
+TOTAL 69: 66 PASS, 3 FAIL. All three look for the former sentences: the README now says "at least 22.2 CPU-hours
+... 3 held-out evaluations written before times were kept are not counted" and docs/results.md gives the seeds per
+method, so "22.2 CPU-hours in all" and "with 3 seeds" are no longer found; the recomputed figures are unchanged.
 """
 
 from __future__ import annotations
