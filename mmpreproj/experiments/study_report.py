@@ -153,14 +153,8 @@ def compute_seconds(s: Study) -> dict[str, float]:
     checkpoint is lost with it). The row's `train_wall_seconds` covers the last invocation only, the fallback.
     """
     out = {"train": 0.0, "eval": 0.0, "baseline": 0.0}
-    for f in sorted((s.out / "arms").glob("**/*.json")):
-        try:
-            row = json.loads(f.read_text()).get("row", {})
-        except (OSError, ValueError):
-            continue
-        if not isinstance(row, dict) or f.name == "metrics.json":
-            continue
-        out["eval"] += row.get("eval_seconds") or row.get("select_seconds") or 0.0
+    for _, seconds in _eval_seconds(s):
+        out["eval"] += seconds or 0.0
     for arm in sorted({f.parent for f in (s.out / "arms").glob("**/select.json")}):
         try:
             out["train"] += float(json.loads((arm / "metrics.json").read_text())["train_seconds"])
@@ -172,22 +166,24 @@ def compute_seconds(s: Study) -> dict[str, float]:
     return out
 
 
-def untimed_steps(s: Study) -> list[str]:
-    """The finished evaluations whose files record no time (written before times were kept), relative to `arms/`:
-    `compute_seconds` cannot count them, so its sum is then a lower bound."""
-    missing = []
+def _eval_seconds(s: Study) -> list[tuple[str, float | None]]:
+    """(file under `arms/`, its evaluation's seconds, None where the file records none) of every finished step."""
+    out = []
     for f in sorted((s.out / "arms").glob("**/*.json")):
         try:
             row = json.loads(f.read_text()).get("row", {})
         except (OSError, ValueError):
             continue
-        if (
-            isinstance(row, dict)
-            and f.name != "metrics.json"
-            and not (row.get("eval_seconds") or row.get("select_seconds"))
-        ):
-            missing.append(f.relative_to(s.out / "arms").as_posix())
-    return missing
+        if isinstance(row, dict) and f.name != "metrics.json":
+            seconds = row.get("eval_seconds") or row.get("select_seconds")
+            out.append((f.relative_to(s.out / "arms").as_posix(), seconds))
+    return out
+
+
+def untimed_steps(s: Study) -> list[str]:
+    """The finished evaluations whose files record no time (written before times were kept), relative to `arms/`:
+    `compute_seconds` cannot count them, so its sum is then a lower bound."""
+    return [name for name, seconds in _eval_seconds(s) if not seconds]
 
 
 def setting_lines(s: Study) -> list[str]:
