@@ -37,6 +37,7 @@ from .spec import AttentionCall, HostError, HostSpec, PartSpec
 from .transformers_decoders import HF_CALL, QKVO, hf_decoder_part
 
 TENSOR_CALL = AttentionCall(inputs=((0, "hidden_states"),), output_index=None)
+CLIP_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")  # a CLIP / SigLIP encoder layer's attention
 
 
 def _encoder_part(name: str, *blocks: str, attention: str = "self_attn", norm: str = "layer_norm1") -> PartSpec:
@@ -78,7 +79,7 @@ def _dual(name: str, model_types: tuple[str, ...]) -> HostSpec:
                 _encoder_part("vision", "vision_model.encoder.layers"),
                 _encoder_part("text", "text_model.encoder.layers"),
             ),
-            lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+            lora_targets=CLIP_LORA_TARGETS,
             checkpointing="transformers",
         )
     )
@@ -93,7 +94,7 @@ def _tower(name: str, model_types: tuple[str, ...], part: str) -> HostSpec:
             description=f"transformers {name.replace('_', ' ')} tower on its own",
             model_types=model_types,
             parts=(_encoder_part(part, f"{part}_model.encoder.layers", "encoder.layers"),),
-            lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+            lora_targets=CLIP_LORA_TARGETS,
             checkpointing="transformers",
         )
     )
