@@ -22,6 +22,7 @@ anything changes. A hub id is not checked here (transformers downloads the weigh
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ..hosts.spec import HostSpec
 from .config import PreProjConfig, check_folder_weights, check_saved_weights
 from .convert import model_keys
 from .file_check import HEAD_SHAPES_KEY
+from .model_card import base_model_type
 from .plan import Plan, config_host, plan_injection
 from .state import injected_owner, refuse_meta_parameters
 from .state_dict import rekeyed_by_block, saved_module_tensors, wrapper_tensors
@@ -46,6 +48,7 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
     (a `features_only` net, another wrapping), but a path the model has must sit at the same block."""
     _check_sites(plan.state, record, where, by_path=by_path)
     _check_config_host(plan.state.config.host, record, where)
+    warn_other_base(model, record, where)
     shapes = record.get("tensor_shapes")
     if isinstance(shapes, dict):  # written since issue 31: the config's sizes on this model must give them
         expected, shapes = planned_tensors(model, plan, shapes, record, by_path=by_path)
@@ -58,6 +61,21 @@ def check_record(model: nn.Module, plan: Plan, record: dict[str, Any], where: st
                 f"{[shapes.get(k) for k in diff[:3]]}, expected {[have.get(k) for k in diff[:3]]}; "
                 "nothing was loaded"
             )
+
+
+def warn_other_base(model: nn.Module, record: dict[str, Any], where: str) -> None:
+    """UserWarning when the record's `base_model_type` is not `model`'s: the weights fit by shape (a Qwen2-VL
+    adapter on Qwen2.5-VL), but were trained on another architecture. transformers warns the same way for a config
+    of another `model_type`; the load goes on, as peft's would. Files written before the field (<= 0.5.0) have
+    none and are not compared."""
+    saved, have = record.get("base_model_type"), base_model_type(model)
+    if isinstance(saved, str) and have is not None and saved != have:
+        warnings.warn(
+            f"{where}: the adapter was saved on a {saved!r} model, and this model is a {have!r}: its weights fit "
+            "by shape, but they were trained on another architecture; load it onto the base it was trained on",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def _check_config_host(host: Any, record: dict[str, Any], where: str) -> None:
@@ -116,8 +134,9 @@ def check_added_record(
     `by_path`, module paths in the same order (by block index: the same host and host paths, and a path the model
     has sits at the same block); its config injects the same slots, and its `layers` select the blocks the record
     names. The one check of an added adapter's sites: a failed one leaves the model as it was."""
-    _, state = injected_owner(model, "load_adapter")
+    owner, state = injected_owner(model, "load_adapter")
     _check_sites(state, record, where, by_path=by_path, added=True)
+    warn_other_base(owner, record, where)
     for slot in ("preproj", "skip"):  # an added adapter fills the slots the injection has, no more, no fewer
         saved, have = getattr(config, slot), getattr(state.config, slot)
         if saved != have:

@@ -23,12 +23,20 @@ def base_model_name(model: nn.Module) -> str | None:
     return str(name) if name else None
 
 
+def base_model_type(model: nn.Module) -> str | None:
+    """transformers' `config.model_type` of the base ("llama", "qwen2_vl"); None for a model without one (timm,
+    open_clip, a module built in code)."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    return kind if isinstance(kind, str) and kind else None
+
+
 def card_fields(model: nn.Module, adapter_name: str, injected: int, modules_to_save: int) -> dict:
     """The keys `save_adapter` adds to `adapter_config.json` (beside `InjectionState.describe()`): the base, the
     adapter's name and its counts of injected and `modules_to_save` weights."""
     return {
         "base_model_name_or_path": base_model_name(model),  # peft's name for the same fact
         "base_model_class": type(model).__name__,
+        "base_model_type": base_model_type(model),  # a loader warns on a model of another type (`load_check`)
         "adapter_name": adapter_name,
         "trainable_parameters": {"injected": injected, "modules_to_save": modules_to_save},
     }
