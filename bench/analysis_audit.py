@@ -2,7 +2,7 @@
 seed / item intervals of `reproduce --seeds K`) and `mmpreproj analyze`, against hand computations and references
 this project did not write (numpy, scipy.stats, torch forward hooks).
 
-Run:  cd /work/wt-ana && PYTHONPATH=. OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \\
+Run:  PYTHONPATH=. OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \\
           python bench/analysis_audit.py [--only SUBSTR]
 
 Written by an independent, adversarial audit from the docs alone (README.md, docs/api.md, docs/cli.md,
@@ -63,6 +63,17 @@ recomputed (|d| <= 1.8e-6, float32-rounded inputs). The FAILs, grouped:
   5. harness expectation (docstring "save a PNG"), 4 cases: a ".pdf" path writes a PDF; plot_skip_norms({}) writes an
      empty figure (plot_results refuses no panel); plot_lr_sweep / plot_skip_growth accept values <= 0 on log axes
      (matplotlib drops them with a warning).
+
+Run again after the fixes (bench/results/analysis_audit.txt): TOTAL 118: 115 PASS, 3 FAIL. `plot_skip_norms` draws a
+`{block: value}` series at its block indices (`analyze` passes them) and lists of different lengths at the relative
+depth; every plot function resolves its path first (`.png` added to a path without a suffix and returned; a folder or
+a format matplotlib cannot write refused before any folder is made), refuses x values a log axis cannot show and an
+empty series, and closes its figure when it fails; `analyze` reads every run before it creates --out;
+`routing_ratios` refuses a mask that keeps no token of a block; `paired_bootstrap` refuses an unknown metric, n_boot
+< 1 and non-finite items, `t_interval` non-finite differences, and `compare` gives no interval ("not comparable")
+for a diverged run. The 3 FAILs left check sentences the fixes changed: `mean_std` now documents that a diverged
+seed's inf/NaN passes through (the report shows it rather than hide it), and the plot module's docstring that a
+`.pdf` / `.svg` suffix writes that format.
 """
 
 from __future__ import annotations

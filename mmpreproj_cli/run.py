@@ -122,13 +122,13 @@ def _analyze(args: argparse.Namespace) -> str:
     from mmpreproj.train.config import TrainConfig
 
     out = Path(args.out or args.runs[0])
-    out.mkdir(parents=True, exist_ok=True)
+    norms = {run: skip_norms_from_adapter(run_adapter_dir(run)) for run in args.runs}  # every run read first
+    for run, by_block in norms.items():
+        if not by_block:
+            raise ValueError(f"{run}: this adapter has no content skip (method without 'skip')")
     report: dict[str, Any] = {}
     for run in args.runs:
-        norms = skip_norms_from_adapter(run_adapter_dir(run))
-        if not norms:
-            raise ValueError(f"{run}: this adapter has no content skip (method without 'skip')")
-        entry: dict[str, Any] = {"skip_norms": norms}
+        entry: dict[str, Any] = {"skip_norms": norms[run]}
         if args.texts:
             cfg = TrainConfig.from_json(Path(run) / "train_config.json").replace(device="auto")
             model, tok = load_model_and_tokenizer(cfg)
@@ -137,13 +137,14 @@ def _analyze(args: argparse.Namespace) -> str:
             device = next(model.parameters()).device
             entry["routing_ratios"] = routing_ratios(model, _ratio_batches(tok, texts, cfg.max_len, device))
         report[run] = entry
+    out.mkdir(parents=True, exist_ok=True)  # nothing is written before every run has its figures
     (out / "skip_norms.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot_skip_norms({Path(r).name: list(e["skip_norms"].values()) for r, e in report.items()}, out / "skip_norms.png")
+    plot_skip_norms({Path(r).name: e["skip_norms"] for r, e in report.items()}, out / "skip_norms.png")
     if args.texts:
         plot_skip_norms(
-            {Path(r).name: list(e["routing_ratios"].values()) for r, e in report.items()},
+            {Path(r).name: e["routing_ratios"] for r, e in report.items()},
             out / "routing_ratios.png",
-            title="||W_skip x~|| / ||attn_out|| per layer",
+            title="||W_skip x~|| / ||attn_out|| per block",
             ylabel="ratio",
         )
     return f"wrote {out / 'skip_norms.json'} and {out / 'skip_norms.png'}"

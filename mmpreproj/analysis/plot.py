@@ -1,11 +1,23 @@
-"""Figures (matplotlib, headless, PNG): skip norms (Figure-2 style), loss curves, results with error bars,
-skip growth relative to init, and PPL against learning rate."""
+"""Figures (matplotlib, headless): skip norms (Figure-2 style), loss curves, results with error bars, skip growth
+relative to init, and PPL against learning rate.
+
+Each is written to the path given: a PNG, or the format its suffix names where matplotlib writes it (`.pdf`,
+`.svg`); a path without a suffix gets `.png`, and the path written is returned. A folder, an unknown suffix, or
+x values a log axis cannot show (a learning rate or a parameter count <= 0; a skip growth <= 0) are refused
+(ValueError) before anything is written, and a figure is closed whatever happens. A y value a log axis cannot show
+(a diverged run's inf PPL, an accuracy of 0) is left out of the line by matplotlib.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable[..., Path])
 
 
 def _pyplot():
@@ -17,8 +29,39 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | Path) -> Path:
+def _target(path: str | Path) -> Path:
+    """The file a figure goes to (`.png` added to a path without a suffix), refused when it is a folder or names a
+    format matplotlib does not write."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"figure path {str(path)!r} is a folder; give a file name such as {str(path / 'fig.png')!r}")
+    path = path if path.suffix else path.with_suffix(".png")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise ValueError(f"figure path {str(path)!r}: unknown format {path.suffix!r}; one of {sorted(formats)}")
+    return path
+
+
+def _closing(plot: F) -> F:
+    """Close the figures `plot` opened when it fails (its own `_save` closes them when it succeeds)."""
+
+    @functools.wraps(plot)
+    def wrapper(*args, **kwargs):
+        plt = _pyplot()
+        before = set(plt.get_fignums())
+        try:
+            return plot(*args, **kwargs)
+        except BaseException:
+            for number in set(plt.get_fignums()) - before:
+                plt.close(number)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path)
@@ -26,21 +69,42 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
+def _positive(values: Sequence[float], what: str) -> None:
+    """A log axis shows only finite values > 0: ValueError naming the first other."""
+    bad = next((v for v in values if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)), None)
+    if bad is not None:
+        raise ValueError(f"{what}: {bad!r} cannot be drawn on a log axis; every value must be finite and > 0")
+
+
+@_closing
 def plot_skip_norms(
-    series: dict[str, list[float]],
+    series: Mapping[str, Sequence[float] | Mapping[int, float]],
     path: str | Path,
     title: str = "||W_skip||_F per layer",
     ylabel: str = "Frobenius norm",
 ) -> Path:
-    """Plot one line per named series (x = relative depth when depths differ) and save a PNG."""
+    """One line per named series. A series given as `{block index: value}` (`skip_norms`, `routing_ratios`) is drawn
+    at its block indices; one given as a list at positions 0, 1, ...; lists of different lengths (models of other
+    depths, and no series by block index) at the relative depth i / (n - 1)."""
     import matplotlib.ticker
 
+    if not series:
+        raise ValueError("plot_skip_norms needs at least one series")
+    path = _target(path)
+    by_block = any(isinstance(v, Mapping) for v in series.values())
+    relative = not by_block and len({len(v) for v in series.values()}) > 1
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for name, values in series.items():
-        ax.plot(range(len(values)), values, marker="o", label=name)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("layer")
+        if isinstance(values, Mapping):
+            xs, ys = [int(k) for k in values], list(values.values())
+        else:
+            n = len(values)
+            xs, ys = [i / (n - 1) if relative and n > 1 else i for i in range(n)], list(values)
+        ax.plot(xs, ys, marker="o", label=name)
+    if not relative:
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("relative depth (layer / (L - 1))" if relative else "block" if by_block else "layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -70,6 +134,7 @@ def smooth(values: Sequence[float], window: int = 10) -> list[float]:
     return out
 
 
+@_closing
 def plot_loss_curve(
     run_dir: str | Path,
     path: str | Path | None = None,
@@ -79,6 +144,7 @@ def plot_loss_curve(
 ) -> Path:
     """`run_dir/loss_curve.png`: train loss per step (raw and a 10-step average) and, when given, the held-out
     loss `(step, value)` measured after training (the line-PPL evaluator's mean row loss)."""
+    target = _target(Path(run_dir) / "loss_curve.png" if path is None else path)
     steps, losses = read_losses(run_dir)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
@@ -91,15 +157,17 @@ def plot_loss_curve(
     ax.set_title(title or Path(run_dir).name)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, Path(run_dir) / "loss_curve.png" if path is None else path)
+    return _save(fig, target)
 
 
+@_closing
 def plot_loss_curves(
     curves: Mapping[str, Sequence[tuple[Sequence[int], Sequence[float]]]],
     path: str | Path,
     title: str = "train loss (10-step mean)",
 ) -> Path:
     """Every arm on one figure: `{label: [(steps, losses) per seed]}`, one colour per label, one line per seed."""
+    path = _target(path)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for i, (label, runs) in enumerate(curves.items()):
@@ -113,6 +181,7 @@ def plot_loss_curves(
     return _save(fig, path)
 
 
+@_closing
 def plot_results(
     panels: Mapping[str, Mapping[str, tuple[float, float]]],
     path: str | Path,
@@ -121,6 +190,7 @@ def plot_results(
 ) -> Path:
     """One bar panel per metric: `{metric label: {method: (mean, std)}}`, error bars = std over seeds.
     `refs` (`{metric label: {method: value}}`) are drawn as black ticks (e.g. the paper's figures)."""
+    path = _target(path)
     if not panels:
         raise ValueError("plot_results needs at least one metric panel")
     plt = _pyplot()
@@ -147,11 +217,16 @@ def plot_results(
     return _save(fig, path)
 
 
+@_closing
 def plot_skip_growth(
     series: Mapping[str, Sequence[float]], path: str | Path, title: str = "||W_skip||_F per layer / its value at init"
 ) -> Path:
     """Skip norm per layer divided by its init value, x = relative depth (layer / (L - 1)) so models of
-    different depth share the axis; log y (a mini model grows its skip far more than the paper's 160M)."""
+    different depth share the axis; log y (a mini model grows its skip far more than the paper's 160M), so a value
+    <= 0 is refused."""
+    path = _target(path)
+    for name, values in series.items():
+        _positive(values, f"plot_skip_growth: series {name!r}")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
     for name, values in series.items():
@@ -170,6 +245,7 @@ def plot_skip_growth(
     return _save(fig, path)
 
 
+@_closing
 def plot_lr_sweep(
     points: Mapping[str, Sequence[tuple[float, float]]],
     path: str | Path,
@@ -180,7 +256,10 @@ def plot_lr_sweep(
     marks: Mapping[str, float] | None = None,
 ) -> Path:
     """`{method: [(lr, value), ...]}` on log-log axes; `baseline` as a horizontal line, `marks` as vertical
-    lines (e.g. {"paper LR": 1e-5, "mini preset": 1e-3})."""
+    lines (e.g. {"paper LR": 1e-5, "mini preset": 1e-3}). A learning rate <= 0 is refused."""
+    path = _target(path)
+    for name, pts in points.items():
+        _positive([p[0] for p in pts], f"plot_lr_sweep: {name!r} learning rate")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
     for name, pts in points.items():
@@ -200,6 +279,7 @@ def plot_lr_sweep(
     return _save(fig, path)
 
 
+@_closing
 def plot_pareto(
     series: Mapping[str, Sequence[tuple[float, float, float]]],
     path: str | Path,
@@ -209,6 +289,9 @@ def plot_pareto(
     title: str = "PPL vs trainable parameters",
 ) -> Path:
     """`{method: [(trainable params, mean, std), ...]}`: one line per method, error bars = std over seeds, log x."""
+    path = _target(path)
+    for name, pts in series.items():
+        _positive([p[0] for p in pts], f"plot_pareto: {name!r} trainable parameters")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name, pts in series.items():

@@ -94,9 +94,10 @@ def _capture(model: nn.Module, sums: dict[int, list[float]], token_mask: torch.T
                 f"routing_ratios: the token mask has shape {tuple(mask.shape)}, but block {w.block_index} "
                 f"({w.part}) sees tokens of shape {tuple(skip_norm.shape)}; pass a mask per token of that block"
             )
-        acc = sums.setdefault(w.block_index, [0.0, 0.0])
+        acc = sums.setdefault(w.block_index, [0.0, 0.0, 0])
         acc[0] += skip_norm[mask].sum().item()
         acc[1] += attn_norm[mask].sum().item()
+        acc[2] += int(mask.sum().item())
 
     handles = [
         w.observe(on_output) for w in model.modules() if isinstance(w, PreProjAttention) and w.slots()[1] is not None
@@ -119,8 +120,9 @@ def routing_ratios(
     lets a caller measure text and image tokens apart; by default the attention_mask is used.
 
     The wrappers hand over the two terms they add (`PreProjAttention.observe`), so the ratio is read from
-    what the forward actually computed. Raises ValueError for a model without a skip, and RuntimeError when
-    no block with a skip ran (e.g. inside `adapter_disabled`), rather than return an empty answer.
+    what the forward actually computed. Raises ValueError for a model without a skip or a mask that keeps no token of
+    a block, and RuntimeError when no block with a skip ran (e.g. inside `adapter_disabled`), rather than return an
+    empty or NaN answer.
     """
     if not any(isinstance(m, PreProjAttention) and m.slots()[1] is not None for m in model.modules()):
         raise ValueError("routing_ratios: this model has no injected content skip (inject with skip=True)")
@@ -140,4 +142,10 @@ def routing_ratios(
             "routing_ratios: no injected block with a skip ran on these batches "
             "(no batches, the adapter disabled, or the skipped blocks not on the forward path)"
         )
-    return {i: s / a if a else float("nan") for i, (s, a) in sorted(sums.items())}
+    empty = [i for i, (_, _, tokens) in sorted(sums.items()) if not tokens]
+    if empty:
+        raise ValueError(
+            f"routing_ratios: the token mask ({token_mask_key or 'attention_mask'}) keeps no token of block(s) "
+            f"{empty}: there is no ratio to measure there; pass batches with tokens the mask keeps"
+        )
+    return {i: s / a if a else float("nan") for i, (s, a, _) in sorted(sums.items())}

@@ -63,7 +63,8 @@ def t_quantile(df: int, level: float = 0.95) -> float:
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    """(mean, sample standard deviation with ddof=1 (0.0 for one value), n)."""
+    """(mean, sample standard deviation with ddof=1 (0.0 for one value), n). A non-finite value (a diverged seed's
+    inf or NaN PPL) passes through as numpy computes it, so the table shows it (`inf ± nan`) rather than hide it."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         raise ValueError("mean_std of no values")
@@ -71,7 +72,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
 
 
 def t_interval(diffs: Sequence[float]) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean of `diffs` (paired per-seed differences); None for fewer than 2."""
+    """95% Student-t interval of the mean of `diffs` (paired per-seed differences); None for fewer than 2.
+    ValueError for a non-finite difference (no interval means anything there; `compare` gives none)."""
+    _finite(diffs, "t_interval: diffs")
     mean, std, n = mean_std(diffs)
     if n < 2:
         return None
@@ -89,10 +92,18 @@ def paired_bootstrap(
     """95% percentile interval of mean over seeds of metric(method items) - metric(reference items).
 
     `pairs`: one `(method_items, reference_items)` per seed, both over the same evaluation items in the
-    same order; `metric` names the statistic in `ITEM_METRICS` (e.g. "ppl.ppl").
+    same order; `metric` names the statistic in `ITEM_METRICS` (e.g. "ppl.ppl"). ValueError for an unknown
+    metric, `n_boot` < 1 or a non-finite item.
     """
     if not pairs:
         raise ValueError("paired_bootstrap needs at least one (method, reference) pair")
+    if metric not in ITEM_METRICS:
+        raise ValueError(f"paired_bootstrap: metric={metric!r} is not one of {sorted(ITEM_METRICS)}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"paired_bootstrap: n_boot={n_boot!r}; must be an int >= 1")
+    for i, (a, b) in enumerate(pairs):
+        _finite(a, f"paired_bootstrap: pairs[{i}] method items")
+        _finite(b, f"paired_bootstrap: pairs[{i}] reference items")
     stat = ITEM_METRICS[metric][2]
     rng = np.random.default_rng(seed)
     total = np.zeros(n_boot)
@@ -104,6 +115,14 @@ def paired_bootstrap(
         total += stat(a[idx]) - stat(b[idx])
     lo, hi = np.percentile(total / len(pairs), [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def _finite(values: Sequence[float], what: str) -> None:
+    """ValueError naming the first non-finite value of `values` and its position."""
+    x = np.asarray(values, dtype=float)
+    bad = np.flatnonzero(~np.isfinite(x))
+    if bad.size:
+        raise ValueError(f"{what}[{int(bad[0])}] is {x.flat[bad[0]]}; every value must be finite (a diverged run?)")
 
 
 @dataclass(frozen=True)
@@ -128,7 +147,10 @@ class Comparison:
         return self.diff < 0 if self.metric in LOWER_IS_BETTER else self.diff > 0
 
     def words(self) -> str:
-        """e.g. "better than lora, beyond the noise" or "within the noise of baseline"."""
+        """e.g. "better than lora, beyond the noise" or "within the noise of baseline"; "not comparable with ..."
+        when the difference is not finite (a diverged run)."""
+        if not math.isfinite(self.diff):
+            return f"not comparable with {self.reference} (a non-finite value: a diverged run?)"
         if not self.beyond_noise:
             return f"within the noise of {self.reference}"
         return f"{'better' if self.better else 'worse'} than {self.reference}, beyond the noise"
@@ -146,12 +168,17 @@ def compare(
     n_boot: int = 2000,
 ) -> Comparison:
     """Compare a method with a reference over the seeds both have ({seed: value}; a seed-free reference
-    such as the untrained baseline is passed as the same value under every seed)."""
+    such as the untrained baseline is passed as the same value under every seed). A non-finite value (a diverged
+    run) gives no interval (`beyond_noise` False, `words` "not comparable"); non-finite items, no bootstrap."""
     seeds = sorted(set(values) & set(ref_values))
     if not seeds:
         raise ValueError(f"{method} and {reference} share no seed")
     diffs = [values[s] - ref_values[s] for s in seeds]
+    if not np.isfinite(diffs).all():  # a diverged run: no interval, and `words` says so
+        return Comparison(method, reference, metric, float(np.mean(diffs)), None, None)
     boot = None
     if items is not None and ref_items is not None and all(s in items and s in ref_items for s in seeds):
-        boot = paired_bootstrap([(items[s], ref_items[s]) for s in seeds], metric, n_boot=n_boot)
+        pairs = [(items[s], ref_items[s]) for s in seeds]
+        if all(np.isfinite(np.asarray(p, dtype=float)).all() for pair in pairs for p in pair):
+            boot = paired_bootstrap(pairs, metric, n_boot=n_boot)
     return Comparison(method, reference, metric, float(np.mean(diffs)), t_interval(diffs), boot)
