@@ -37,12 +37,13 @@ seconds. `bench/results/generate_audit_before.txt` is its output on 49119f9.
 Also: generate continued from a returned cache; sliding-window families over 24 new tokens; K/V after a mixed
 batch; delete_adapter / unload around generate; in place, `model(x, adapter_names=)` and a cached decode loop by
 hand with it (what the docs promise in place); generate(inputs_embeds=, adapter_names=); two adapters saved by peft
-and reloaded (from_pretrained + load_adapter) under a mixed generate; bf16 identity (bit) and bf16 mixed batches.
+and reloaded (from_pretrained + load_adapter) under a mixed generate; bf16 identity (bit) and bf16 mixed batches;
+peft's task classes (task_type CAUSAL_LM / SEQ_2_SEQ_LM: their own generate) cached, K/V, mixed, mixed beam.
 OLMo 2 is a documented refusal (post-norm, docs/hosts.md): one case checks the refusal; OLMo (1) runs instead.
 Lines in the `lora:` areas test the reference: where LoRA itself fails they PASS marked "(reference: LoRA itself
 fails here, not counted)", so the FAIL lines are the library's.
 
-Result on commit 49119f9 (CPU, one thread, about 2 min wall): TOTAL 1470: 1447 PASS, 23 FAIL.
+Result on commit 49119f9 (CPU, one thread, about 2 min wall): TOTAL 1596: 1571 PASS, 25 FAIL.
   * 20 library (diverges from LoRA under the same peft call; the docstrings of `_enable_peft_forward_hooks` and
     `generate_copies` say "as peft does for LoRA", which is wrong here): a mixed batch under
     `generate(do_sample=True, num_return_sequences=2)` through a PeftModel. peft's LoRA expands `adapter_names` for
@@ -51,8 +52,8 @@ Result on commit 49119f9 (CPU, one thread, about 2 min wall): TOTAL 1470: 1447 P
     generate) for a batch of 2 rows", a count that misstates what was passed). Ours accepts one name per prompt,
     which LoRA refuses: the two are not interchangeable (19 decoders + whisper, whose encoder sees the expanded
     rows: "8 names for 4 rows").
-  * 3 library bug: mixed batches under beam search on encoder-decoder models (t5 with and without
-    num_return_sequences=2, whisper): the expanded names (prompt x num_beams) are handed to the encoder too, which
+  * 5 library bug: mixed batches under beam search on encoder-decoder models (t5 with and without
+    num_return_sequences=2, whisper; through a plain PeftModel and PeftModelForSeq2SeqLM alike): the expanded names (prompt x num_beams) are handed to the encoder too, which
     runs on the unexpanded prompts, so generate raises "6 names for 2 rows in the attention of block 0 (part
     'encoder')". peft's LoRA restores the original names for the encoder and passes the same call.
     docs/peft-guide.md says mixed batches work "in generate too (also under beam search)".
@@ -1141,6 +1142,47 @@ def fam_cases(fam):  # noqa: C901, PLR0915
             "lora:mixed",
             f"{fam} | LoRA | generate(inputs_embeds=..., adapter_names=[...]) rows == each run",
             lambda: embeds_mixed(two_lora),
+        )
+
+    # 6d. peft's task classes (PeftModelForCausalLM / PeftModelForSeq2SeqLM): their own generate
+    tt = "SEQ_2_SEQ_LM" if fam in ENCDEC else "CAUSAL_LM"
+
+    def two_task(kind):
+        def cfg():
+            if kind == "ours":
+                return PreProjConfig(task_type=tt)
+            return LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False, task_type=tt)
+
+        m = peft.get_peft_model(build(fam), cfg()).eval()
+        set_noise(m, "default", 1)
+        m.add_adapter("b", cfg())
+        set_noise(m, "b", 2)
+        return m.eval()
+
+    def task_cached(kind):
+        m = two_task(kind)
+        a, b = gen(m, mix_inputs), gen(m, mix_inputs, use_cache=False)
+        lo, bo = layout(cache_of(gen_full(m, eq)))
+        lb, bb = layout(cache_of(gen_full(base(), eq)))
+        ok = same(a, b) and lo == lb and bo == bb
+        return ok, f"cached vs uncached: {tokdiff(a, b)}; K/V {bo} bytes vs base {bb}"
+
+    for kind, area in (("ours", "mixed"), ("lora", "lora:mixed")):
+        label = f"task_type={tt}" + (" LoRA" if kind == "lora" else "")
+        case(
+            area.replace("mixed", "cache"),
+            f"{fam} | {label} | greedy cached == uncached, K/V layout == base",
+            lambda kind=kind: task_cached(kind),
+        )
+        case(
+            area,
+            f"{fam} | {label} | generate(adapter_names=['b','default']) rows == each run",
+            lambda kind=kind: mixed(lambda: two_task(kind), pset, pdis, ["b", "default"], mix_inputs),
+        )
+        case(
+            area,
+            f"{fam} | {label} | beam search (3), names per prompt ['b','__base__']",
+            lambda kind=kind: mixed(lambda: two_task(kind), pset, pdis, ["b", "__base__"], mix_inputs, num_beams=3),
         )
 
     case("save", f"{fam} | save_adapter + load_adapter: generate == before", save_inplace)
