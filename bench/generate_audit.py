@@ -53,7 +53,8 @@ Result on commit 49119f9 (CPU, one thread, about 2 min wall): TOTAL 1596: 1571 P
     which LoRA refuses: the two are not interchangeable (19 decoders + whisper, whose encoder sees the expanded
     rows: "8 names for 4 rows").
   * 5 library bug: mixed batches under beam search on encoder-decoder models (t5 with and without
-    num_return_sequences=2, whisper; through a plain PeftModel and PeftModelForSeq2SeqLM alike): the expanded names (prompt x num_beams) are handed to the encoder too, which
+    num_return_sequences=2, whisper; through a plain PeftModel and PeftModelForSeq2SeqLM alike):
+    the expanded names (prompt x num_beams) are handed to the encoder too, which
     runs on the unexpanded prompts, so generate raises "6 names for 2 rows in the attention of block 0 (part
     'encoder')". peft's LoRA restores the original names for the encoder and passes the same call.
     docs/peft-guide.md says mixed batches work "in generate too (also under beam search)".
