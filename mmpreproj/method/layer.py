@@ -601,10 +601,35 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         )
 
 
-def generate_copies(kwargs: dict) -> int:
-    """How many rows `generate` makes of each input row (`num_beams` / `num_return_sequences`: transformers'
-    expand_size), so a mixed batch repeats each name as often, as peft does for LoRA."""
-    return max([1, *(v for k in ("num_beams", "num_return_sequences") if isinstance(v := kwargs.get(k), int))])
+def beam_copies(kwargs: dict) -> int:
+    """How many rows `generate` makes of each prompt for a mixed batch's names: `num_beams` under beam search, else 1,
+    as peft counts for LoRA (with sampling and `num_return_sequences`, one name per returned row, as for LoRA)."""
+    beams = kwargs.get("num_beams")
+    return beams if isinstance(beams, int) and not isinstance(beams, bool) and beams > 1 else 1
+
+
+def encoder_of(model: nn.Module) -> nn.Module | None:
+    """The encoder of an encoder-decoder model (transformers' `get_encoder()`, which returns the model itself where
+    there is none), else None: under beam search it runs once per prompt, so it takes the names as passed."""
+    get = getattr(model, "get_encoder", None)
+    encoder = get() if callable(get) else None
+    return encoder if isinstance(encoder, nn.Module) and encoder is not model else None
+
+
+def hand_mixed_names(
+    model: nn.Module, wrappers: Sequence[nn.Module], names: Sequence[str], loaded: Iterable[str], kwargs: dict
+) -> tuple[list[str], list[RemovableHandle]]:
+    """A mixed batch's `names` handed to `wrappers` as peft hands them to LoRA's layers (`hand_adapter_names`), in
+    `generate` too: each repeated `beam_copies(kwargs)` times, and the wrappers of an encoder-decoder's encoder given
+    the names as passed (it runs once per prompt). Returns the names the decoder rows get, and the handles."""
+    repeat = beam_copies(kwargs)
+    rows = [n for n in names for _ in range(repeat)]
+    handles = hand_adapter_names(model, wrappers, rows, loaded)
+    encoder = encoder_of(model)
+    if repeat > 1 and encoder is not None:  # registered after: its names replace the repeated ones there
+        inside = {id(m) for m in encoder.modules()}
+        handles += hand_adapter_names(model, [w for w in wrappers if id(w) in inside], list(names), loaded)
+    return rows, handles
 
 
 def hand_adapter_names(

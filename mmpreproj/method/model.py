@@ -47,8 +47,8 @@ from .layer import (
     ONE_ADAPTER_PER_FORWARD,
     TUNER_PREFIX,
     PreProjAttention,
-    generate_copies,
-    hand_adapter_names,
+    beam_copies,
+    hand_mixed_names,
 )
 from .load_check import check_added_record, check_record_fits, check_transformers_load
 from .state import (
@@ -366,19 +366,17 @@ class PreProjModel(BaseTuner):
     def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:
         """`forward(adapter_names=[...])` and `generate(adapter_names=[...])` (peft's mixed batches): each row runs
         through its own adapter ("__base__": none); every wrapper gets the names through a forward pre-hook, as LoRA's
-        layers do; under beam search or several returned sequences each name covers its row's copies."""
+        layers do; under beam search each name covers its prompt's beams, and an encoder-decoder's encoder gets the
+        names as passed, as peft does for LoRA (`layer.hand_mixed_names`)."""
         names = kwargs.pop("adapter_names", None)
         if names is None:
             yield
             return
-        # generate() repeats each row num_beams / num_return_sequences times (transformers' expand_size): so do
-        # the names, as peft does for LoRA
-        repeat = generate_copies(kwargs)
-        names = [n for n in names for _ in range(repeat)]
         wrappers = (*injected_modules(self.model), *peft_heads(self.model).values())
-        handles = hand_adapter_names(self.model, wrappers, names, self.peft_config)
+        rows, handles = hand_mixed_names(self.model, wrappers, names, self.peft_config, kwargs)
         # the count is checked where the batch is seen (peft's task classes keep input_ids out of these kwargs)
-        handles.append(self.model.register_forward_pre_hook(partial(_check_batch, names, repeat), with_kwargs=True))
+        check = partial(_check_batch, rows, beam_copies(kwargs))
+        handles.append(self.model.register_forward_pre_hook(check, with_kwargs=True))
         try:
             yield
         finally:

@@ -36,7 +36,7 @@ from .convert import OLD_STACKED_LORA_KEYS
 from .file_check import PEFT_PREFIX
 from .files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, config_kind, read_adapter, save_adapter
 from .inject import inject
-from .layer import BASE_ADAPTER, generate_copies, hand_adapter_names
+from .layer import BASE_ADAPTER, hand_mixed_names
 from .state import active_name, injected_modules, injected_owner, injected_owners, owner_prefix, wrappers_aside
 from .state_dict import (
     adapter_state_dict,
@@ -167,9 +167,9 @@ class _Stacked:
             handles = []
             if names is not None and injected_owners(self):  # ours may be off already (`mmpreproj.unload(model)`)
                 owner, state = injected_owner(self, "forward(adapter_names=...)")
-                ours, copies = active_name(owner), generate_copies(kwargs)
-                rows = [BASE_ADAPTER if n == BASE_ADAPTER else ours for n in names for _ in range(copies)]
-                handles = hand_adapter_names(owner, injected_modules(owner), rows, state.peft_config)
+                ours = active_name(owner)
+                rows = [BASE_ADAPTER if n == BASE_ADAPTER else ours for n in names]
+                _, handles = hand_mixed_names(owner, injected_modules(owner), rows, state.peft_config, kwargs)
             try:
                 yield
             finally:

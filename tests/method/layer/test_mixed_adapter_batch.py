@@ -8,7 +8,8 @@ from functools import partial
 
 import pytest
 import torch
-from peft import get_peft_model
+import transformers as tf
+from peft import LoraConfig, get_peft_model
 
 import mmpreproj
 from mmpreproj import PreProjConfig
@@ -317,3 +318,65 @@ def test_a_mix_through_windowed_attention_is_refused_naming_the_rows_it_sees(tmp
         model(pixel_values=x, adapter_names=["default", "b", "__base__"])
     assert not any(w._forward_pre_hooks for w in mmpreproj.injected_modules(model))
     torch.testing.assert_close(model(pixel_values=x).logits, want, atol=0, rtol=0)
+
+
+def _t5(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = tf.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0
+    )
+    return tf.T5ForConditionalGeneration(cfg).eval()
+
+
+@pytest.mark.parametrize(
+    "config", [PreProjConfig(), LoraConfig(r=4, target_modules="all-linear")], ids=["ours", "lora"]
+)
+@torch.no_grad()
+def test_sampled_sequences_take_one_name_per_returned_row_as_lora(config):
+    """With sampling and `num_return_sequences`, transformers repeats each prompt; peft repeats LoRA's names only per
+    beam, so a mix names every returned row, and one name per prompt is refused: the same calls for ours and LoRA
+    (ours repeated the names itself before, and refused LoRA's form)."""
+    model = get_peft_model(BUILDERS["llama"](), config)
+    model.add_adapter("b", config)
+    model.eval()
+    (ids,) = tokens(batch=2, length=5)
+    kw = dict(input_ids=ids, do_sample=True, num_return_sequences=2, max_new_tokens=3, pad_token_id=0)
+    torch.manual_seed(0)
+    got = model.generate(**kw, adapter_names=["default", "default", "b", "b"])
+    torch.manual_seed(0)
+    same = model.generate(**kw, adapter_names=["default", "default", "default", "default"])
+    assert got.shape == (4, 8) and torch.equal(got[:2], same[:2])  # the rows of "default" draw as before
+    with pytest.raises(ValueError, match=r"2 names for a batch of 4 rows|should be the same as the number of inputs"):
+        model.generate(**kw, adapter_names=["default", "b"])
+
+
+@pytest.mark.parametrize(
+    "config", [PreProjConfig(), LoraConfig(r=4, target_modules="all-linear")], ids=["ours", "lora"]
+)
+@torch.no_grad()
+def test_an_encoder_decoder_serves_a_mix_under_beam_search(config):
+    """Under beam search the encoder runs once per prompt and the decoder once per beam: the encoder's layers get the
+    names as passed, the decoder's each repeated per beam (peft's rule for LoRA); each row equals that prompt
+    generated alone with its adapter. Ours refused it before (6 names for the encoder's 2 rows)."""
+    model = get_peft_model(_t5(), config)
+    model.add_adapter("b", config)
+    with torch.no_grad():  # off their init (LoRA's B = 0 too), so a row run through the wrong adapter differs
+        g = torch.Generator().manual_seed(2)
+        for name, p in model.named_parameters():
+            if ".b." in name:  # adapter "b" only: "default" stays at init (the base, for LoRA)
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
+    model.eval()
+    ids = torch.randint(3, 96, (2, 7), generator=torch.Generator().manual_seed(1))
+    kw = dict(num_beams=3, max_new_tokens=4, do_sample=False)
+    names = ["b", "__base__"]
+    got = model.generate(input_ids=ids, adapter_names=names, **kw)
+    with model.disable_adapter():
+        assert not torch.equal(got[0], model.generate(input_ids=ids[:1], **kw)[0, : got.shape[1]])  # "b" is no base
+    for row, name in enumerate(names):
+        if name == "__base__":
+            with model.disable_adapter():
+                want = model.generate(input_ids=ids[row : row + 1], **kw)
+        else:
+            model.set_adapter(name)
+            want = model.generate(input_ids=ids[row : row + 1], **kw)
+        assert torch.equal(got[row, : want.shape[1]], want[0]), name
