@@ -57,6 +57,15 @@ Result on commit d09f89f (CPU, one thread, about 100 s): TOTAL 638: 605 PASS, 33
   Documented differences counted PASS: PeftModel.unload() restores the base's requires_grad (LoRA leaves it
   frozen; docs/peft-guide.md "unload() gives the base back exactly"); modules_to_save trained in place, so peft's
   all-params count has no copy (docs/peft-guide.md).
+
+Run again after the fixes (bench/results/config_audit.txt, 79 s): TOTAL 638: 631 PASS, 7 FAIL. `from_dict` refuses
+peft's targeting words and a bad `library_version`; `estimate` refuses `layers={'vision': [0]}` on a text shape as
+`inject` does; `for_budget` sizes the blocks `layers` / `parts` select and refuses a fraction under the smallest
+modules (4 d L); the `train` size flags of a module the method lacks are refused before torch loads; `--no-progress`
+silences the weight-loading bar. The 7 left are this harness's expectations of the former behaviour: `inference_mode`
+stricter than LoRA (1); `estimate` with `layers={'vision': [0]}` now refused rather than counted, which the harness
+reads as an unexpected error (5); pythia-160m at fraction 1e-4 (16,232 weights, under its smallest 36,864) now
+refused (1).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmpreproj_tables.sources import check_hub_model, resolve_path
-from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS
+from mmpreproj_tables.tables import BUDGET_METHODS, METHODS, PRESETS, TASKS, unsized_module
 from mmpreproj_tables.values import (
     TRAIN_BOUNDS,
     Bound,
@@ -166,6 +166,11 @@ def check_args(args: argparse.Namespace) -> None:
         size_overrides(args)
     if command == "train":
         _train_numbers(args)
+        for name, value in size_overrides(args).items():  # a size of a module the method lacks, before torch loads
+            what = unsized_module(args.method, name, value)
+            if what is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} sizes {what}, which --method {args.method} does not have; leave {flag} out")
     elif command == "eval":
         check_names("--tasks", args.tasks, TASKS)
         output_file("--json", args.json)

@@ -22,7 +22,15 @@ from .parser import TRAIN_FLAGS
 
 
 def run(args: argparse.Namespace) -> str:
-    """Run the subcommand of `args` (parsed and checked by `command.main`); its one-line summary."""
+    """Run the subcommand of `args` (parsed and checked by `command.main`); its one-line summary. `--no-progress`
+    silences transformers' and the hub's bars too (loading weights) for the call."""
+    from mmpreproj.util.progress import library_progress_bars
+
+    with library_progress_bars(not getattr(args, "no_progress", False)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> str:
     if args.command == "train":
         return _train(args)
     if args.command == "eval":

@@ -64,6 +64,25 @@ SCHEDULES = ("cosine", "constant")  # both with linear warmup from 0
 PARALLEL = ("ddp", "fsdp")  # how several processes (torchrun / accelerate launch) share the work
 # The size fields and their defaults (the paper's modules); `arms.arm_key` leaves a field at its default out.
 SIZE_DEFAULTS: dict[str, Any] = {"expansion": 1.25, "skip_rank": None, "layers": None, "parts": None}
+# what each size field sizes: a method without any of those modules refuses it set (TrainConfig, `train`'s flags)
+SIZED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
+    "expansion": (("preproj",), "a pre-projection"),
+    "skip_rank": (("skip",), "a skip"),
+    "layers": (("preproj", "skip"), "injected modules"),
+    "parts": (("preproj", "skip"), "injected modules"),
+}
+
+
+def unsized_module(method: str, field: str, value: Any) -> str | None:
+    """What size field `field` sizes ("a skip") when it is set off its default and `method` has no such module;
+    None where the field applies."""
+    modules, what = SIZED_MODULES[field]
+    spec = METHOD_SPECS[method]
+    if value is None or value == SIZE_DEFAULTS[field] or any(getattr(spec, m) for m in modules):
+        return None
+    return what
+
+
 MAX_EXPANSION = 16  # the pre-projection's inner width is at most 16·d (the paper uses 1.25·d; method/config.py)
 
 # --- file names of a run or adapter folder (method/files.py, train/adapters.py) ---

@@ -267,3 +267,23 @@ def test_reproduce_with_too_few_ppl_rows_names_limit_and_leaves_no_output_folder
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and "none of the 3 rows given passed the filters" in err[-1] and "--limit" in err[-1], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--no-progress"], []], ids=["no-progress", "default"])
+def test_no_progress_silences_the_weight_loading_bar_too(capsys, tmp_path, flags):
+    """`--no-progress` says "no progress bars": transformers' "Loading weights" bar too (it printed before the one
+    error line), and the bars are back after the call."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # whatever another test module left
+    try:
+        argv = ["train", "--preset", "mini", "--steps", "1", "--layers=99", "--out", str(tmp_path / "r"), *flags]
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert ("Loading weights" in err) == (not flags), err
+        assert err.strip().splitlines()[-1].startswith("mmpreproj train: error: --layers contains 99")
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        if not was_on:
+            hf_logging.disable_progress_bar()

@@ -105,6 +105,9 @@ REFUSED = [
     (["budget", "--budgets", "0.01,2"], 1, "--budgets: '2' is not in (0, 1]"),
     (["demo", "--seeds", "0,0"], 1, "--seeds '0,0': seed 0 is named twice"),
     (["reproduce", "--preset", "mini", "--layers", "0,x"], 1, "--layers '0,x': pass"),
+    (["train", "--method", "preproj", "--skip-rank", "16"], 1, "--skip-rank sizes a skip, which --method preproj"),
+    (["train", "--method", "lora", "--layers=-1"], 1, "--layers sizes injected modules, which --method lora"),
+    (["train", "--method", "skip", "--expansion", "0.5"], 1, "--expansion sizes a pre-projection, which --method"),
 ]
 
 

@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from torch import nn
 from mmpreproj_tables.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
 
 from ..hosts.paths import PathError, check_path
-from ..hosts.shape import host_shape
+from ..modules import ContentSkip, PreProjection
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
 from ..util.jsonconfig import JsonConfig
@@ -141,6 +141,9 @@ FUSE_QKV_SKIP_REMOVED = (
 
 # what peft's `PeftModel.save_pretrained` writes in place before it calls `PreProjConfig.save_pretrained`
 PEFT_WRITES_BEFORE_CONFIG = ("README.md", ADAPTER_WEIGHTS_NAME, "adapter_model.bin")
+
+# peft's targeting words (`PreProjConfig.__init__` takes them to refuse or translate; not fields)
+PEFT_TARGETING = ("target_modules", "exclude_modules", "layers_to_transform", "layers_pattern")
 
 # peft's own PeftConfig fields: peft checks them; ours are checked by `check_field_types`
 PEFT_FIELDS = (
@@ -402,14 +405,28 @@ class PreProjConfig(JsonConfig, PeftConfig):
         if isinstance(d, dict) and "fuse_qkv_skip" in d:
             _removed_fuse_qkv_skip(d["fuse_qkv_skip"], warn=False)
             d = {k: v for k, v in d.items() if k != "fuse_qkv_skip"}
+        if isinstance(d, dict):  # what the constructor refuses is refused here too, not dropped
+            check_rule(
+                isinstance(d.get("library_version", ""), str),
+                "PreProjConfig",
+                "library_version",
+                d.get("library_version"),
+                "a version string",
+            )
+            targeting = {k: d[k] for k in PEFT_TARGETING if d.get(k) is not None}
+            if targeting:
+                return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}, **targeting)
         return super().from_dict(d)
 
     @classmethod
     def for_budget(cls, model: nn.Module, fraction: float, **kwargs: Any) -> PreProjConfig:
         """The pre-projection + a rank-r skip sized to train about `fraction` of `model`'s parameters (the
         budget study's sizing, `method/config.py`): the size a LoRA user expects, e.g. `for_budget(model, 0.01)`
-        trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%). `kwargs` are other
-        fields (`layers`, `parts`, `skip_init_std`, ...); `expansion` and `skip_rank` are what it chooses."""
+        trains 1.35M weights on SmolLM2-135M where `PreProjConfig()` trains 34.8M (20.6%), within about one
+        `2 d L` unit (d the width, L the blocks sized). `kwargs` are other fields (`layers`, `parts`,
+        `skip_init_std`, ...): the blocks `layers`, `parts` and `host` select are the ones sized; `expansion` and
+        `skip_rank` are what it chooses. A fraction under the smallest modules (inner width 1, rank 1: 4 d L weights)
+        is refused, naming the smallest fraction."""
         taken = sorted({"expansion", "skip_rank", "preproj", "skip"} & set(kwargs))
         if taken:
             raise ValueError(
@@ -426,9 +443,28 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 f"PreProjConfig.for_budget: fraction={fraction!r}; must be in (0, 1] (a share of the "
                 "model's parameters, e.g. 0.01)"
             )
-        dim, layers = host_shape(model)
+        from .plan import selected_sites  # the plan imports this module: here, the sites the kwargs select
+
+        sites = selected_sites(model, cls(**kwargs))  # `layers`, `parts`, `host` as inject will read them
+        widths = sorted({site.width for site in sites})
+        if len(widths) != 1:
+            raise ValueError(
+                f"PreProjConfig.for_budget: the selected blocks have widths {widths}, and one size fits one width; "
+                "pass parts=[...] to size one part"
+            )
+        dim, layers = widths[0], len(sites)
         total = sum(p.numel() for p in model.parameters())
-        sizes = preproj_sizes(round(fraction * total), dim=dim, layers=layers)
+        budget = round(fraction * total)
+        # per block, the smallest modules: inner width 1 and a rank-1 skip
+        smallest = PreProjection.num_params(dim, expansion_for_width(1, dim)) + ContentSkip.num_params(dim, 1)
+        if budget < 0.75 * smallest * layers:  # the sizes round to 2 d L units: below, the smallest is far over
+            raise ValueError(
+                f"PreProjConfig.for_budget: fraction={fraction} is {budget:,} weights, under the smallest these "
+                f"modules reach on the {layers} selected blocks of width {dim} (inner width 1 and a rank-1 skip: "
+                f"{smallest * layers:,}); use fraction >= {smallest * layers / total:.3g}, or select fewer blocks "
+                "(layers=[...])"
+            )
+        sizes = preproj_sizes(budget, dim=dim, layers=layers)
         if sizes is None:
             raise ValueError(
                 f"PreProjConfig.for_budget: fraction={fraction} puts the skip's rank at the width "

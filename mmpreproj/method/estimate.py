@@ -19,6 +19,7 @@ from torch import nn
 from ..modules import ContentSkip, PreProjection
 from .config import PreProjConfig
 from .layer import PreProjAttention
+from .plan import check_layer_parts
 
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight 4 + fp32 gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
 
@@ -88,7 +89,8 @@ def estimate(config: PreProjConfig, shape: str) -> Estimate:
     """The trainable count and training memory of `config` on the named `shape` (one of `SHAPES`).
 
     `config.layers` selects blocks as at inject time (a per-part dict is read for "language"); these shapes are
-    text decoders of one part, so `parts` may be None or ["language"] (another part is refused, as `inject` would).
+    text decoders of one part, so `parts` may be None or ["language"], and a per-part `layers` may name only
+    "language" (another part is refused, as `inject` would).
     """
     if not isinstance(config, PreProjConfig):
         raise ValueError(f"estimate(config=...) takes a PreProjConfig, got {type(config).__name__}")
@@ -99,6 +101,7 @@ def estimate(config: PreProjConfig, shape: str) -> Estimate:
             f"estimate: PreProjConfig.parts={config.parts!r}, but {shape!r} is a text decoder of one part; allowed "
             "values: None or ['language']"
         )
+    check_layer_parts(config, ["language"])
     s = SHAPES[shape]
     d = s.dim
     config.check_sizes(d)  # the ranges inject checks at this width (an inner width or skip rank it would refuse)

@@ -54,6 +54,20 @@ def device_of(module: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def check_layer_parts(config: PreProjConfig, injected: list[str]) -> None:
+    """A per-part `layers` dict names only parts that are `injected`."""
+    unknown = [p for p in config.layers if p not in injected] if isinstance(config.layers, dict) else []
+    if unknown:
+        raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {injected}")
+
+
+def selected_sites(model: nn.Module, config: PreProjConfig) -> list[Site]:
+    """The sites `config` selects on `model` (its host, parts and layers), as `plan_injection` picks them; nothing is
+    built and the model is not touched."""
+    spec = as_host(model, config.host)
+    return _select(resolve_sites(model, spec), spec, config)[1]
+
+
 def _select(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[list[str], list[Site]]:
     """The parts the config selects (checked against the model's) and the sites its `layers` pick."""
     present = list(dict.fromkeys(s.part for s in sites))
@@ -62,9 +76,7 @@ def _select(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[l
     if missing:
         raise ValueError(f"PreProjConfig.parts names {missing}, but this {spec.name!r} model has parts {present}")
     if isinstance(config.layers, dict):
-        unknown = [p for p in config.layers if p not in wanted]
-        if unknown:
-            raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {wanted}")
+        check_layer_parts(config, wanted)
         chosen = []
         for part in wanted:
             mine = [s for s in sites if s.part == part]

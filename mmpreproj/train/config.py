@@ -8,7 +8,16 @@ from typing import Any
 
 import torch
 
-from mmpreproj_tables.tables import METHODS, MODEL_DTYPES, PARALLEL, PRECISIONS, SCHEDULES, SIZE_DEFAULTS
+from mmpreproj_tables.tables import (
+    METHODS,
+    MODEL_DTYPES,
+    PARALLEL,
+    PRECISIONS,
+    SCHEDULES,
+    SIZE_DEFAULTS,
+    SIZED_MODULES,
+    unsized_module,
+)
 from mmpreproj_tables.values import TRAIN_BOUNDS, warmup_bound
 
 from ..method.config import PreProjConfig
@@ -170,14 +179,9 @@ class TrainConfig(JsonConfig):
     def _check_sizes(self) -> None:
         """The size fields: valid as `PreProjConfig` takes them, and only where the method injects their module."""
         spec = METHOD_SPECS[self.method]
-        sized = {
-            "expansion": (self.expansion != SIZE_DEFAULTS["expansion"], spec.preproj, "a pre-projection"),
-            "skip_rank": (self.skip_rank is not None, spec.skip, "a skip"),
-            "layers": (self.layers is not None, spec.preproj or spec.skip, "injected modules"),
-            "parts": (self.parts is not None, spec.preproj or spec.skip, "injected modules"),
-        }
-        for name, (set_, applies, what) in sized.items():
-            if set_ and not applies:
+        for name in SIZED_MODULES:
+            what = unsized_module(self.method, name, getattr(self, name))
+            if what is not None:
                 raise ValueError(
                     f"TrainConfig.{name}={getattr(self, name)!r} sizes {what}, which method="
                     f"{self.method!r} does not have; leave it at its default"
