@@ -41,7 +41,10 @@ def test_help_shows_the_presets_value(cmd, capsys):
         (["train", "--skip-rank", "0"], "--skip-rank"),
         (["sweep", "--expansion", "-1"], "--expansion"),
         (["reproduce", "--preset", "mini", "--parts", ","], "--parts"),
-        (["train", "--method", "lora", "--skip-rank", "4"], "--skip-rank 4 sizes a skip"),  # the flag, not the field
+        (
+            ["train", "--method", "lora", "--skip-rank", "4"],
+            "--skip-rank sizes a skip, which --method lora",
+        ),  # the flag
         (["budget", "--budgets", "0.01,2"], "--budgets"),
         (["budget", "--methods", "lora,dora"], "--methods"),
         (["budget", "--seed-methods", "skip", "--methods", "lora"], "--seed-methods"),

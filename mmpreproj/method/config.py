@@ -48,6 +48,8 @@ from torch import nn
 from mmpreproj_tables.tables import ADAPTER_WEIGHTS_NAME, MAX_EXPANSION  # the command checks --expansion alike
 
 from ..hosts.paths import PathError, check_path
+from ..hosts.registry import as_host
+from ..hosts.spec import HostSpec, Site, resolve_sites
 from ..modules import ContentSkip, PreProjection
 from ..modules.compute import COMPUTE_DTYPES
 from ..modules.preproj import ACTIVATIONS, PREPROJ_INITS
@@ -443,8 +445,6 @@ class PreProjConfig(JsonConfig, PeftConfig):
                 f"PreProjConfig.for_budget: fraction={fraction!r}; must be in (0, 1] (a share of the "
                 "model's parameters, e.g. 0.01)"
             )
-        from .plan import selected_sites  # the plan imports this module: here, the sites the kwargs select
-
         sites = selected_sites(model, cls(**kwargs))  # `layers`, `parts`, `host` as inject will read them
         widths = sorted({site.width for site in sites})
         if len(widths) != 1:
@@ -537,6 +537,38 @@ def check_saved_weights(config: PreProjConfig, tensors: dict[str, torch.Tensor],
     heads = peft_head_keys(config, tensors)  # peft's own tensors, set aside from the digest
     ours = {k: v for k, v in tensors.items() if k not in heads}
     check_weights_digest((config.injection or {}).get(DIGEST_KEY), ours, weights_file)  # the pair is one save
+
+
+def check_layer_parts(config: PreProjConfig, injected: list[str]) -> None:
+    """A per-part `layers` dict names only parts that are `injected`."""
+    unknown = [p for p in config.layers if p not in injected] if isinstance(config.layers, dict) else []
+    if unknown:
+        raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {injected}")
+
+
+def selected_sites(model: nn.Module, config: PreProjConfig) -> list[Site]:
+    """The sites `config` selects on `model` (its host, parts and layers), as `plan_injection` picks them; nothing is
+    built and the model is not touched."""
+    spec = as_host(model, config.host)
+    return select_sites(resolve_sites(model, spec), spec, config)[1]
+
+
+def select_sites(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[list[str], list[Site]]:
+    """The parts the config selects (checked against the model's) and the sites its `layers` pick."""
+    present = list(dict.fromkeys(s.part for s in sites))
+    wanted = config.parts or [p for p in (spec.default_parts or present) if p in present] or present
+    missing = [p for p in wanted if p not in present]
+    if missing:
+        raise ValueError(f"PreProjConfig.parts names {missing}, but this {spec.name!r} model has parts {present}")
+    if isinstance(config.layers, dict):
+        check_layer_parts(config, wanted)
+        chosen = []
+        for part in wanted:
+            mine = [s for s in sites if s.part == part]
+            chosen += [mine[i] for i in config.resolve_layers(len(mine), part)]
+        return wanted, chosen
+    pool = [s for s in sites if s.part in wanted]
+    return wanted, [pool[i] for i in config.resolve_layers(len(pool))]
 
 
 def _check_format(format_version: int, library_version: str) -> None:

@@ -17,9 +17,8 @@ from types import MappingProxyType
 from torch import nn
 
 from ..modules import ContentSkip, PreProjection
-from .config import PreProjConfig
+from .config import PreProjConfig, check_layer_parts
 from .layer import PreProjAttention
-from .plan import check_layer_parts
 
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight 4 + fp32 gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
 

@@ -25,7 +25,7 @@ from ..hosts.registry import as_host, forced_mismatch, host_for_adapter
 from ..hosts.spec import HostError, Site, get_path, resolve_sites
 from ..hosts.trace import DESCRIBE_BY_HAND, TraceError, probe_outputs, same_outputs, trace_description
 from ..modules import ContentSkip, PreProjection
-from .config import PreProjConfig
+from .config import PreProjConfig, select_sites
 from .layer import PreProjAttention, SeamCheck, SkipJoin
 from .state import InjectionState, check_adapter_name, is_injected
 
@@ -52,38 +52,6 @@ class Plan:
 def device_of(module: nn.Module) -> torch.device:
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def check_layer_parts(config: PreProjConfig, injected: list[str]) -> None:
-    """A per-part `layers` dict names only parts that are `injected`."""
-    unknown = [p for p in config.layers if p not in injected] if isinstance(config.layers, dict) else []
-    if unknown:
-        raise ValueError(f"PreProjConfig.layers names parts {unknown} that are not injected; injected: {injected}")
-
-
-def selected_sites(model: nn.Module, config: PreProjConfig) -> list[Site]:
-    """The sites `config` selects on `model` (its host, parts and layers), as `plan_injection` picks them; nothing is
-    built and the model is not touched."""
-    spec = as_host(model, config.host)
-    return _select(resolve_sites(model, spec), spec, config)[1]
-
-
-def _select(sites: list[Site], spec: HostSpec, config: PreProjConfig) -> tuple[list[str], list[Site]]:
-    """The parts the config selects (checked against the model's) and the sites its `layers` pick."""
-    present = list(dict.fromkeys(s.part for s in sites))
-    wanted = config.parts or [p for p in (spec.default_parts or present) if p in present] or present
-    missing = [p for p in wanted if p not in present]
-    if missing:
-        raise ValueError(f"PreProjConfig.parts names {missing}, but this {spec.name!r} model has parts {present}")
-    if isinstance(config.layers, dict):
-        check_layer_parts(config, wanted)
-        chosen = []
-        for part in wanted:
-            mine = [s for s in sites if s.part == part]
-            chosen += [mine[i] for i in config.resolve_layers(len(mine), part)]
-        return wanted, chosen
-    pool = [s for s in sites if s.part in wanted]
-    return wanted, [pool[i] for i in config.resolve_layers(len(pool))]
 
 
 def _modules_to_save(model: nn.Module, spec: HostSpec, names: list[str] | None) -> dict[str, str]:
@@ -140,7 +108,7 @@ def plan_injection(
             raise
         raise forced_mismatch(model, spec, e) from None
     _refuse_overlapping_parts(model, spec, sites)
-    parts, chosen = _select(sites, spec, config)
+    parts, chosen = select_sites(sites, spec, config)
     if not chosen:
         raise ValueError(f"PreProjConfig selects no block of {spec.name!r} (parts {parts}, layers {config.layers})")
     placements, seams, joins = [], [], []
