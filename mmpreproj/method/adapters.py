@@ -60,6 +60,7 @@ from .state_dict import (
     copy_adapter_weights,
     injected_paths,
     original_module_tensors,
+    refuse_while_disabled,
     restore_saved_modules,
     saved_module_tensors,
     set_adapter_trainable,
@@ -127,6 +128,7 @@ def plan_addition(
                     module.to(dtype=held[0].dtype if held else torch.float32).requires_grad_(False)  # inactive, frozen
                     expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
             modules[path] = built
+    refuse_while_disabled(owner, f"add_adapter({name!r})")
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     if tensors is None:  # as LoRA's new adapter: a copy of the base's values (kept at inject), not the trained ones
         stored = {k: v.clone() for k, v in original_module_tensors(owner, state).items()}
@@ -185,6 +187,8 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
     and trains as asked."""
     _, state = injected_owner(owner, "set_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
+    if name != active_name(owner):
+        refuse_while_disabled(owner, f"set_adapter({name!r})")
     wrappers = injected_modules(owner)
     now = adapter_trains(wrappers)
     trains = now if trains is None else trains
@@ -219,6 +223,7 @@ def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = Non
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
     refuse_active(owner, name)
+    refuse_while_disabled(owner, f"delete_adapter({name!r})")
     wrappers = injected_modules(owner)
     if loaded_adapters(owner) == [name]:  # the last: the host's modules_to_save hold its values
         set_adapter_trainable(owner, False)

@@ -37,7 +37,7 @@ from .state import (
     injected_owners,
     is_injected,
 )
-from .state_dict import restore_saved_modules
+from .state_dict import base_modules_in, restore_saved_modules
 
 
 @dataclass
@@ -305,12 +305,20 @@ def unload(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
-    """Run the host without its injected modules inside the block (weights stay in place); ValueError for a model
-    with none (nothing to disable: as `set_adapter` and `unload` refuse it)."""
+    """Run the host without its injected modules inside the block (weights stay in place; our `modules_to_save` at
+    the base's values, as peft's `disable_adapter()`); ValueError for a model with none (nothing to disable: as
+    `set_adapter` and `unload` refuse it)."""
     wrappers = injected_modules(model)
     if not wrappers:
         raise ValueError(
             f"adapter_disabled: {type(model).__name__} holds no mmpreproj modules (inject or load an adapter first)"
         )
+    owners = [owner for _, owner in injected_owners(model)]
     with attrs_set(wrappers, "adapter_enabled", False):
-        yield model
+        for owner in owners:  # `modules_to_save` at the base's values meanwhile, as peft's `disable_adapter()`
+            base_modules_in(owner, True)
+        try:
+            yield model
+        finally:
+            for owner in owners:
+                base_modules_in(owner, False)

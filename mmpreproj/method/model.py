@@ -56,6 +56,7 @@ from .state import (
     check_adapter_name,
     injected_modules,
     injected_owner,
+    injected_owners,
     is_injected,
     loaded_adapters,
     named_adapter,
@@ -64,6 +65,7 @@ from .state import (
 from .state_dict import (
     SLOTS,
     adapter_tensors_from_state_dict,
+    base_modules_in,
     check_tensors_match,
     injected_paths,
     is_slot_key,
@@ -359,8 +361,12 @@ class PreProjModel(BaseTuner):
         self._enable_adapter_layers(True)
 
     def _enable_adapter_layers(self, enabled: bool = True) -> None:
+        """peft's switch of every layer (`disable_adapter()`); off, our `modules_to_save` hold the base's values, as
+        LoRA's wrapper runs its original module (`state_dict.base_modules_in`)."""
         for w in (*injected_modules(self.model), *peft_heads(self.model).values()):
             w.enable_adapters(enabled)
+        for _, owner in injected_owners(self.model):
+            base_modules_in(owner, not enabled)
 
     @contextlib.contextmanager
     def _enable_peft_forward_hooks(self, *args: Any, **kwargs: Any) -> Iterator[None]:

@@ -83,6 +83,9 @@ class InjectionState:
     base_model_name_or_path: str | None = None  # the host's hub id or folder when it was loaded from one (peft's key)
     modules: list[str] = field(default_factory=list)  # each injected wrapper's path in the model, aligned with layers
     saved_originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # restored by unload
+    # while the adapters are off (peft's `disable_adapter()`, `adapter_disabled`): the active adapter's
+    # `modules_to_save` values, the host's modules holding the base's (`state_dict.base_modules_in`)
+    disabled_values: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     # by name in the injected model (a parameter replaced since, `load_state_dict(assign=True)`, is found by it)
     frozen: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # what inject froze (unload thaws)
     thawed: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)  # frozen before, made trainable

@@ -267,7 +267,7 @@ def named_adapter_tensors(owner: nn.Module, name: str) -> dict[str, torch.Tensor
     state: InjectionState = vars(owner)[STATE_ATTR]
     out = wrapper_tensors(injected_paths(owner), name)
     if name == active_name(owner):
-        out.update(saved_module_tensors(owner, state.modules_to_save))
+        out.update(state.disabled_values or saved_module_tensors(owner, state.modules_to_save))
     else:
         out.update(state.stored_modules.get(name, {}))
     return out
@@ -291,3 +291,33 @@ def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
     """Put back the weights `modules_to_save` had at inject time (they trained with the adapter)."""
     live = saved_module_tensors(model, state.modules_to_save)
     copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(model, state).items()])
+
+
+def base_modules_in(owner: nn.Module, on: bool) -> None:
+    """While the adapters are off (`on`: peft's `disable_adapter()`, `adapter_disabled`), the `modules_to_save`
+    modules, which train in place, hold the base's values, as LoRA's wrapper runs its original module; the active
+    adapter's wait in `state.disabled_values` and come back exactly when they are on again (`on=False`). Copied
+    through `.data`: a graph recorded before (a DPO policy forward, whose backward runs after its reference forward)
+    finds its own values back and its version counters as they were. Idempotent."""
+    state: InjectionState = vars(owner)[STATE_ATTR]
+    if not state.modules_to_save or on == (state.disabled_values is not None):
+        return
+    live = saved_module_tensors(owner, state.modules_to_save)
+    if on:
+        state.disabled_values = {k: v.detach().clone() for k, v in live.items()}
+        values = original_module_tensors(owner, state)
+    else:
+        values, state.disabled_values = state.disabled_values, None
+    with torch.no_grad():
+        for k, dst in live.items():
+            dst.data.copy_(values[k])
+
+
+def refuse_while_disabled(owner: nn.Module, what: str) -> None:
+    """`what` (a switch, a delete, an added adapter) moves `modules_to_save` values, which the base's hold while the
+    adapters are off (`base_modules_in`): ValueError, nothing changed."""
+    if vars(owner)[STATE_ATTR].disabled_values is not None:
+        raise ValueError(
+            f"{what}: the adapters are disabled (disable_adapter() / adapter_disabled), and the modules_to_save hold "
+            "the base's values meanwhile; do it after the disabled block (nothing was changed)"
+        )
