@@ -61,6 +61,10 @@ forward in autocast, so TRL reloads are compared with `unwrap_model(keep_fp32_wr
 one forward hook on the input embeddings at injection (neftune's is checked against that count);
 `last_whole_checkpoint` warns through `logging`; a classification head is initialised at load (seeded here);
 gradient accumulation is compared under SGD (AdamW's first steps amplify float32 rounding to ~1e-6).
+
+Run again after the fix (bench/results/integration_audit.txt, 104 s): TOTAL 282: 282 PASS, 0 FAIL. Our
+`modules_to_save` hold the base's values while the adapters are off (`state_dict.base_modules_in`, from peft's
+`disable_adapter()` and `mmpreproj.adapter_disabled`) and the trained ones after, so DPO's reference is the base.
 """
 
 from __future__ import annotations
