@@ -88,8 +88,9 @@ def plot_skip_norms(
     depths, and no series by block index) at the relative depth i / (n - 1)."""
     import matplotlib.ticker
 
-    if not series:
-        raise ValueError("plot_skip_norms needs at least one series")
+    empty = [name for name, values in series.items() if not len(values)]
+    if not series or empty:
+        raise ValueError(f"plot_skip_norms needs at least one series, each with a value (empty: {empty})")
     path = _target(path)
     by_block = any(isinstance(v, Mapping) for v in series.values())
     relative = not by_block and len({len(v) for v in series.values()}) > 1

@@ -60,7 +60,6 @@ from .state_dict import (
     copy_adapter_weights,
     injected_paths,
     original_module_tensors,
-    refuse_while_disabled,
     restore_saved_modules,
     saved_module_tensors,
     set_adapter_trainable,
@@ -128,7 +127,6 @@ def plan_addition(
                     module.to(dtype=held[0].dtype if held else torch.float32).requires_grad_(False)  # inactive, frozen
                     expected.update({f"{path}.{slot}.{k}": v for k, v in module.state_dict().items()})
             modules[path] = built
-    refuse_while_disabled(owner, f"add_adapter({name!r})")
     live_modules = saved_module_tensors(owner, state.modules_to_save)
     if tensors is None:  # as LoRA's new adapter: a copy of the base's values (kept at inject), not the trained ones
         stored = {k: v.clone() for k, v in original_module_tensors(owner, state).items()}
@@ -187,15 +185,17 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
     and trains as asked."""
     _, state = injected_owner(owner, "set_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
-    if name != active_name(owner):
-        refuse_while_disabled(owner, f"set_adapter({name!r})")
     wrappers = injected_modules(owner)
     now = adapter_trains(wrappers)
     trains = now if trains is None else trains
     old = active_name(owner)  # None: every adapter was deleted, the host's modules hold the base's values
     if name == old and trains == now:
         return
-    if name != old:
+    if name != old and state.disabled_values is not None:  # adapters off: the active values wait in the state
+        kept, state.disabled_values = state.disabled_values, state.stored_modules.pop(name, {})
+        if old is not None:
+            state.stored_modules[old] = kept
+    elif name != old:
         live = saved_module_tensors(owner, state.modules_to_save)
         kept = {k: v.detach().clone() for k, v in live.items()}
         waiting = state.stored_modules.pop(name, {})
@@ -223,11 +223,12 @@ def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = Non
     _, state = injected_owner(owner, "delete_adapter")
     name, _ = named_adapter(owner, check_adapter_name(name))
     refuse_active(owner, name)
-    refuse_while_disabled(owner, f"delete_adapter({name!r})")
     wrappers = injected_modules(owner)
     if loaded_adapters(owner) == [name]:  # the last: the host's modules_to_save hold its values
         set_adapter_trainable(owner, False)
         restore_saved_modules(owner, state)
+        if state.disabled_values is not None:  # adapters off: the base's values come back after, too
+            state.disabled_values = {k: v.clone() for k, v in original_module_tensors(owner, state).items()}
     with attrs_set(wrappers, "values_aside", False):  # the values are where they belong: the layers may delete
         if scope is not None:
             peft_functional.delete_adapter(scope, name, prefix=TUNER_PREFIX, layer_cls=PreProjAttention)

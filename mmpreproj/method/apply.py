@@ -313,12 +313,12 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
         raise ValueError(
             f"adapter_disabled: {type(model).__name__} holds no mmpreproj modules (inject or load an adapter first)"
         )
-    owners = [owner for _, owner in injected_owners(model)]
     with attrs_set(wrappers, "adapter_enabled", False):
-        for owner in owners:  # `modules_to_save` at the base's values meanwhile, as peft's `disable_adapter()`
-            base_modules_in(owner, True)
+        # `modules_to_save` at the base's values meanwhile, as peft's `disable_adapter()`; put back by the block that
+        # moved them (an inner one inside an outer disable moves nothing)
+        moved = [owner for _, owner in injected_owners(model) if base_modules_in(owner, True)]
         try:
             yield model
         finally:
-            for owner in owners:
+            for owner in moved:
                 base_modules_in(owner, False)

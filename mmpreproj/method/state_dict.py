@@ -172,6 +172,8 @@ def adapter_tensors_from_state_dict(
     out = {k: _full(given[v]) if gather else given[v] for k, v in wanted.items()}
     if not active:
         out.update(state.stored_modules.get(name, {}))
+    elif state.disabled_values is not None:  # the adapters are off: the host's modules hold the base's values
+        out.update(state.disabled_values)
     refuse_empty(out, "the given state dict")
     return out
 
@@ -293,15 +295,16 @@ def restore_saved_modules(model: nn.Module, state: InjectionState) -> None:
     copy_adapter_weights([(live[k], v) for k, v in original_module_tensors(model, state).items()])
 
 
-def base_modules_in(owner: nn.Module, on: bool) -> None:
+def base_modules_in(owner: nn.Module, on: bool) -> bool:
     """While the adapters are off (`on`: peft's `disable_adapter()`, `adapter_disabled`), the `modules_to_save`
     modules, which train in place, hold the base's values, as LoRA's wrapper runs its original module; the active
-    adapter's wait in `state.disabled_values` and come back exactly when they are on again (`on=False`). Copied
-    through `.data`: a graph recorded before (a DPO policy forward, whose backward runs after its reference forward)
-    finds its own values back and its version counters as they were. Idempotent."""
+    adapter's wait in `state.disabled_values` (a switch meanwhile trades them there, `adapters.switch_adapter`) and
+    come back exactly when the adapters are on again (`on=False`). Copied through `.data`: a graph recorded before (a
+    DPO policy forward, whose backward runs after its reference forward) finds its own values back and its version
+    counters as they were. Whether it moved anything (False when already so)."""
     state: InjectionState = vars(owner)[STATE_ATTR]
     if not state.modules_to_save or on == (state.disabled_values is not None):
-        return
+        return False
     live = saved_module_tensors(owner, state.modules_to_save)
     if on:
         state.disabled_values = {k: v.detach().clone() for k, v in live.items()}
@@ -311,13 +314,4 @@ def base_modules_in(owner: nn.Module, on: bool) -> None:
     with torch.no_grad():
         for k, dst in live.items():
             dst.data.copy_(values[k])
-
-
-def refuse_while_disabled(owner: nn.Module, what: str) -> None:
-    """`what` (a switch, a delete, an added adapter) moves `modules_to_save` values, which the base's hold while the
-    adapters are off (`base_modules_in`): ValueError, nothing changed."""
-    if vars(owner)[STATE_ATTR].disabled_values is not None:
-        raise ValueError(
-            f"{what}: the adapters are disabled (disable_adapter() / adapter_disabled), and the modules_to_save hold "
-            "the base's values meanwhile; do it after the disabled block (nothing was changed)"
-        )
+    return True
