@@ -10,12 +10,14 @@ downloaded. `--area NAME` (repeatable) runs one area, `--only S` the cases whose
               after; nested (both kinds); an exception inside; save_pretrained / get_peft_model_state_dict /
               save_adapter / state_dict / torch.save / deepcopy / unload / merge_and_unload inside (LoRA beside);
               set/delete/add inside; mixed batch inside; an embedding, a norm, a head, bf16; inject route; after the
-              last delete; load_adapter(is_trainable=False); tied embeddings; generate inside; stacked preproj_lora (legacy fixture); TRL-like
-              policy + reference (no_grad, checkpointing, with grad) against gradients without the reference.
+              last delete; load_adapter(is_trainable=False); tied embeddings; generate inside; stacked preproj_lora
+              (legacy fixture); TRL-like policy + reference (no_grad, checkpointing, with grad) against gradients
+              without the reference.
   * generate: mixed adapter_names in generate on GPT-NeoX, Llama, T5 (bare and CAUSAL_LM / SEQ_2_SEQ_LM task
-              classes), Whisper (beams), BART (not a host); name counts 1/4/8 under beams against LoRA's; greedy, beams=2, beams=2 + num_return_sequences=2, sampling with
-              num_return_sequences (one name per returned row), "__base__" rows; each row == that row generated
-              alone, and accepted/refused as LoRA's names are; group beam search; Qwen2-VL tiny with beams.
+              classes), Whisper (beams), BART (not a host); name counts 1/4/8 under beams against LoRA's; greedy,
+              beams=2, beams=2 + num_return_sequences=2, sampling with num_return_sequences (one name per returned
+              row), "__base__" rows; each row == that row generated alone, and accepted/refused as LoRA's names
+              are; group beam search; Qwen2-VL tiny with beams.
   * config:   for_budget (layers negative / dict, host row, threshold named by the refusal, fraction=1, PeftModel
               wrapped, Qwen2-VL with two widths); from_dict's refusals; every legacy fixture by the loaders;
               estimate's per-part layers.
