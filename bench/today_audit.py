@@ -56,6 +56,14 @@ every family and setting tried (T5 sampling with num_return_sequences is refused
 refusal is documented and the language part works under beams, for_budget sizes the selected blocks within
 2 d L, from_dict refuses the words, every legacy fixture loads bit-exact, every loader warns once (and never on
 the same type, timm, or an edited base_model_type of 3 / "" / list / null), and the analysis/CLI refusals hold.
+
+Run again after the fixes (bench/results/today_audit.txt, 14 s): TOTAL 152: 148 PASS, 4 FAIL. Nested disables stay
+off until the outer block ends; peft's state dict and saves inside the block hold the trained `modules_to_save`
+values; a switch / delete / add inside is no longer refused but trades the values where they wait (this harness
+still expects the former refusal: 1 FAIL); `plot_skip_norms` refuses an empty series. The other 3 are now written
+in docs/limits.md: `model.state_dict()` inside the block holds the base's values of our in-place modules, a
+reference forward with gradients on adds its gradient to them, and `adapter_disabled` leaves a `preproj_lora`
+model's LoRA on.
 """
 
 from __future__ import annotations
