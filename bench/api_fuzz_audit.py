@@ -22,8 +22,9 @@ One line per case: PASS/FAIL | area | case | details; then TOTAL. Output: bench/
 Result on commit ad6b88c (CPU, one thread, about 8 s wall): TOTAL 447: 231 PASS, 216 FAIL. No hang; no refusal
 changed a model, tensor or folder (every "changed" line is a bad value that was ACCEPTED). No page of README.md /
 docs/*.md names an exception type, so nothing below counts as documented. FAIL groups:
-  * A. 66 accepted silently + 1 "observers=3" line (library bug unless noted): RoPE theta nan/inf, RoPE1D(head_dim=8.0), MultimodalRoPE
-    odd sections, pos with NaN, grid_positions of 1 or 4 sizes, PreProjection(expansion=0.01) -> inner_dim 0,
+  * A. 66 accepted silently + 1 "observers=3" line (library bug unless noted): RoPE theta nan/inf,
+    RoPE1D(head_dim=8.0), MultimodalRoPE odd sections, pos with NaN, grid_positions of 1 or 4 sizes,
+    PreProjection(expansion=0.01) -> inner_dim 0,
     ContentSkip(init_std=inf), ContentSkip(rank=17 > dim 16), num_params(...) with 0 / negative / bool / float /
     str ("4"*32), PreProjAttention(...) with base_layer=None / call=None / block_index=-1 or '0' / part=1,
     wrapper.observe(None|'x'|1) (registered: the next forward dies with "'NoneType' object is not callable"),
