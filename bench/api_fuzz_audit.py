@@ -53,6 +53,16 @@ docs/*.md names an exception type, so nothing below counts as documented. FAIL g
     routing_ratios(batches=[]), FileNotFoundError for from_pretrained(123 / None / adapter=123) (harness
     expectation, arguably: the message is clear, only the type and field name differ). Library bug.
 The run's lines: bench/results/api_fuzz_audit_before.txt.
+
+Run again after the first fixes (bench/results/api_fuzz_audit.txt): TOTAL 447: 281 PASS, 166 FAIL. Fixed: RoPE
+`theta` NaN/inf and a float `head_dim`; `PreProjection` / `ContentSkip` widths, an inner width of 0, a skip rank
+above the width, a non-finite `init_std` (also in `reset_parameters`); a model that is not a module (TypeError
+naming `model`, in the one lookup every call goes through); a non-callable observer; an empty `save_adapter`
+path (it wrote into the working directory); switches that are not bools (`load_adapter(freeze_base="no")` froze
+the base). Left, knowingly: Python's own TypeError for None/str widths in the RoPE classes and the `train` helpers
+(B), RuntimeError for a model with no injection (D: the message names the call and what to do), torch's own errors
+for impossible sizes or dtypes (E), and the lower-level calls (a layer's `slots`/`set_adapter` of a name it does
+not hold, peft's rule; `PreProjAttention`'s constructor; `num_params`; `HostSpec`).
 """
 
 from __future__ import annotations

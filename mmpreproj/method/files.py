@@ -17,6 +17,7 @@ against its own description before any of it meets a model.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from ..hosts.paths import check_path
 from ..hosts.spec import HostError
 from ..timm_rope.saved import describe_rope
 from ..util.file_sets import committed_files, write_files
+from ..util.validate import check_flags
 from ..version import __version__
 from .config import ADAPTER_FORMAT
 from .convert import OLD_SLOTS, is_legacy_description, model_keys
@@ -157,8 +159,11 @@ def save_adapter(
     `readme=True` also writes a short model card, README.md (`method/model_card.py`), in the same commit.
     `base_save_token`: the token `save_pretrained` wrote into the base beside this adapter (`pretrained_save.py`).
     """
+    check_flags("save_adapter", readme=readme)
     owner, state = injected_owner(model, "save_adapter")
     refuse_peft_heads(owner, "save_adapter")
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"save_adapter: path={path!r}; must be a folder path (a non-empty str or os.PathLike)")
     path = Path(path)
     name, _ = named_adapter(owner, adapter_name)
     if state_dict is None:  # the active adapter's gathered from FSDP2 shards (a collective: every rank calls)

@@ -377,6 +377,8 @@ class PreProjAttention(BaseLayerWrapper, BaseTunerLayer):
         attention's own output, before that module's projection `W_o`: in `x + W_o attn_out + W_skip x~`, the
         `attn_out`.
         """
+        if not callable(fn):
+            raise TypeError(f"observe(fn={fn!r:.60}): fn must be callable as fn(wrapper, attn_out, skip_out)")
         handle = RemovableHandle(self._observers)
         self._observers[handle.id] = fn
         return handle

@@ -37,6 +37,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..timm_rope.saved import rope_for_load
+from ..util.validate import check_flags
 from .adapters import plan_addition
 from .config import PreProjConfig
 from .convert import OLD_SLOTS, OLD_STACKED_LORA_KEYS, lora_below_ours, today_lora_key
@@ -189,6 +190,7 @@ def load_adapter(
     weights train). `adapter_name` names the adapter (on an injected model, ours is added beside the loaded
     ones, `method/adapters.py`). `freeze_base` overrides the saved config's. On any refusal `model` is unchanged.
     """
+    check_flags("load_adapter", is_trainable=is_trainable, freeze_base=freeze_base)
     folder = detect(path)
     holds = folder.methods  # refuses a `method` tag that is not ours
     _check_run_method(Path(path), holds)

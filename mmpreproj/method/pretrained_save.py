@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from ..util.io import set_new_file_modes
+from ..util.validate import check_flags
 from .file_check import BASE_FILES, refuse_links
 from .files import BASE_SAVE_TOKEN, PRETRAINED_ADAPTER_DIR, save_adapter
 from .layer import PreProjAttention
@@ -181,8 +182,9 @@ def save_pretrained(
     `adapter_state_dict` keys it; the base is then read from the model). A sharded model (FSDP2) saved by
     the main process alone needs it (the full state dict every rank gathered, as the Trainer passes it):
     without it the adapter is gathered from the model, a collective every rank must call."""
+    check_flags("save_pretrained", adapter_only=adapter_only)
     cls_save = getattr(type(model), "save_pretrained", None)
-    if STATE_ATTR not in vars(model) or not callable(cls_save):
+    if not isinstance(model, nn.Module) or STATE_ATTR not in vars(model) or not callable(cls_save):
         raise ValueError(
             f"mmpreproj.save_pretrained: {type(model).__name__} is not an inject()ed transformers model (no injection "
             "of its own, or no save_pretrained on its class); save a PeftModel with its own save_pretrained, an "

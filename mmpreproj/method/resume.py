@@ -39,6 +39,8 @@ def last_whole_checkpoint(output_dir: str | Path, config: PreProjConfig | None =
     are skipped, each with a warning naming it and why. ValueError for a whole checkpoint that cannot be
     resumed: non-finite weights, another method (`peft_type` not PREPROJ), or, given `config` (the one the
     run trains with), other `method`/sizes than `config`'s."""
+    if config is not None and not isinstance(config, PreProjConfig):
+        raise TypeError(f"last_whole_checkpoint(config=...): a PreProjConfig or None, got {type(config).__name__}")
     root = Path(output_dir)
     if not root.is_dir():
         return None

@@ -30,7 +30,9 @@ STATE_ATTR = "mmpreproj_state"
 
 def injected_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(dotted name, module) of every module inside `model` (itself included, name "") that holds an
-    injection state of its own."""
+    injection state of its own. TypeError for anything but a module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model={model!r:.60} ({type(model).__name__}); must be a torch.nn.Module")
     return [(name, m) for name, m in model.named_modules(remove_duplicate=True) if STATE_ATTR in vars(m)]
 
 

@@ -94,3 +94,9 @@ class WeightCasts:
 
     def __getstate__(self) -> dict:
         return {"_casts": {}}  # pickling a module (torch.save) never carries casts
+
+
+def check_width(dim: int) -> None:
+    """A module's width d: an int > 0 (ValueError naming `dim`)."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+        raise ValueError(f"dim={dim!r}; must be an int > 0 (the width of the hidden states)")

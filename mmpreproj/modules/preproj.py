@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .compute import COMPUTE_DTYPES, WeightCasts, plain_float32, resolve_compute_dtype
+from .compute import COMPUTE_DTYPES, WeightCasts, check_width, plain_float32, resolve_compute_dtype
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
 PREPROJ_INITS = ("paper", "identity")
@@ -52,10 +54,12 @@ class PreProjection(nn.Module):
         _check_choice("activation", activation, ACTIVATIONS)
         _check_choice("init", init, PREPROJ_INITS)
         _check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
-        if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
-        if expansion <= 0:
-            raise ValueError(f"expansion must be positive, got {expansion}")
+        check_width(dim)
+        finite = isinstance(expansion, (int, float)) and not isinstance(expansion, bool) and math.isfinite(expansion)
+        if not finite or int(expansion * dim) < 1:
+            raise ValueError(
+                f"expansion={expansion!r}; must be a finite number with an inner width int(expansion * {dim}) >= 1"
+            )
         self.dim = dim
         self.inner_dim = int(expansion * dim)
         self.activation_name = activation

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compute import COMPUTE_DTYPES, WeightCasts, plain_float32, resolve_compute_dtype
+from .compute import COMPUTE_DTYPES, WeightCasts, check_width, plain_float32, resolve_compute_dtype
 
 
 class ContentSkip(nn.Module):
@@ -40,12 +40,10 @@ class ContentSkip(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
-        if init_std < 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std}")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise ValueError(f"rank={rank!r}; must be None (the full d x d matrix) or an int >= 1")
+        check_width(dim)
+        _check_init_std(init_std)
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= dim):
+            raise ValueError(f"rank={rank!r}; must be None (the full d x d matrix) or an int in 1..dim={dim}")
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(
                 f"compute_dtype={compute_dtype!r} is not supported; allowed values: {list(COMPUTE_DTYPES)}"
@@ -71,6 +69,7 @@ class ContentSkip(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, init_std: float = 1e-4) -> None:
         """Re-draw the weights (see the class docstring); init_std 0 gives an exact zero map."""
+        _check_init_std(init_std)
         last = self.proj if self.rank is None else self.up
         if self.rank is not None:
             nn.init.normal_(self.down.weight, std=1.0 / math.sqrt(self.rank))
@@ -113,3 +112,8 @@ class ContentSkip(nn.Module):
     def extra_repr(self) -> str:
         rank = "" if self.rank is None else f", rank={self.rank}"
         return f"dim={self.dim}{rank}, compute_dtype={self.compute_dtype!r}"
+
+
+def _check_init_std(init_std: float) -> None:
+    if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not 0 <= init_std < math.inf:
+        raise ValueError(f"init_std={init_std!r}; must be a finite number >= 0")

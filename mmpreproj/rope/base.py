@@ -94,8 +94,8 @@ class RotaryEncoder(nn.Module):
         pair_axis: torch.Tensor,
     ) -> None:
         super().__init__()
-        if head_dim <= 0:
-            raise ValueError(f"head_dim must be positive, got {head_dim}")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+            raise ValueError(f"head_dim={head_dim!r}; must be an int > 0")
         if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
         check_pairing(pairing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -10,8 +11,12 @@ import torch
 def inv_frequencies(rotary_dim: int, theta: float) -> torch.Tensor:
     """theta^(-2k/r) for k < r/2, with r = rotary_dim (not head_dim); (r/2,) float32 on CPU.
 
-    Computed exactly as transformers, timm and diffusers do, so angles match them bit for bit.
+    Computed exactly as transformers, timm and diffusers do, so angles match them bit for bit. ValueError for a
+    `theta` that is not a finite number > 0 (NaN or inf would give NaN or constant angles without a word).
     """
+    ok = isinstance(theta, (int, float)) and not isinstance(theta, bool) and math.isfinite(theta) and theta > 0
+    if not ok:
+        raise ValueError(f"theta={theta!r}; must be a finite number > 0 (the base of the rotary spectrum)")
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
 
 

@@ -27,6 +27,14 @@ def check_choice(owner: str, name: str, value: Any, allowed: Any) -> None:
         raise ValueError(f"{owner}.{name}={value!r}; allowed values: {list(allowed)}")
 
 
+def check_flags(owner: str, **flags: Any) -> None:
+    """Refuse each keyword that is not a bool (None allowed where the flag has a "not given" default): a call's
+    switches, where a str such as "no" would otherwise read as True."""
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{owner}({name}={value!r:.40}): must be True or False")
+
+
 def check_rule(ok: bool, owner: str, name: str, value: Any, rule: str) -> None:
     """Refuse `value` unless `ok`, saying what the field must be."""
     if not ok:
