@@ -32,9 +32,9 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import InitVar, dataclass, field, fields
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import peft
 import torch
@@ -193,6 +193,8 @@ class PreProjConfig(JsonConfig, PeftConfig):
         format_version: the adapter file format the config was written in (`ADAPTER_FORMAT`; not set by
             hand). A newer format than this library reads is refused, naming both library versions.
     """
+
+    INIT_KEYS: ClassVar[tuple[str, ...]] = PEFT_TARGETING  # `from_dict` hands them on: refused or translated
 
     preproj: bool = True
     skip: bool = True
@@ -407,17 +409,6 @@ class PreProjConfig(JsonConfig, PeftConfig):
         if isinstance(d, dict) and "fuse_qkv_skip" in d:
             _removed_fuse_qkv_skip(d["fuse_qkv_skip"], warn=False)
             d = {k: v for k, v in d.items() if k != "fuse_qkv_skip"}
-        if isinstance(d, dict):  # what the constructor refuses is refused here too, not dropped
-            check_rule(
-                isinstance(d.get("library_version", ""), str),
-                "PreProjConfig",
-                "library_version",
-                d.get("library_version"),
-                "a version string",
-            )
-            targeting = {k: d[k] for k in PEFT_TARGETING if d.get(k) is not None}
-            if targeting:
-                return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}, **targeting)
         return super().from_dict(d)
 
     @classmethod

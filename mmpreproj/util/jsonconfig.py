@@ -6,16 +6,20 @@ import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..version import __version__
+from .validate import check_rule
 
 C = TypeVar("C", bound="JsonConfig")
 
 
 class JsonConfig:
     """Mixin for dataclass configs: `to_dict/to_json` add `library_version`; `from_dict/from_json` ignore
-    unknown keys (e.g. written by a newer version) with a warning instead of failing."""
+    unknown keys (e.g. written by a newer version) with a warning instead of failing, refuse a `library_version`
+    that is not a string, and hand `INIT_KEYS` (constructor arguments that are not fields) to the constructor."""
+
+    INIT_KEYS: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -35,7 +39,14 @@ class JsonConfig:
             raise ValueError(
                 f"{cls.__name__}: expected a JSON object (a dict of fields), got {type(d).__name__}: {d!r:.80}"
             )
-        known = {f.name for f in dataclasses.fields(cls)} - {"library_version"}
+        check_rule(
+            isinstance(d.get("library_version", ""), str),
+            cls.__name__,
+            "library_version",
+            d.get("library_version"),
+            "a version string",
+        )
+        known = ({f.name for f in dataclasses.fields(cls)} | set(cls.INIT_KEYS)) - {"library_version"}
         unknown = sorted(set(d) - known - {"library_version"})
         if unknown:
             warnings.warn(
