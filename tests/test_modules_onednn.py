@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mmpreproj.modules import ContentSkip, PreProjection, onednn
 from mmpreproj.modules.compute import WeightCasts
@@ -28,7 +29,7 @@ def test_packed_linear_is_bit_identical_to_f_linear(rows, shape):
 def test_more_rows_than_the_packed_kernel_matches_take_f_linear(rows):
     """Above `MAX_ROWS` oneDNN's packed kernel rounds otherwise on an AMX CPU (a prefill): `F.linear` runs there."""
     torch.manual_seed(0)
-    casts, w = WeightCasts(), (torch.randn(960, 768) * 0.02)
+    casts, w = WeightCasts(), nn.Parameter(torch.randn(960, 768) * 0.02)  # a module's parameter: kept
     x = torch.randn(1, rows, 768).bfloat16()
     assert not onednn.usable(x, w.bfloat16())
     with torch.no_grad():
@@ -56,9 +57,9 @@ def test_modules_in_bf16_inference_use_packed_weights_made_once_and_match_the_re
         assert torch.equal(y, want) and torch.equal(s, F.linear(x, skip.weight.bfloat16()))
         layouts = {k[2] for m in (pp, skip) for k in m.casts._casts}
         assert layouts == {"packed"}  # in place of the plain casts, not beside them
-        kept = {k: id(t) for k, (_, t) in pp.casts._casts.items()}
+        kept = {k: id(t) for k, (_, _, t) in pp.casts._casts.items()}
         pp(x)
-        assert {k: id(t) for k, (_, t) in pp.casts._casts.items()} == kept  # reused
+        assert {k: id(t) for k, (_, _, t) in pp.casts._casts.items()} == kept  # reused
         pp.up.weight.mul_(2)  # an in-place update makes a new packed copy
         assert not torch.equal(pp(x), y)
         torch.testing.assert_close(
@@ -78,7 +79,7 @@ def test_a_gradient_still_goes_through_f_linear_and_reaches_the_fp32_weights():
 
 
 def test_weight_casts_linear_falls_back_to_f_linear_off_the_packed_path():
-    casts, w = WeightCasts(), torch.randn(24, 16)
+    casts, w = WeightCasts(), nn.Parameter(torch.randn(24, 16))
     x = torch.randn(3, 16)
     with torch.no_grad():
         assert torch.equal(casts.linear(x, w), F.linear(x, w))  # fp32: the weight itself, nothing kept

@@ -173,7 +173,7 @@ def _cached(model):
         (id(w), k): id(t)
         for w in mmpreproj.injected_modules(model)
         for m in (w.slots()[0], w.slots()[1])
-        for k, (_, t) in m.casts._casts.items()
+        for k, (_, _, t) in m.casts._casts.items()
     }
 
 

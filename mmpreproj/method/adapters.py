@@ -189,7 +189,7 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
     now = adapter_trains(wrappers)
     trains = now if trains is None else trains
     old = active_name(owner)  # None: every adapter was deleted, the host's modules hold the base's values
-    if name == old and trains == now:
+    if name == old and trains == now and not others_train(wrappers, name):
         return
     if name != old and state.disabled_values is not None:  # adapters off: the active values wait in the state
         kept, state.disabled_values = state.disabled_values, state.stored_modules.pop(name, {})
@@ -212,6 +212,18 @@ def switch_adapter(owner: nn.Module, name: str, *, trains: bool | None = None, s
             peft_functional.set_adapter(scope, name, inference_mode=not trains, layer_cls=PreProjAttention)
     if trains != now:
         set_adapter_trainable(owner, trains)
+
+
+def others_train(wrappers: list[PreProjAttention], name: str) -> bool:
+    """Whether an adapter other than `name` has a trainable weight (peft's `set_adapter` freezes them all)."""
+    return any(
+        p.requires_grad
+        for w in wrappers
+        for slot in w.adapter_layer_names
+        for other, module in getattr(w, slot).items()
+        if other != name
+        for p in module.parameters()
+    )
 
 
 def remove_adapter(owner: nn.Module, name: str, *, scope: nn.Module | None = None) -> None:

@@ -110,6 +110,7 @@ class PreProjModel(BaseTuner):
         """peft's constructor; `request` is set by `mmpreproj.inject` / `load_adapter` (None: peft built it)."""
         # plain attributes, so nn.Module takes them before its __init__ (BaseTuner's runs the injection)
         self._request = request
+        self._fresh = True  # peft's `__init__` runs the injection: a new tuner (`inject_adapter_in_model`)
         self._injection: Injection | None = None
         self._addition: Addition | None = None
         # peft's __init__ writes the config into the `peft_config` dict a model already injected holds (the record
@@ -125,6 +126,7 @@ class PreProjModel(BaseTuner):
                 record.clear()
                 record.update(kept)
             raise
+        self._fresh = False
 
     # -- injection: peft's loop (BaseTuner.inject_adapter), driven by the host plan ------------------------
     def inject_adapter(
@@ -161,9 +163,14 @@ class PreProjModel(BaseTuner):
             addition = plan_addition(owner, own, adapter_name, f"add_adapter({adapter_name!r})")
         if addition is not None:
             self._addition = addition
+            existing = [(p, p.requires_grad) for p in addition.owner.parameters()]
             try:  # over the injected model itself: its paths are the sites'
                 super().inject_adapter(addition.owner, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 finish_addition(addition)
+                if by_peft and self._fresh:  # a new tuner runs its adapter, as LoRA's `inject_adapter_in_model`,
+                    switch_adapter(addition.owner, adapter_name, trains=not config.inference_mode)
+                    for p, flag in existing:  # and leaves the flags of what was there (peft's rule for an addition)
+                        p.requires_grad_(flag)
             except BaseException:
                 undo_addition(addition)
                 raise
@@ -351,8 +358,9 @@ class PreProjModel(BaseTuner):
             self.set_adapter(others[0])
         remove_adapter(self.model, name, scope=self.model)
         self.peft_config.pop(name, None)
-        if active_name(owner) is None:
-            self.active_adapter = []  # peft's `BaseTuner.delete_adapter`: no active adapter left
+        # peft's `BaseTuner.delete_adapter`: the record follows the layers (they may run another adapter than the
+        # record says after a per-layer `peft.functional.set_adapter`); none left: no active adapter
+        self.active_adapter = active_name(owner) or []
 
     def disable_adapter_layers(self) -> None:
         self._enable_adapter_layers(False)

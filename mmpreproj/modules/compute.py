@@ -8,8 +8,11 @@ behaviour: inputs are cast to the weights' dtype (autocast, when on, still decid
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from . import onednn
 
@@ -41,18 +44,19 @@ class WeightCasts:
     While a gradient is needed the cast is an autograd op, so gradients land in the fp32 parameters and no
     stale copy is ever used in training; such a forward also drops every kept cast, since an optimizer step
     follows it (fused AdamW updates in place without bumping version counters). Otherwise (inference,
-    `generate`) each weight is cast once per dtype and kept, keyed on the parameter's storage, in-place version
-    and device: `load_state_dict`/`load_adapter` (in-place copies) and foreach/for-loop optimizer steps make a
-    new cast, and the modules drop their casts on `.to()`. Writes that bypass version counters without a training
-    forward first
-    (through `.data`, a fused optimizer stepping on gradients set by hand) need `clear()`. While torch.compile
-    or torch.export traces, the cast is a traced op (nothing kept, no guard per weight). A plain attribute,
-    never in a state dict.
+    `generate`) each of the module's own parameters is cast once per dtype and kept, tied to that very tensor (a
+    weak reference) and to its storage, in-place version and device: `load_state_dict`/`load_adapter` (in-place
+    copies) and foreach/for-loop optimizer steps make a new cast, and the modules drop their casts on `.to()`.
+    Any other tensor in a weight's place (torch.func's `functional_call` and transforms, a parametrization's
+    computed weight) is cast on every call, never kept. A write torch does not version (through `.data`, or a
+    numpy array sharing the memory) is not seen, as autograd does not see it: `.to()` (any, even to the device the
+    model is on) drops the casts. While torch.compile or torch.export traces, the cast is a traced op (nothing
+    kept, no guard per weight). A plain attribute, never in a state dict.
     """
 
     def __init__(self) -> None:
-        # (id(weight), dtype, layout) -> (the weight's storage/version/device/shape when made, the copy)
-        self._casts: dict[tuple[int, torch.dtype, str], tuple[tuple, torch.Tensor]] = {}
+        # (id(weight), dtype, layout) -> (the weight, weakly; its storage/version/device/shape when made; the copy)
+        self._casts: dict[tuple[int, torch.dtype, str], tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
     def clear(self) -> None:
         self._casts.clear()
@@ -63,7 +67,7 @@ class WeightCasts:
         if torch.is_grad_enabled() and weight.requires_grad:
             self._casts.clear()
             return weight.to(dtype)
-        if torch.compiler.is_compiling():  # a traced cast (one graph; no guard on this cache's keys per weight)
+        if not keeps(weight):
             return weight.to(dtype)
         return self._kept(weight, dtype)
 
@@ -72,7 +76,7 @@ class WeightCasts:
         oneDNN bf16 kernels goes through a copy prepacked once (`modules.onednn`: bit-identical, about twice as
         fast at batch-1 decode, where oneDNN otherwise reorders the weight on every call), kept in place of
         the plain cast; anything else uses the kept cast (`__call__`) and `F.linear`."""
-        if onednn.usable(x, weight):
+        if onednn.usable(x, weight) and keeps(weight):
             return onednn.linear(x, self._kept(weight, x.dtype, "packed"))
         return F.linear(x, self(weight, x.dtype))
 
@@ -82,18 +86,25 @@ class WeightCasts:
         key = (weight.data_ptr(), weight._version, weight.device, weight.shape)
         slot = (id(weight), dtype, layout)
         hit = self._casts.get(slot)
-        if hit is None or hit[0] != key:
+        if hit is None or hit[1] != key or hit[0]() is not weight:  # the same tensor, unchanged
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
                 cast = weight.detach().to(dtype)
-                hit = (key, onednn.pack(cast) if layout == "packed" else cast)
+                hit = (weakref.ref(weight), key, onednn.pack(cast) if layout == "packed" else cast)
             self._casts[slot] = hit
-        return hit[1]
+        return hit[2]
 
     def __deepcopy__(self, memo: dict) -> WeightCasts:
         return WeightCasts()  # a copy's weights are new tensors: nothing cached applies to them
 
     def __getstate__(self) -> dict:
         return {"_casts": {}}  # pickling a module (torch.save) never carries casts
+
+
+def keeps(weight: torch.Tensor) -> bool:
+    """Whether a cast of `weight` may be kept: a module's own parameter, outside torch.compile's tracing (where the
+    cast is one traced op). A plain tensor in its place (torch.func's `functional_call`, a transform's wrapped
+    tensor, a parametrization's computed weight) is new on every call, its address and id reused: cast each time."""
+    return isinstance(weight, nn.Parameter) and not torch.compiler.is_compiling()
 
 
 def check_width(dim: int) -> None:

@@ -7,7 +7,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from .compute import COMPUTE_DTYPES, WeightCasts, check_width, plain_float32, resolve_compute_dtype
 
@@ -113,7 +112,7 @@ class PreProjection(nn.Module):
     def _delta(self, h: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
         needs_grad = h.requires_grad or w_up.requires_grad or w_down.requires_grad
         if torch.is_grad_enabled() and needs_grad and type(self.act) in _ACT_BACKWARD:
-            return _Bottleneck.apply(h, w_up, w_down, self.act)
+            return _Bottleneck.apply(h, w_up, w_down, self.act)[0]
         return F.linear(self.act(F.linear(h, w_up)), w_down)
 
     def extra_repr(self) -> str:
@@ -127,20 +126,37 @@ class _Bottleneck(torch.autograd.Function):
     """`W_down · act(W_up · x)` saving `x` and `u = W_up · x` for backward; `act(u)` is recomputed there.
 
     Autograd alone would also keep `act(u)` (for `W_down`'s gradient): 1.25 d more values per token. The
-    weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32).
+    weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32). A backward
+    that builds a graph (`create_graph=True`: double backward, gradient penalties) recomputes the forward and takes
+    autograd's own gradients of it; the forward is split from `setup_context`, so torch.func's transforms (`grad`,
+    `vmap` of it: per-sample gradients) run it.
     """
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, act: nn.Module) -> torch.Tensor:
-        u = F.linear(x, w_up)  # (..., inner)
-        ctx.act = act
-        ctx.save_for_backward(x, w_up, w_down, u)
-        return F.linear(act(u), w_down)
+    generate_vmap_rule = True  # every op below has a batching rule
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
+    def forward(
+        x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, act: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        u = F.linear(x, w_up)  # (..., inner)
+        return F.linear(act(u), w_down), u  # (..., d), and u for `setup_context` to keep (callers drop it)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, w_up, w_down, act = inputs
+        ctx.act = act
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(x, w_up, w_down, output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_u: torch.Tensor | None):
         x, w_up, w_down, u = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: autograd's own ops on a recomputed forward, differentiable
+            needs = ctx.needs_input_grad[:3]
+            inputs = [t for t, need in zip((x, w_up, w_down), needs) if need]
+            out = F.linear(ctx.act(F.linear(x, w_up)), w_down)
+            grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True))
+            return *(next(grads) if need else None for need in needs), None
         grad_s = grad @ w_down.to(grad.dtype)  # (..., inner)
         grad_u = _ACT_BACKWARD[type(ctx.act)](ctx.act, grad_s, u)
         grad_x = grad_u @ w_up.to(grad.dtype) if ctx.needs_input_grad[0] else None

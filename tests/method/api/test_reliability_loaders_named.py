@@ -109,8 +109,11 @@ def test_transformers_named_load_is_refused_naming_the_loaders_that_add_one(tmp_
         model.load_adapter(str(second), adapter_name="other")
     assert_unchanged(model, before)
     assert sorted(model.peft_config) == ["default"] and torch.equal(_logits(model), out)
-    inject_adapter_in_model(mmpreproj.PreProjConfig(), model, "fresh")  # a fresh one (no file) is still added
-    assert mmpreproj.adapter_names(model) == ["default", "fresh"] and torch.equal(_logits(model), out)
+    inject_adapter_in_model(mmpreproj.PreProjConfig(), model, "fresh")  # a fresh one (no file) is still added,
+    assert mmpreproj.adapter_names(model) == ["default", "fresh"]  # and runs, as LoRA's would
+    assert mmpreproj.active_adapter(model) == "fresh"
+    mmpreproj.set_adapter(model, "default")
+    assert torch.equal(_logits(model), out)
 
 
 @pytest.mark.parametrize("case", ["modules_reversed", "layers_disagree", "hidden_size_disagrees"])

@@ -1,0 +1,139 @@
+"""The paper's modules under torch's transforms and higher-order autograd, against plain autograd of the same math:
+double backward (`create_graph=True`), `torch.func.grad` and per-sample `vmap(grad)`, and the kept inference casts
+(`modules.compute.WeightCasts`) with tensors that are not the module's parameters (`functional_call`, `vmap`,
+parametrizations) and after writes torch does not version (docs/limits.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from mmpreproj.modules.preproj import PreProjection
+from mmpreproj.modules.skip import ContentSkip
+
+
+def _preproj(activation: str = "silu", dtype: torch.dtype = torch.float64) -> PreProjection:
+    torch.manual_seed(0)
+    pp = PreProjection(8, activation=activation).to(dtype)
+    with torch.no_grad():
+        pp.down.weight.normal_(std=0.3)
+    return pp
+
+
+def _reference(params: dict[str, torch.Tensor], x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    """x + W_down act(W_up x), by plain autograd."""
+    return x + F.linear(act(F.linear(x, params["up.weight"])), params["down.weight"])
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu"])
+def test_double_backward_equals_plain_autograd(activation):
+    pp = _preproj(activation)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    params = dict(pp.named_parameters())
+
+    def penalty(out: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        gs = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+        return torch.autograd.grad(sum(g.pow(2).sum() for g in gs), inputs)
+
+    got = penalty(pp(x), [x, *params.values()])
+    x2 = x.detach().clone().requires_grad_(True)
+    want = penalty(_reference(params, x2, pp.act), [x2, *params.values()])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_torch_func_grad_and_per_sample_grads_equal_a_loop():
+    pp = _preproj()
+    params = {k: v.detach() for k, v in pp.named_parameters()}
+    xs = torch.randn(4, 5, 8, dtype=torch.float64)
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(pp, p, (x,)).square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    for i in range(xs.shape[0]):
+        want = torch.func.grad(lambda p, x=xs[i]: _reference(p, x, pp.act).square().sum())(params)
+        for k in params:
+            torch.testing.assert_close(per_sample[k][i], want[k], rtol=1e-9, atol=1e-12)
+
+
+def _bf16_pair() -> tuple[PreProjection, ContentSkip, torch.Tensor]:
+    torch.manual_seed(0)
+    pp, skip = PreProjection(32), ContentSkip(32, init_std=0.1)
+    with torch.no_grad():
+        pp.down.weight.normal_(std=0.3)
+    return pp, skip, torch.randn(2, 3, 32).to(torch.bfloat16)
+
+
+def _exact_bf16(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w.to(torch.bfloat16))
+
+
+def test_functional_call_with_new_tensors_never_gets_another_calls_cast():
+    _, skip, x = _bf16_pair()
+    w = skip.proj.weight.detach()
+    with torch.no_grad():
+        skip(x)  # a cast of the module's own parameter is kept
+        for k in range(20):  # new tensors, freed after each call: their ids and addresses come back
+            scaled = w * (1 + k / 2)
+            out = functional_call(skip, {"proj.weight": scaled}, (x,))
+            torch.testing.assert_close(out, _exact_bf16(scaled, x), rtol=0, atol=0)
+            del scaled, out
+        torch.testing.assert_close(skip(x), _exact_bf16(w, x), rtol=0, atol=0)
+
+
+def test_vmap_over_stacked_weights_of_a_bf16_input():
+    pp, _, x = _bf16_pair()
+    stacked = {k: torch.stack([v.detach(), 2 * v.detach()]) for k, v in pp.named_parameters()}
+    with torch.no_grad():
+        out = vmap(lambda p: functional_call(pp, p, (x,)))(stacked)
+        for i in range(2):
+            one = functional_call(pp, {k: v[i] for k, v in stacked.items()}, (x,))
+            torch.testing.assert_close(out[i], one, rtol=0, atol=0)
+
+
+def test_a_parametrized_weight_is_cast_on_every_call():
+    _, skip, x = _bf16_pair()
+
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = 1.0
+
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return w * self.k
+
+    scale = Scale()
+    torch.nn.utils.parametrize.register_parametrization(skip.proj, "weight", scale)
+    with torch.no_grad():
+        a = skip(x)
+        scale.k = 3.0  # the computed weight is a new tensor each call, maybe at the last one's address
+        b = skip(x)
+    torch.testing.assert_close(b, _exact_bf16(skip.proj.weight, x), rtol=0, atol=0)
+    assert not torch.equal(a, b)
+
+
+def test_a_write_through_data_is_not_seen_until_to_drops_the_casts():
+    """docs/limits.md: a write torch does not version keeps the old cast; any `.to()` drops it."""
+    _, skip, x = _bf16_pair()
+    with torch.no_grad():
+        before = skip(x)
+        skip.proj.weight.data.mul_(3)
+        assert torch.equal(skip(x), before)  # the documented limit
+        skip.to("cpu")
+        torch.testing.assert_close(skip(x), _exact_bf16(skip.proj.weight, x), rtol=0, atol=0)
+        skip.proj.weight.mul_(2)  # a versioned write: seen at once
+        torch.testing.assert_close(skip(x), _exact_bf16(skip.proj.weight, x), rtol=0, atol=0)
+
+
+def test_hooks_run_on_the_modules_not_on_their_weight_holders():
+    """docs/limits.md: the inner nn.Linear modules are never called (as nn.MultiheadAttention's out_proj)."""
+    pp, skip, x = _bf16_pair()
+    ran = []
+    for name, m in (("preproj", pp), ("up", pp.up), ("skip", skip), ("proj", skip.proj)):
+        m.register_forward_hook(lambda *a, name=name: ran.append(name))
+    skip(pp(x.float()))
+    assert ran == ["preproj", "skip"]
