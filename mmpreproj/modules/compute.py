@@ -67,7 +67,7 @@ class WeightCasts:
         if torch.is_grad_enabled() and weight.requires_grad:
             self._casts.clear()
             return weight.to(dtype)
-        if not keeps(weight):
+        if torch.compiler.is_compiling() or not keeps(weight):  # traced: one graph, no guard per weight
             return weight.to(dtype)
         return self._kept(weight, dtype)
 
@@ -101,10 +101,10 @@ class WeightCasts:
 
 
 def keeps(weight: torch.Tensor) -> bool:
-    """Whether a cast of `weight` may be kept: a module's own parameter, outside torch.compile's tracing (where the
-    cast is one traced op). A plain tensor in its place (torch.func's `functional_call`, a transform's wrapped
-    tensor, a parametrization's computed weight) is new on every call, its address and id reused: cast each time."""
-    return isinstance(weight, nn.Parameter) and not torch.compiler.is_compiling()
+    """Whether a cast of `weight` may be kept: a module's own parameter (a tensor subclass's too, as torch tells
+    them). A plain tensor in its place (torch.func's `functional_call`, a transform's wrapped tensor, a
+    parametrization's computed weight) is new on every call, its address and id reused: cast each time."""
+    return type(weight) is nn.Parameter or getattr(weight, "_is_param", False)  # `isinstance` costs a Python call
 
 
 def check_width(dim: int) -> None:
