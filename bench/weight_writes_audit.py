@@ -49,6 +49,12 @@ Notes (PASS, documented): vector_to_parameters writes `param.data = view`; one c
 in a perturb / restore loop a later vector can land at a freed address and the old cast is used (2-3 stale evals
 of 4 on bf16 / fp16 / autocast, LoRA none): within docs/limits.md's `.data` limit, though the docs name neither
 rebinding nor vector_to_parameters. `.data` / numpy in-place writes are unseen until `.to()`, as documented.
+
+Run again after the fixes (bench/results/weight_writes_audit.txt, overwriting the run after the harness fixes):
+TOTAL 941: 941 PASS, 0 FAIL. [fused]: no cast is kept while a weight holds a gradient, and a training forward
+drops the casts in fp32 too; [weakref]: the casts are kept per weight name and hold the weight itself (no weak
+reference). docs/limits.md now names `p.data = new`, vector_to_parameters loops and a fused step on gradients set
+by hand and cleared before the next forward.
 """
 
 from __future__ import annotations

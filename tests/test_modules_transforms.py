@@ -5,6 +5,8 @@ parametrizations) and after writes torch does not version (docs/limits.md)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -137,3 +139,58 @@ def test_hooks_run_on_the_modules_not_on_their_weight_holders():
         m.register_forward_hook(lambda *a, name=name: ran.append(name))
     skip(pp(x.float()))
     assert ran == ["preproj", "skip"]
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu"])
+def test_jacrev_jacfwd_and_hessian_equal_plain_autograd(activation):
+    pp = _preproj(activation)
+    params = {k: v.detach() for k, v in pp.named_parameters()}
+    x = torch.randn(8, dtype=torch.float64)
+    ours = (lambda v: pp(v), lambda p: functional_call(pp, p, (x,)))
+    plain = (lambda v: _reference(params, v, pp.act), lambda p: _reference(p, x, pp.act))
+    torch.testing.assert_close(torch.func.jacrev(ours[0])(x), torch.func.jacrev(plain[0])(x), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(torch.func.jacfwd(ours[0])(x), torch.func.jacfwd(plain[0])(x), rtol=1e-12, atol=1e-14)
+    for f, g, at in ((ours[0], plain[0], x), (ours[1], plain[1], params)):  # jacfwd over jacrev: the forward mode
+        h, r = (torch.func.hessian(lambda a, k=k: k(a).square().sum())(at) for k in (f, g))
+        torch.testing.assert_close(h, r, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_an_optimizer_step_after_a_backward_is_seen_by_the_next_inference(fused):
+    """A fused step updates in place without versioning: a weight that holds a gradient keeps no cast, and a training
+    forward (fp32 too, which casts nothing) drops what was kept."""
+    pp, skip, x = _bf16_pair()
+    model = nn.Sequential(pp, skip)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused, foreach=not fused)
+    with torch.no_grad():
+        model(x)  # casts kept
+    model(x).float().square().sum().backward()
+    with torch.no_grad():
+        model(x)  # an evaluation between the backward and the step
+    opt.step()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), copy.deepcopy(model)(x), rtol=0, atol=0)
+    opt.zero_grad()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x.float())  # casts kept under autocast
+    model(x.float()).square().sum().backward()  # an fp32 training forward, no autocast
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(model(x.float()), copy.deepcopy(model)(x.float()), rtol=0, atol=0)
+
+
+def test_kept_casts_let_the_weights_be_swapped_and_replaced_and_stay_bounded():
+    pp, skip, x = _bf16_pair()
+    with torch.no_grad():
+        pp(x)
+        new = nn.Parameter(torch.randn_like(pp.up.weight))
+        torch.utils.swap_tensors(pp.up.weight, new)  # refused while a weak reference is held
+        torch.testing.assert_close(pp(x), copy.deepcopy(pp)(x), rtol=0, atol=0)
+        for _ in range(20):
+            pp.up.weight = nn.Parameter(torch.randn_like(pp.up.weight))
+            torch.testing.assert_close(pp(x), copy.deepcopy(pp)(x), rtol=0, atol=0)
+            p = {k: nn.Parameter(torch.randn_like(v)) for k, v in pp.named_parameters()}
+            want = _reference({k: v.to(x.dtype) for k, v in p.items()}, x, pp.act)
+            torch.testing.assert_close(functional_call(pp, p, (x,)), want, rtol=0, atol=0)
+    assert len(pp.casts._casts) <= 2 * 2  # up and down, in a cast and maybe a prepacked layout

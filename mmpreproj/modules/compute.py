@@ -8,8 +8,6 @@ behaviour: inputs are cast to the weights' dtype (autocast, when on, still decid
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,10 +41,13 @@ class WeightCasts:
 
     While a gradient is needed the cast is an autograd op, so gradients land in the fp32 parameters and no
     stale copy is ever used in training; such a forward also drops every kept cast, since an optimizer step
-    follows it (fused AdamW updates in place without bumping version counters). Otherwise (inference,
-    `generate`) each of the module's own parameters is cast once per dtype and kept, tied to that very tensor (a
-    weak reference) and to its storage, in-place version and device: `load_state_dict`/`load_adapter` (in-place
-    copies) and foreach/for-loop optimizer steps make a new cast, and the modules drop their casts on `.to()`.
+    follows it (fused optimizers update in place without bumping version counters; an fp32 training forward,
+    which casts nothing, drops them too), and while a weight holds a gradient (after a backward, before
+    `zero_grad`) its casts are not kept either. Otherwise (inference,
+    `generate`) each of the module's own parameters is cast once per dtype and kept in a slot of its name, tied to
+    that very tensor and to its storage, in-place version and device:
+    `load_state_dict`/`load_adapter` (in-place copies, `torch.utils.swap_tensors`) and foreach/for-loop optimizer
+    steps make a new cast, and the modules drop their casts on `.to()`.
     Any other tensor in a weight's place (torch.func's `functional_call` and transforms, a parametrization's
     computed weight) is cast on every call, never kept. A write torch does not version (through `.data`, or a
     numpy array sharing the memory) is not seen, as autograd does not see it: `.to()` (any, even to the device the
@@ -55,41 +56,53 @@ class WeightCasts:
     """
 
     def __init__(self) -> None:
-        # (id(weight), dtype, layout) -> (the weight, weakly; its storage/version/device/shape when made; the copy)
-        self._casts: dict[tuple[int, torch.dtype, str], tuple[weakref.ref, tuple, torch.Tensor]] = {}
+        # (name, dtype, layout) -> (the weight; its storage/version/device/shape when made; the copy): a weight
+        # replaced (`assign=True`, a new Parameter) takes its slot over, so the cache holds the weights in use only
+        self._casts: dict[tuple[str, torch.dtype, str], tuple[torch.Tensor, tuple, torch.Tensor]] = {}
 
     def clear(self) -> None:
         self._casts.clear()
 
-    def __call__(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if weight.dtype == dtype:
-            return weight
-        if torch.is_grad_enabled() and weight.requires_grad:
+    def __call__(self, weight: torch.Tensor, dtype: torch.dtype, name: str = "weight") -> torch.Tensor:
+        """`weight` in `dtype`: kept under the module's `name` for it (one slot per name, dtype and layout)."""
+        if torch.is_grad_enabled() and weight.requires_grad:  # a training forward, whatever the dtypes: a step follows
             self._casts.clear()
             return weight.to(dtype)
-        if torch.compiler.is_compiling() or not keeps(weight):  # traced: one graph, no guard per weight
+        if weight.dtype == dtype:
+            return weight
+        if torch.compiler.is_compiling() or not self._keeps(weight):  # traced: one graph, no guard per weight
             return weight.to(dtype)
-        return self._kept(weight, dtype)
+        return self._kept(weight, dtype, name)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, name: str = "weight") -> torch.Tensor:
         """`F.linear(x, weight cast to x.dtype)` where no graph is needed (the caller checks). bf16 on a CPU with
         oneDNN bf16 kernels goes through a copy prepacked once (`modules.onednn`: bit-identical, about twice as
         fast at batch-1 decode, where oneDNN otherwise reorders the weight on every call), kept in place of
         the plain cast; anything else uses the kept cast (`__call__`) and `F.linear`."""
-        if onednn.usable(x, weight) and keeps(weight):
-            return onednn.linear(x, self._kept(weight, x.dtype, "packed"))
-        return F.linear(x, self(weight, x.dtype))
+        if onednn.usable(x, weight) and self._keeps(weight):
+            return onednn.linear(x, self._kept(weight, x.dtype, name, "packed"))
+        return F.linear(x, self(weight, x.dtype, name))
 
-    def _kept(self, weight: torch.Tensor, dtype: torch.dtype, layout: str = "cast") -> torch.Tensor:
-        """The weight in `dtype` and `layout` ("cast": as is; "packed": `onednn.pack`), made once and kept
-        until the weight changes (storage, in-place version, device or shape)."""
+    def _keeps(self, weight: torch.Tensor) -> bool:
+        """`keeps(weight)`, and no gradient waiting on it: between a backward and the optimizer step that may follow
+        (a fused step updates in place without versioning) nothing is kept, and what was kept is dropped."""
+        if not keeps(weight):
+            return False
+        if weight.grad is not None:
+            self._casts.clear()
+            return False
+        return True
+
+    def _kept(self, weight: torch.Tensor, dtype: torch.dtype, name: str, layout: str = "cast") -> torch.Tensor:
+        """The weight in `dtype` and `layout` ("cast": as is; "packed": `onednn.pack`), made once and kept in the slot
+        of `name` until the weight changes (another tensor, or its storage, in-place version, device or shape)."""
         key = (weight.data_ptr(), weight._version, weight.device, weight.shape)
-        slot = (id(weight), dtype, layout)
+        slot = (name, dtype, layout)
         hit = self._casts.get(slot)
-        if hit is None or hit[1] != key or hit[0]() is not weight:  # the same tensor, unchanged
+        if hit is None or hit[0] is not weight or hit[1] != key:  # the same tensor, unchanged
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
                 cast = weight.detach().to(dtype)
-                hit = (weakref.ref(weight), key, onednn.pack(cast) if layout == "packed" else cast)
+                hit = (weight, key, onednn.pack(cast) if layout == "packed" else cast)
             self._casts[slot] = hit
         return hit[2]
 

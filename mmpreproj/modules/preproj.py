@@ -97,10 +97,10 @@ class PreProjection(nn.Module):
         dtype = resolve_compute_dtype(self.compute_dtype, x, w_up)
         h = x.to(dtype)
         if torch.is_grad_enabled() and (x.requires_grad or w_up.requires_grad or w_down.requires_grad):
-            delta = self._delta(h, self.casts(w_up, dtype), self.casts(w_down, dtype))
+            delta = self._delta(h, self.casts(w_up, dtype, "up"), self.casts(w_down, dtype, "down"))
         else:  # no graph (inference, generate): kept casts, prepacked where that is faster (`WeightCasts.linear`)
             casts = self.casts
-            delta = casts.linear(self.act(casts.linear(h, w_up)), w_down)
+            delta = casts.linear(self.act(casts.linear(h, w_up, "up")), w_down, "down")
             if x.dtype == dtype:  # the line below without its two no-op casts (decode pays per op)
                 return x + delta
         return (x + delta.to(x.dtype)).to(dtype)  # x^ + delta rounded once, into the dtype computed in
@@ -126,10 +126,11 @@ class _Bottleneck(torch.autograd.Function):
     """`W_down · act(W_up · x)` saving `x` and `u = W_up · x` for backward; `act(u)` is recomputed there.
 
     Autograd alone would also keep `act(u)` (for `W_down`'s gradient): 1.25 d more values per token. The
-    weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32). A backward
-    that builds a graph (`create_graph=True`: double backward, gradient penalties) recomputes the forward and takes
-    autograd's own gradients of it; the forward is split from `setup_context`, so torch.func's transforms (`grad`,
-    `vmap` of it: per-sample gradients) run it.
+    weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32). Where the
+    backward itself is differentiated (`create_graph=True`: double backward, gradient penalties; torch.func's
+    `jacrev`, `hessian`) `act'(u)` is written in plain differentiable ops (`_ACT_DERIVATIVE`), else aten's fused
+    backward kernels; the forward is split from `setup_context` and has a `jvp`, so torch.func's transforms
+    (`grad`, `vmap`, `jacrev`, `jacfwd`, `hessian`) run it.
     """
 
     generate_vmap_rule = True  # every op below has a batching rule
@@ -147,22 +148,33 @@ class _Bottleneck(torch.autograd.Function):
         ctx.act = act
         ctx.mark_non_differentiable(output[1])
         ctx.save_for_backward(x, w_up, w_down, output[1])
+        ctx.save_for_forward(x, w_up, w_down, output[1])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _grad_u: torch.Tensor | None):
         x, w_up, w_down, u = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: autograd's own ops on a recomputed forward, differentiable
-            needs = ctx.needs_input_grad[:3]
-            inputs = [t for t, need in zip((x, w_up, w_down), needs) if need]
-            out = F.linear(ctx.act(F.linear(x, w_up)), w_down)
-            grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True))
-            return *(next(grads) if need else None for need in needs), None
         grad_s = grad @ w_down.to(grad.dtype)  # (..., inner)
-        grad_u = _ACT_BACKWARD[type(ctx.act)](ctx.act, grad_s, u)
+        if torch.is_grad_enabled():  # this backward is differentiated: u again from x (the kept one has no graph)
+            u = F.linear(x, w_up)
+            grad_u = _ACT_DERIVATIVE[type(ctx.act)](ctx.act, grad_s, u)
+        else:
+            grad_u = _ACT_BACKWARD[type(ctx.act)](ctx.act, grad_s, u)
         grad_x = grad_u @ w_up.to(grad.dtype) if ctx.needs_input_grad[0] else None
         grad_up = _flat(grad_u).T @ _flat(x).to(grad.dtype) if ctx.needs_input_grad[1] else None
         grad_down = _flat(grad).T @ _flat(ctx.act(u)).to(grad.dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_up, grad_down, None
+
+    @staticmethod
+    def jvp(ctx, x_t: torch.Tensor | None, up_t: torch.Tensor | None, down_t: torch.Tensor | None, _act_t: None):
+        """Forward mode: d out = W_down' act(u) + W_down (act'(u) du), du = W_up' x + W_up x'."""
+        x, w_up, w_down, u = ctx.saved_tensors
+        terms = []
+        du = [F.linear(t, w) for t, w in ((x_t, w_up), (x, up_t)) if t is not None and w is not None]
+        if du:  # (..., inner)
+            terms.append(F.linear(_ACT_DERIVATIVE[type(ctx.act)](ctx.act, sum(du), u), w_down))
+        if down_t is not None:
+            terms.append(F.linear(ctx.act(u), down_t))
+        return (sum(terms) if terms else None), None
 
 
 # d act(u) / du applied to a gradient, as autograd computes it (aten ops: traceable by torch.compile)
@@ -170,6 +182,35 @@ _ACT_BACKWARD = {
     nn.SiLU: lambda act, g, u: torch.ops.aten.silu_backward(g, u),
     nn.GELU: lambda act, g, u: torch.ops.aten.gelu_backward(g, u, approximate=act.approximate),
     nn.ReLU: lambda act, g, u: torch.ops.aten.threshold_backward(g, u, 0),
+}
+
+
+def _opmath(t: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 in float, as aten's backward kernels compute them; float and double as they are."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+def _silu_derivative(act: nn.Module, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    uf = _opmath(u)  # in aten's order (`silu_backward`)
+    s = 1 / (1 + torch.exp(-uf))
+    return (_opmath(g) * s * (1 + uf * (1 - s))).to(g.dtype)
+
+
+def _gelu_derivative(act: nn.GELU, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    uf, gf = _opmath(u), _opmath(g)
+    if act.approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        t = torch.tanh(k * (uf + 0.044715 * uf**3))
+        return (gf * (0.5 * (1 + t) + 0.5 * uf * (1 - t * t) * k * (1 + 3 * 0.044715 * uf * uf))).to(g.dtype)
+    cdf = 0.5 * (1 + torch.erf(uf / math.sqrt(2)))
+    return (gf * (cdf + uf * torch.exp(-0.5 * uf * uf) / math.sqrt(2 * math.pi))).to(g.dtype)
+
+
+# the same derivatives in plain differentiable ops (a backward that is itself differentiated, forward mode)
+_ACT_DERIVATIVE = {
+    nn.SiLU: _silu_derivative,
+    nn.GELU: _gelu_derivative,
+    nn.ReLU: lambda act, g, u: g * (u > 0).to(g.dtype),
 }
 
 

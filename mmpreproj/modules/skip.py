@@ -89,20 +89,21 @@ class ContentSkip(nn.Module):
             w = self.proj.weight
             if plain_float32(x, w):  # fp32 decode / inference: the lines below compute exactly this
                 return F.linear(x, w)
-            ws = [w]
-        else:
-            ws = [self.down.weight, self.up.weight]  # (r, d) then (d, r): (..., d) -> (..., r) -> (..., d)
+            ws = {"proj": w}
+        else:  # (r, d) then (d, r): (..., d) -> (..., r) -> (..., d)
+            ws = {"down": self.down.weight, "up": self.up.weight}
         if self.compute_dtype == "float32":  # the earlier behaviour
-            h = x.to(ws[0].dtype) if not torch.is_autocast_enabled(x.device.type) else x
-            for w in ws:
+            first = next(iter(ws.values()))
+            h = x.to(first.dtype) if not torch.is_autocast_enabled(x.device.type) else x
+            for w in ws.values():
                 h = F.linear(h, w)
             return h.to(x.dtype)
-        dtype = resolve_compute_dtype(self.compute_dtype, x, ws[0])
+        dtype = resolve_compute_dtype(self.compute_dtype, x, next(iter(ws.values())))
         h = x.to(dtype)
-        graph = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws))
-        for w in ws:
+        graph = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws.values()))
+        for name, w in ws.items():
             # a graph: cast for this call; no graph: the kept cast, prepacked where faster (`WeightCasts.linear`)
-            h = F.linear(h, self.casts(w, dtype)) if graph else self.casts.linear(h, w)
+            h = F.linear(h, self.casts(w, dtype, name)) if graph else self.casts.linear(h, w, name)
         return h
 
     def _apply(self, fn, *args, **kwargs):
