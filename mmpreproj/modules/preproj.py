@@ -112,7 +112,8 @@ class PreProjection(nn.Module):
     def _delta(self, h: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
         needs_grad = h.requires_grad or w_up.requires_grad or w_down.requires_grad
         if torch.is_grad_enabled() and needs_grad and type(self.act) in _ACT_BACKWARD:
-            return _Bottleneck.apply(h, w_up, w_down, self.act)[0]
+            fn = _Bottleneck if torch.compiler.is_compiling() else _BottleneckJvp
+            return fn.apply(h, w_up, w_down, self.act)[0]
         return F.linear(self.act(F.linear(h, w_up)), w_down)
 
     def extra_repr(self) -> str:
@@ -129,8 +130,8 @@ class _Bottleneck(torch.autograd.Function):
     weights come in already cast to the compute dtype (autograd casts, so their gradients reach fp32). Where the
     backward itself is differentiated (`create_graph=True`: double backward, gradient penalties; torch.func's
     `jacrev`, `hessian`) `act'(u)` is written in plain differentiable ops (`_ACT_DERIVATIVE`), else aten's fused
-    backward kernels; the forward is split from `setup_context` and has a `jvp`, so torch.func's transforms
-    (`grad`, `vmap`, `jacrev`, `jacfwd`, `hessian`) run it.
+    backward kernels; the forward is split from `setup_context` (and `_BottleneckJvp` adds forward mode), so
+    torch.func's transforms (`grad`, `vmap`, `jacrev`, `jacfwd`, `hessian`) run it.
     """
 
     generate_vmap_rule = True  # every op below has a batching rule
@@ -148,7 +149,6 @@ class _Bottleneck(torch.autograd.Function):
         ctx.act = act
         ctx.mark_non_differentiable(output[1])
         ctx.save_for_backward(x, w_up, w_down, output[1])
-        ctx.save_for_forward(x, w_up, w_down, output[1])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _grad_u: torch.Tensor | None):
@@ -163,6 +163,16 @@ class _Bottleneck(torch.autograd.Function):
         grad_up = _flat(grad_u).T @ _flat(x).to(grad.dtype) if ctx.needs_input_grad[1] else None
         grad_down = _flat(grad).T @ _flat(ctx.act(u)).to(grad.dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_up, grad_down, None
+
+
+class _BottleneckJvp(_Bottleneck):
+    """`_Bottleneck` with forward mode (`torch.func.jvp`, `jacfwd`, `hessian`); torch.compile cannot trace a custom
+    `jvp`, so a traced forward uses `_Bottleneck`."""
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        _Bottleneck.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs[:3], output[1])
 
     @staticmethod
     def jvp(ctx, x_t: torch.Tensor | None, up_t: torch.Tensor | None, down_t: torch.Tensor | None, _act_t: None):
