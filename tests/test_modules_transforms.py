@@ -1,7 +1,8 @@
 """The paper's modules under torch's transforms and higher-order autograd, against plain autograd of the same math:
-double backward (`create_graph=True`), `torch.func.grad` and per-sample `vmap(grad)`, and the kept inference casts
-(`modules.compute.WeightCasts`) with tensors that are not the module's parameters (`functional_call`, `vmap`,
-parametrizations) and after writes torch does not version (docs/limits.md)."""
+double backward (`create_graph=True`), torch.func's `grad`, per-sample `vmap(grad)`, `jacrev`, `jacfwd`, `hessian`;
+and the kept inference casts (`modules.compute.WeightCasts`) with tensors that are not the module's parameters
+(`functional_call`, `vmap`, parametrizations), swapped and replaced weights, optimizer steps (fused ones do not
+version their writes) and the writes torch does not version (docs/limits.md)."""
 
 from __future__ import annotations
 

@@ -43,16 +43,15 @@ class WeightCasts:
     stale copy is ever used in training; such a forward also drops every kept cast, since an optimizer step
     follows it (fused optimizers update in place without bumping version counters; an fp32 training forward,
     which casts nothing, drops them too), and while a weight holds a gradient (after a backward, before
-    `zero_grad`) its casts are not kept either. Otherwise (inference,
-    `generate`) each of the module's own parameters is cast once per dtype and kept in a slot of its name, tied to
-    that very tensor and to its storage, in-place version and device:
-    `load_state_dict`/`load_adapter` (in-place copies, `torch.utils.swap_tensors`) and foreach/for-loop optimizer
-    steps make a new cast, and the modules drop their casts on `.to()`.
-    Any other tensor in a weight's place (torch.func's `functional_call` and transforms, a parametrization's
-    computed weight) is cast on every call, never kept. A write torch does not version (through `.data`, or a
-    numpy array sharing the memory) is not seen, as autograd does not see it: `.to()` (any, even to the device the
-    model is on) drops the casts. While torch.compile or torch.export traces, the cast is a traced op (nothing
-    kept, no guard per weight). A plain attribute, never in a state dict.
+    `zero_grad`) none is kept. Otherwise (inference, `generate`) each of the module's own parameters is cast once
+    per dtype and kept in a slot of its name, tied to that very tensor and to its storage, in-place version and
+    device: `load_state_dict`/`load_adapter` (in-place copies, `torch.utils.swap_tensors`) and foreach/for-loop
+    optimizer steps make a new cast, and the modules drop their casts on `.to()`. Any other tensor in a weight's
+    place (torch.func's `functional_call` and transforms, a parametrization's computed weight) is cast on every
+    call, never kept. A write torch does not version (through `.data`, a numpy array sharing the memory, a fused
+    step on gradients set by hand and cleared before the next forward) is not seen, as autograd does not see it:
+    `.to()` (any, even to the device the model is on) drops the casts. While torch.compile or torch.export traces,
+    the cast is a traced op (nothing kept, no guard per weight). A plain attribute, never in a state dict.
     """
 
     def __init__(self) -> None:
