@@ -30,7 +30,8 @@ Result on commit eb53d60 (CPU with oneDNN bf16 kernels, one thread, about 90 s w
     torch.compile inductor both modes within reassociation. Legacy ONNX of the decoders without an attention_mask
     raises on aten::diff (transformers' packed-sequence check) for LoRA and ours alike; with a mask it matches
     onnxruntime to ~2e-7. merge_and_unload refused on the peft route (documented, docs/peft-guide.md).
-Not covered: bf16 ONNX (legacy exporter traces with torch.jit, so likely the same root cause), dynamic shapes.
+Not in the harness: bf16 legacy ONNX (checked by hand: LoRA raises "ScalarType ComplexDouble is an unexpected tensor
+scalar type", ours raises at the same oneDNN root cause as jit: same outcome class), dynamic shapes.
 """
 
 # ruff: noqa: B023  (every lambda below is called at once, inside its loop iteration)
