@@ -87,3 +87,16 @@ def test_weight_casts_linear_falls_back_to_f_linear_off_the_packed_path():
         xh = x.half()
         assert torch.equal(casts.linear(xh, w), F.linear(xh, w.half()))
         assert {k[2] for k in casts._casts} == {"cast"}
+
+
+def test_jit_trace_of_bf16_modules_traces_the_plain_cast_and_follows_the_weights():
+    """A tracer gets the plain cast (a packed weight is opaque to it; the kept one would be baked in)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(PreProjection(64), ContentSkip(64, init_std=0.05))
+    x = torch.randn(1, 2, 64).bfloat16()  # 2 rows: the packed path where oneDNN has bf16 kernels
+    with torch.no_grad():
+        eager = model(x)  # casts kept
+        traced = torch.jit.trace(model, (x,), check_trace=False)
+        assert torch.equal(traced(x), eager)
+        model[0].up.weight.mul_(2)
+        assert torch.equal(traced(x), model(x)) and not torch.equal(traced(x), eager)

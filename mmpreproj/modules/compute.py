@@ -50,8 +50,9 @@ class WeightCasts:
     place (torch.func's `functional_call` and transforms, a parametrization's computed weight) is cast on every
     call, never kept. A write torch does not version (through `.data`, a numpy array sharing the memory, a fused
     step on gradients set by hand and cleared before the next forward) is not seen, as autograd does not see it:
-    `.to()` (any, even to the device the model is on) drops the casts. While torch.compile or torch.export traces,
-    the cast is a traced op (nothing kept, no guard per weight). A plain attribute, never in a state dict.
+    `.to()` (any, even to the device the model is on) drops the casts. While torch.compile, torch.export or
+    `torch.jit.trace` traces, the cast is a traced op (nothing kept, no guard per weight). A plain attribute, never
+    in a state dict.
     """
 
     def __init__(self) -> None:
@@ -69,8 +70,8 @@ class WeightCasts:
             return weight.to(dtype)
         if weight.dtype == dtype:
             return weight
-        if torch.compiler.is_compiling() or not self._keeps(weight):  # traced: one graph, no guard per weight
-            return weight.to(dtype)
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or not self._keeps(weight):
+            return weight.to(dtype)  # traced (torch.compile, export, jit.trace): one op of the graph, nothing kept
         return self._kept(weight, dtype, name)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, name: str = "weight") -> torch.Tensor:

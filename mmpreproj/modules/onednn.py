@@ -36,8 +36,8 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     packed path may stand in."""
     if x.dtype != torch.bfloat16 or x.device.type != "cpu" or type(x) is not torch.Tensor:
         return False
-    if torch.compiler.is_compiling() or not torch.backends.mkldnn.enabled or x.dim() < 1:
-        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not torch.backends.mkldnn.enabled or x.dim() < 1:
+        return False  # traced: the plain op (a packed weight is opaque to the tracers)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return rows <= MAX_ROWS and rows * weight.shape[0] * weight.shape[1] > _MIN_MACS and _bf16_kernels()
 
