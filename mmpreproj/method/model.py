@@ -163,11 +163,12 @@ class PreProjModel(BaseTuner):
             addition = plan_addition(owner, own, adapter_name, f"add_adapter({adapter_name!r})")
         if addition is not None:
             self._addition = addition
-            existing = [(p, p.requires_grad) for p in addition.owner.parameters()]
+            runs = by_peft and self._fresh  # a new tuner runs its adapter, as LoRA's `inject_adapter_in_model`,
+            existing = [(p, p.requires_grad) for p in addition.owner.parameters()] if runs else []
             try:  # over the injected model itself: its paths are the sites'
                 super().inject_adapter(addition.owner, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
                 finish_addition(addition)
-                if by_peft and self._fresh:  # a new tuner runs its adapter, as LoRA's `inject_adapter_in_model`,
+                if runs:
                     switch_adapter(addition.owner, adapter_name, trains=not config.inference_mode)
                     for p, flag in existing:  # and leaves the flags of what was there (peft's rule for an addition)
                         p.requires_grad_(flag)

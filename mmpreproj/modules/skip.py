@@ -92,13 +92,13 @@ class ContentSkip(nn.Module):
             ws = {"proj": w}
         else:  # (r, d) then (d, r): (..., d) -> (..., r) -> (..., d)
             ws = {"down": self.down.weight, "up": self.up.weight}
+        first = next(iter(ws.values()))
         if self.compute_dtype == "float32":  # the earlier behaviour
-            first = next(iter(ws.values()))
             h = x.to(first.dtype) if not torch.is_autocast_enabled(x.device.type) else x
             for w in ws.values():
                 h = F.linear(h, w)
             return h.to(x.dtype)
-        dtype = resolve_compute_dtype(self.compute_dtype, x, next(iter(ws.values())))
+        dtype = resolve_compute_dtype(self.compute_dtype, x, first)
         h = x.to(dtype)
         graph = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws.values()))
         for name, w in ws.items():
